@@ -1,0 +1,148 @@
+//! The `sidejob` command line (SPEC §12). Human tables by default, `--json` for scripts.
+
+mod client;
+mod commands;
+
+pub use client::{Client, ClientError};
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "sidejob",
+    version,
+    about = "A process-runner sidecar: sandboxed foreground and background runs for agent hosts and CI",
+    long_about = "sidejob runs shell work for agent hosts and CI. `sidejob serve` starts the daemon; \
+                  hosts talk JSON-RPC to its Unix socket (see docs/protocol.md). The other commands \
+                  are clients of a running daemon.",
+    after_help = "Examples:\n  sidejob serve                      start the daemon (no configuration needed)\n  \
+                  sidejob call -- make test           run a command in this directory's session\n  \
+                  sidejob call --background -- ./long-job.sh\n  sidejob tasks                      list tasks\n  \
+                  sidejob logs -f TASK               follow a task's output\n  sidejob wait TASK                  block until a task settles"
+)]
+pub struct Cli {
+    /// The daemon's control socket [default: /run/sidejob/sidejob.sock for root,
+    /// else $XDG_RUNTIME_DIR/sidejob/sidejob.sock]
+    #[arg(long, global = true, env = "SIDEJOB_SOCKET")]
+    socket: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start the daemon (zero configuration; SIGTERM stops it and leaves runs running)
+    Serve {
+        /// State directory for sidejob.db and sessions [default: /var/lib/sidejob for root,
+        /// else $XDG_STATE_HOME/sidejob]
+        #[arg(long, env = "SIDEJOB_STATE_DIR")]
+        state_dir: Option<PathBuf>,
+        /// A TOML file overriding the defaults (see README)
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Run a command through the daemon in this directory's session and print its output
+    Call {
+        /// Session id [default: one per working directory]
+        #[arg(long)]
+        session: Option<String>,
+        /// Return at once with the task id; the run goes on in the background
+        #[arg(long)]
+        background: bool,
+        /// Move to the background after this many milliseconds [default: 30000]
+        #[arg(long, value_name = "MS")]
+        yield_after: Option<u64>,
+        /// Stop the run after this many milliseconds
+        #[arg(long, value_name = "MS")]
+        timeout: Option<u64>,
+        /// Print the JSON result instead of the output
+        #[arg(long)]
+        json: bool,
+        /// The command (one argument is passed to bash as is; several are quoted)
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// List tasks (live ones and the 25 most recent finished ones per session)
+    Tasks {
+        /// Only this session
+        #[arg(long)]
+        session: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a task's output
+    Logs {
+        task: String,
+        /// Keep printing as the output grows, until the task settles
+        #[arg(short, long)]
+        follow: bool,
+    },
+    /// Wait for a task to settle; exits with its exit code
+    Wait {
+        task: String,
+        /// Give up after this many milliseconds
+        #[arg(long, value_name = "MS")]
+        timeout: Option<u64>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Cancel a task: SIGTERM to the whole run, SIGKILL after the grace
+    Cancel {
+        task: String,
+        /// Milliseconds between SIGTERM and SIGKILL [default: 5000]
+        #[arg(long, value_name = "MS")]
+        grace: Option<u64>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Rebuild the registry's rows from its event log and compare
+    Replay {
+        /// Compare and exit non-zero on any difference (the only mode)
+        #[arg(long, required = true)]
+        check: bool,
+        #[arg(long, env = "SIDEJOB_STATE_DIR")]
+        state_dir: Option<PathBuf>,
+    },
+    /// Send one raw JSON-RPC request and print the result
+    Rpc {
+        method: String,
+        /// Parameters as a JSON object
+        #[arg(default_value = "{}")]
+        params: String,
+    },
+    /// (internal) Supervise one run; started by the daemon
+    #[command(hide = true)]
+    Supervise { run_dir: PathBuf },
+}
+
+/// Runs the command line; returns the process exit code.
+pub fn main() -> i32 {
+    let cli = Cli::parse();
+    // The supervisor must stay single-threaded: dispatch to it before anything else runs.
+    if let Command::Supervise { run_dir } = &cli.command {
+        return crate::supervisor::main(run_dir);
+    }
+    let socket = cli.socket.clone().unwrap_or_else(crate::config::default_socket_path);
+    let result = match cli.command {
+        Command::Serve { state_dir, config } => commands::serve(cli.socket, state_dir, config),
+        Command::Call { session, background, yield_after, timeout, json, command } => {
+            commands::call(&socket, session, background, yield_after, timeout, json, command)
+        }
+        Command::Tasks { session, json } => commands::tasks(&socket, session, json),
+        Command::Logs { task, follow } => commands::logs(&socket, &task, follow),
+        Command::Wait { task, timeout, json } => commands::wait(&socket, &task, timeout, json),
+        Command::Cancel { task, grace, json } => commands::cancel(&socket, &task, grace, json),
+        Command::Replay { check: _, state_dir } => commands::replay(state_dir),
+        Command::Rpc { method, params } => commands::rpc(&socket, &method, &params),
+        Command::Supervise { .. } => Ok(0),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("sidejob: {e:#}");
+            1
+        }
+    }
+}

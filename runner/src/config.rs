@@ -1,0 +1,148 @@
+//! Daemon configuration: zero-config defaults, optionally overridden by a TOML file.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::sys;
+
+/// Everything the daemon can be configured with. Every field has a default, so `sidejob serve`
+/// needs no file at all.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// The control socket.
+    pub socket: PathBuf,
+    /// Where `sidejob.db` and the default session directories live.
+    pub state_dir: PathBuf,
+    /// Where sessions' directories go when `session.open` names none.
+    pub sessions_dir: Option<PathBuf>,
+    /// Sandbox profile used when a session names none.
+    pub default_profile: String,
+    /// `tool.call` returns `running` after this long unless the call says otherwise.
+    pub default_yield_after_ms: u64,
+    /// A call still in the foreground this long is ended as `failed/timeout`.
+    pub interactive_deadline_ms: u64,
+    /// The wall-clock cap of a run once it is in the background.
+    pub detached_cap_ms: u64,
+    /// SIGTERM → SIGKILL grace on cancel.
+    pub cancel_grace_ms: u64,
+    /// Runs allowed at once, across all sessions and per session; the rest wait as `queued`.
+    pub max_running: usize,
+    pub max_running_per_session: usize,
+    /// `output.log` keeps this many leading bytes (and the last 1 MiB).
+    pub max_output_bytes: u64,
+    /// How much output `tool.call` returns inline (head and tail); the rest is in `output.log`.
+    pub inline_output_bytes: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            socket: default_socket_path(),
+            state_dir: default_state_dir(),
+            sessions_dir: None,
+            default_profile: "workspace-write".into(),
+            default_yield_after_ms: 30_000,
+            interactive_deadline_ms: 120_000,
+            detached_cap_ms: 24 * 3600 * 1000,
+            cancel_grace_ms: 5_000,
+            max_running: 2048,
+            max_running_per_session: 1024,
+            max_output_bytes: 64 * 1024 * 1024,
+            inline_output_bytes: 64 * 1024,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("invalid config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+}
+
+impl Config {
+    /// Reads a TOML config file; fields it leaves out keep their defaults.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse { path: path.into(), message: describe_toml_error(&text, &e) })
+    }
+
+    pub fn db_path(&self) -> PathBuf {
+        self.state_dir.join("sidejob.db")
+    }
+
+    pub fn sessions_dir(&self) -> PathBuf {
+        self.sessions_dir.clone().unwrap_or_else(|| self.state_dir.join("sessions"))
+    }
+}
+
+/// Formats a TOML error as `line N: message`.
+pub fn describe_toml_error(text: &str, e: &toml::de::Error) -> String {
+    match e.span() {
+        Some(span) => {
+            let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+            format!("line {line}: {}", e.message())
+        }
+        None => e.message().to_owned(),
+    }
+}
+
+/// The socket path used when none is given: `/run/sidejob/sidejob.sock` for root, else
+/// `$XDG_RUNTIME_DIR/sidejob/sidejob.sock`, else `/tmp/sidejob-<uid>/sidejob.sock`.
+/// `SIDEJOB_SOCKET` overrides all of them.
+pub fn default_socket_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("SIDEJOB_SOCKET") {
+        return PathBuf::from(p);
+    }
+    let uid = sys::getuid();
+    if uid == 0 {
+        return PathBuf::from("/run/sidejob/sidejob.sock");
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir).join("sidejob/sidejob.sock"),
+        _ => PathBuf::from(format!("/tmp/sidejob-{uid}/sidejob.sock")),
+    }
+}
+
+/// The state directory used when none is given: `/var/lib/sidejob` for root, else
+/// `$XDG_STATE_HOME/sidejob`, else `$HOME/.local/state/sidejob`. `SIDEJOB_STATE_DIR`
+/// overrides all of them.
+pub fn default_state_dir() -> PathBuf {
+    if let Some(p) = std::env::var_os("SIDEJOB_STATE_DIR") {
+        return PathBuf::from(p);
+    }
+    if sys::getuid() == 0 {
+        return PathBuf::from("/var/lib/sidejob");
+    }
+    if let Some(dir) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir).join("sidejob");
+    }
+    match std::env::var_os("HOME") {
+        Some(home) => PathBuf::from(home).join(".local/state/sidejob"),
+        None => PathBuf::from(format!("/tmp/sidejob-{}/state", sys::getuid())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_file_errors_name_the_line() {
+        let dir = std::env::temp_dir().join(format!("sidejob-config-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("bad.toml");
+        std::fs::write(&path, "max_running = 4\nno_such_field = 1\n").unwrap();
+        let err = Config::load(&path).unwrap_err().to_string();
+        assert!(err.contains("line 2"), "{err}");
+        assert!(err.contains("no_such_field"), "{err}");
+        std::fs::write(&path, "max_running = 4\n").unwrap();
+        let cfg = Config::load(&path).unwrap();
+        assert_eq!(cfg.max_running, 4);
+        assert_eq!(cfg.default_yield_after_ms, 30_000);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

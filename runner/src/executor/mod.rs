@@ -1,0 +1,664 @@
+//! Calls → runs: submitting, yielding, settling, waiting, cancelling (SPEC §4).
+//!
+//! Exactly-once delivery: each live task has one mutex. The settle path, the yield path and
+//! `task.background` all take it, and the settle path decides — once, under it — whether the
+//! result goes inline (a foreground call still holds the task), to `task.wait` callers, or
+//! stays `pending` for a wake. After that, later claims of a `pending` result go through the
+//! registry's conditional update.
+
+mod output;
+mod recover;
+mod spawn;
+
+pub use output::{excerpt, page, tail};
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::io::unix::AsyncFd;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
+use tracing::{info, warn};
+
+use crate::config::Config;
+use crate::ids;
+use crate::plugin_host::{PlanContext, ToolHost};
+use crate::protocol::{
+    CancelOutcome, CompletedCall, Delivery, FailReason, RunningCall, StdinMode, TaskKind, TaskState, ToolCallResult,
+};
+use crate::registry::{Registry, RegistryError, SessionRow, Settlement, TaskRow};
+use crate::sandbox::{self, LaunchPlan};
+use crate::supervisor::{CancelRequest, RunResult, StopReason};
+use crate::sys;
+
+/// Bytes a task's stdin queue may hold before `task.message` is refused.
+const MAX_QUEUED_STDIN: u64 = 16 * 1024 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error("{0}")]
+    InvalidParams(String),
+    #[error("{0}")]
+    InvalidState(String),
+    #[error("{0}")]
+    LimitExceeded(String),
+    #[error("{step} {path}: {source}")]
+    Io { step: &'static str, path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+}
+
+/// What the blocked foreground call hears about its task.
+pub enum FgEvent {
+    Settled(TaskRow),
+    Backgrounded,
+}
+
+/// One `tool.call`, after the server has checked who may make it.
+pub struct CallRequest {
+    pub owner_uid: u32,
+    pub owner_gid: u32,
+    pub session: SessionRow,
+    pub tool: String,
+    pub args: serde_json::Value,
+    pub yield_after_ms: Option<u64>,
+    pub background: bool,
+    pub timeout_ms: Option<u64>,
+    pub stdin: StdinMode,
+    pub service: bool,
+    pub profile: Option<String>,
+}
+
+struct StdinChunk {
+    data: Vec<u8>,
+    eof: bool,
+}
+
+#[derive(Default)]
+struct LiveState {
+    /// Present while a `tool.call` blocks on this task.
+    fg: Option<oneshot::Sender<FgEvent>>,
+    waiters: Vec<oneshot::Sender<TaskRow>>,
+    settled: bool,
+    /// The supervisor's pidfd, once it runs.
+    supervisor: Option<Arc<AsyncFd<OwnedFd>>>,
+    stdin: Option<mpsc::UnboundedSender<StdinChunk>>,
+}
+
+/// A task that has not settled yet.
+struct Live {
+    task_id: String,
+    session_id: String,
+    run_dir: PathBuf,
+    state: Mutex<LiveState>,
+    done: watch::Sender<bool>,
+    stdin_queued: Arc<AtomicU64>,
+}
+
+impl Live {
+    fn new(row: &TaskRow) -> Arc<Live> {
+        Arc::new(Live {
+            task_id: row.task_id.clone(),
+            session_id: row.session_id.clone(),
+            run_dir: PathBuf::from(&row.run_dir),
+            state: Mutex::new(LiveState::default()),
+            done: watch::channel(false).0,
+            stdin_queued: Arc::new(AtomicU64::new(0)),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, LiveState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+pub struct Executor {
+    cfg: Arc<Config>,
+    registry: Arc<Registry>,
+    tools: Arc<ToolHost>,
+    exe: PathBuf,
+    live: Mutex<HashMap<String, Arc<Live>>>,
+    global: Arc<Semaphore>,
+    per_session: Mutex<HashMap<String, Arc<Semaphore>>>,
+}
+
+impl Executor {
+    pub fn new(cfg: Arc<Config>, registry: Arc<Registry>, tools: Arc<ToolHost>, exe: PathBuf) -> Arc<Executor> {
+        Arc::new(Executor {
+            global: Arc::new(Semaphore::new(cfg.max_running.max(1))),
+            cfg,
+            registry,
+            tools,
+            exe,
+            live: Mutex::new(HashMap::new()),
+            per_session: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    pub fn tools(&self) -> &Arc<ToolHost> {
+        &self.tools
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    fn live_map(&self) -> MutexGuard<'_, HashMap<String, Arc<Live>>> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn get_live(&self, task_id: &str) -> Option<Arc<Live>> {
+        self.live_map().get(task_id).cloned()
+    }
+
+    /// Runs a `tool.call` to its answer: inline if the run settles before `yield_after_ms`,
+    /// else `running`. `closed` resolves if the caller's connection goes away, in which case
+    /// the task moves to the background so its result is not lost.
+    pub async fn call(self: &Arc<Self>, req: CallRequest, closed: impl std::future::Future<Output = ()>) -> Result<ToolCallResult, ExecError> {
+        let yield_after = req
+            .yield_after_ms
+            .unwrap_or_else(|| self.tools.get(&req.tool).map(|t| t.describe().default_yield_after_ms).unwrap_or(self.cfg.default_yield_after_ms));
+        let detach = req.background || yield_after == 0;
+        let (row, fg) = self.submit(req, !detach)?;
+        let Some(mut fg) = fg else { return Ok(self.running(&row.task_id, &row)) };
+
+        let yield_at = tokio::time::sleep(Duration::from_millis(yield_after));
+        let deadline_ms = self.cfg.interactive_deadline_ms;
+        let deadline = tokio::time::sleep(Duration::from_millis(deadline_ms));
+        tokio::pin!(yield_at, deadline, closed);
+        let mut deadline_hit = false;
+        let mut closed_seen = false;
+        loop {
+            tokio::select! {
+                ev = &mut fg => {
+                    return Ok(match ev {
+                        Ok(FgEvent::Settled(row)) => self.completed(&row, deadline_hit),
+                        Ok(FgEvent::Backgrounded) | Err(_) => self.running(&row.task_id, &row),
+                    });
+                }
+                _ = &mut yield_at => {
+                    if self.try_yield(&row.task_id) {
+                        return Ok(self.running(&row.task_id, &row));
+                    }
+                    // Settled in the same instant: the result is already on its way to `fg`.
+                }
+                _ = &mut deadline, if !deadline_hit && deadline_ms < yield_after => {
+                    deadline_hit = true;
+                    let message = format!(
+                        "the call was still in the foreground after the interactive deadline of {} s and was stopped",
+                        deadline_ms / 1000
+                    );
+                    self.stop(&row.task_id, StopReason::Timeout, self.cfg.cancel_grace_ms, Some(message));
+                }
+                _ = &mut closed, if !closed_seen => {
+                    closed_seen = true;
+                    if self.try_yield(&row.task_id) {
+                        return Ok(self.running(&row.task_id, &row));
+                    }
+                }
+            }
+        }
+    }
+
+    fn running(&self, task_id: &str, row: &TaskRow) -> ToolCallResult {
+        ToolCallResult::Running(RunningCall {
+            task_id: task_id.to_owned(),
+            output: tail(Path::new(&row.output_path()), self.cfg.inline_output_bytes),
+            output_path: row.output_path(),
+            result_path: row.result_path(),
+            hint: Some(format!(
+                "still running in the background; its result will be delivered when it settles (task.wait {{\"task_id\": \"{task_id}\"}} to block on it)"
+            )),
+        })
+    }
+
+    fn completed(&self, row: &TaskRow, deadline_hit: bool) -> ToolCallResult {
+        let (output, cut) = excerpt(Path::new(&row.output_path()), self.cfg.inline_output_bytes);
+        let hint = (deadline_hit && row.reason == Some(FailReason::Timeout)).then(|| {
+            "pass yield_after_ms (for example 30000) or background: true so long commands move to the background instead of being stopped".to_owned()
+        });
+        ToolCallResult::Completed(CompletedCall {
+            task_id: row.task_id.clone(),
+            state: row.state,
+            reason: row.reason,
+            exit_code: row.exit_code,
+            signal: row.signal,
+            output,
+            output_truncated: row.output_truncated.unwrap_or(false) || cut,
+            duration_ms: row.duration_ms.unwrap_or(0),
+            hint,
+            error: row.error.clone(),
+            output_path: row.output_path(),
+            result_path: row.result_path(),
+        })
+    }
+
+    /// Records the task, writes its launch plan and starts driving it. With `foreground`, the
+    /// returned receiver hears how it ends (or that it was moved to the background).
+    pub fn submit(self: &Arc<Self>, req: CallRequest, foreground: bool) -> Result<(TaskRow, Option<oneshot::Receiver<FgEvent>>), ExecError> {
+        let tool = self
+            .tools
+            .get(&req.tool)
+            .ok_or_else(|| ExecError::InvalidParams(format!("unknown tool {:?}; tool.list names the tools there are", req.tool)))?;
+        let task_id = ids::ulid();
+        let workspace = PathBuf::from(&req.session.workspace);
+        let ctx = PlanContext { workspace: &workspace, session_id: &req.session.session_id, task_id: &task_id };
+        let tool_plan = tool.plan(&req.args, &ctx).map_err(|e| ExecError::InvalidParams(e.0))?;
+        let profile = req.profile.clone().unwrap_or_else(|| req.session.profile.clone());
+
+        let run_dir = Path::new(&req.session.session_dir).join(".background").join(&task_id);
+        std::fs::create_dir_all(&run_dir).map_err(|source| ExecError::Io { step: "create run directory", path: run_dir.clone(), source })?;
+        // Root runs other users' commands as those users, never as root.
+        let (uid, gid) = if sys::getuid() == 0 && req.owner_uid != 0 { (Some(req.owner_uid), Some(req.owner_gid)) } else { (None, None) };
+        let mut env = sandbox::base_env(&req.session.workspace, &task_id, &req.session.session_id);
+        env.extend(tool_plan.env);
+        let plan = LaunchPlan {
+            task_id: task_id.clone(),
+            session_id: req.session.session_id.clone(),
+            tool: req.tool.clone(),
+            profile: profile.clone(),
+            argv: tool_plan.argv,
+            env,
+            cwd: tool_plan.cwd,
+            run_dir: run_dir.clone(),
+            uid,
+            gid,
+            timeout_ms: Some(req.timeout_ms.map_or(self.cfg.detached_cap_ms, |t| t.min(self.cfg.detached_cap_ms))),
+            kill_grace_ms: self.cfg.cancel_grace_ms,
+            max_output_bytes: self.cfg.max_output_bytes,
+            tee_stdout: false,
+        };
+        let plan_bytes = serde_json::to_vec_pretty(&plan).map_err(|e| ExecError::InvalidParams(e.to_string()))?;
+        std::fs::write(plan.plan_path(), plan_bytes).map_err(|source| ExecError::Io { step: "write launch plan", path: plan.plan_path(), source })?;
+
+        let row = TaskRow {
+            task_id: task_id.clone(),
+            session_id: req.session.session_id.clone(),
+            owner_uid: req.session.owner_uid,
+            tool: req.tool.clone(),
+            kind: TaskKind::Call,
+            state: TaskState::Queued,
+            mode: if foreground { "foreground" } else { "background" }.into(),
+            reason: None,
+            exit_code: None,
+            signal: None,
+            summary: tool_plan.summary,
+            args: req.args.to_string(),
+            created_at: ids::now_rfc3339(),
+            started_at: None,
+            ended_at: None,
+            run_dir: run_dir.display().to_string(),
+            delivery: None,
+            service: req.service,
+            parent_task_id: None,
+            profile,
+            timeout_ms: req.timeout_ms,
+            stdin: req.stdin,
+            supervisor_pid: None,
+            supervisor_start_time: None,
+            duration_ms: None,
+            output_bytes: None,
+            output_truncated: None,
+            leftover_processes: None,
+            error: None,
+        };
+        self.registry.insert_task(&row)?;
+        let live = Live::new(&row);
+        let rx = foreground.then(|| {
+            let (tx, rx) = oneshot::channel();
+            live.lock().fg = Some(tx);
+            rx
+        });
+        self.live_map().insert(task_id.clone(), live.clone());
+        let stdin = if req.stdin == StdinMode::Pipe { Some(()) } else { None };
+        let this = self.clone();
+        tokio::spawn(async move { this.drive(live, plan, stdin.is_some()).await });
+        Ok((row, rx))
+    }
+
+    fn session_slots(&self, session_id: &str) -> Arc<Semaphore> {
+        let mut map = self.per_session.lock().unwrap_or_else(|e| e.into_inner());
+        map.entry(session_id.to_owned()).or_insert_with(|| Arc::new(Semaphore::new(self.cfg.max_running_per_session.max(1)))).clone()
+    }
+
+    /// Waits for a slot, starts the supervisor, watches it, settles the task.
+    async fn drive(self: Arc<Self>, live: Arc<Live>, plan: LaunchPlan, stdin_pipe: bool) {
+        let permits = self.acquire_slots(&live.session_id).await;
+        let started = {
+            let mut st = live.lock();
+            if st.settled {
+                return; // canceled while queued
+            }
+            match self.start_supervisor(&live, &plan, stdin_pipe, &mut st) {
+                Ok(started) => started,
+                Err(e) => {
+                    let s = lost_settlement(FailReason::SpawnError, format!("cannot start the supervisor: {e}"));
+                    let settled = self.settle_locked(&live, &mut st, s);
+                    drop(st);
+                    self.finish(&live, settled);
+                    return;
+                }
+            }
+        };
+        let (child, pidfd) = started;
+        let pid = child.id() as i32;
+        let start_time = sys::process_start_time(pid).unwrap_or(0);
+        if let Err(e) = self.registry.mark_started(&live.task_id, &live.session_id, pid, start_time, &ids::now_rfc3339()) {
+            warn!(task_id = %live.task_id, "cannot record the run's start: {e}");
+        }
+        self.watch(live, pidfd, Some(child)).await;
+        drop(permits);
+    }
+
+    async fn acquire_slots(&self, session_id: &str) -> (Option<OwnedSemaphorePermit>, Option<OwnedSemaphorePermit>) {
+        let global = self.global.clone().acquire_owned().await.ok();
+        let session = self.session_slots(session_id).acquire_owned().await.ok();
+        (global, session)
+    }
+
+    fn start_supervisor(
+        &self,
+        live: &Live,
+        plan: &LaunchPlan,
+        stdin_pipe: bool,
+        st: &mut LiveState,
+    ) -> std::io::Result<(std::process::Child, Arc<AsyncFd<OwnedFd>>)> {
+        let (stdin_read, stdin_write) = match stdin_pipe {
+            true => {
+                let (r, w) = sys::pipe()?;
+                (Some(r), Some(w))
+            }
+            false => (None, None),
+        };
+        let child = spawn::spawn_supervisor(&self.exe, &plan.run_dir, stdin_read)?;
+        // The child is ours and unreaped, so its pid cannot have been reused yet.
+        let pidfd = Arc::new(sys::async_fd(sys::pidfd_open(child.id() as i32)?)?);
+        st.supervisor = Some(pidfd.clone());
+        if let Some(w) = stdin_write {
+            st.stdin = Some(stdin_writer(w, live.stdin_queued.clone())?);
+        }
+        Ok((child, pidfd))
+    }
+
+    /// Waits (without polling) for the supervisor to exit, then settles from result.json.
+    async fn watch(&self, live: Arc<Live>, pidfd: Arc<AsyncFd<OwnedFd>>, mut child: Option<std::process::Child>) {
+        if let Err(e) = pidfd.readable().await {
+            warn!(task_id = %live.task_id, "cannot watch the supervisor: {e}");
+        }
+        let status = child.as_mut().and_then(|c| c.wait().ok());
+        let result_path = live.run_dir.join("result.json");
+        let settlement = match RunResult::read(&result_path) {
+            Ok(Some(result)) => settlement_from_result(&result),
+            Ok(None) | Err(_) => {
+                let log = std::fs::read_to_string(live.run_dir.join("supervisor.log")).unwrap_or_default();
+                let log = log.trim();
+                match status.and_then(|s| s.code()) {
+                    Some(2) => lost_settlement(FailReason::SpawnError, format!("the supervisor could not start the run: {log}")),
+                    _ => lost_settlement(
+                        FailReason::Lost,
+                        format!("the supervisor ended without writing result.json ({status:?}){}", if log.is_empty() { String::new() } else { format!(": {log}") }),
+                    ),
+                }
+            }
+        };
+        let settled = {
+            let mut st = live.lock();
+            self.settle_locked(&live, &mut st, settlement)
+        };
+        self.finish(&live, settled);
+    }
+
+    /// Records the terminal state and decides delivery. Must be called with the task's lock
+    /// held; returns the settled row to hand out after the lock is released.
+    fn settle_locked(&self, live: &Live, st: &mut LiveState, mut s: Settlement) -> Option<TaskRow> {
+        if st.settled {
+            return None;
+        }
+        st.settled = true;
+        let fg = st.fg.take().filter(|f| !f.is_closed());
+        st.waiters.retain(|w| !w.is_closed());
+        s.delivery = if fg.is_some() {
+            Delivery::Inline
+        } else if !st.waiters.is_empty() {
+            Delivery::Wait
+        } else {
+            Delivery::Pending
+        };
+        if let Err(e) = self.registry.settle(&live.task_id, &live.session_id, &s) {
+            warn!(task_id = %live.task_id, "cannot record the settlement: {e}");
+        }
+        let row = match self.registry.get_task(&live.task_id) {
+            Ok(Some(row)) => row,
+            _ => return None,
+        };
+        info!(task_id = %live.task_id, state = row.state.as_str(), delivery = s.delivery.as_str(), "task settled");
+        if let Some(fg) = fg {
+            let _ = fg.send(FgEvent::Settled(row.clone()));
+        }
+        for w in st.waiters.drain(..) {
+            let _ = w.send(row.clone());
+        }
+        st.stdin = None;
+        st.supervisor = None;
+        Some(row)
+    }
+
+    /// After settling: wake cancel-waiters and forget the live entry.
+    fn finish(&self, live: &Live, _settled: Option<TaskRow>) {
+        let _ = live.done.send(true);
+        self.live_map().remove(&live.task_id);
+    }
+
+    /// Moves a foreground task to the background if a call still holds it. Returns false if
+    /// it already settled (its result is then on its way to the call) or was not foreground.
+    pub fn try_yield(&self, task_id: &str) -> bool {
+        let Some(live) = self.get_live(task_id) else { return false };
+        let mut st = live.lock();
+        if st.fg.take().is_none() {
+            return false;
+        }
+        if let Err(e) = self.registry.mark_yielded(task_id, &live.session_id) {
+            warn!(task_id, "cannot record the yield: {e}");
+        }
+        true
+    }
+
+    /// `task.background`: tells the blocked call to return `running` now.
+    pub fn background(&self, task_id: &str) -> bool {
+        let Some(live) = self.get_live(task_id) else { return false };
+        let mut st = live.lock();
+        let Some(fg) = st.fg.take() else { return false };
+        if let Err(e) = self.registry.mark_yielded(task_id, &live.session_id) {
+            warn!(task_id, "cannot record the move to the background: {e}");
+        }
+        let _ = fg.send(FgEvent::Backgrounded);
+        true
+    }
+
+    /// The result of an inline answer could not be written to the caller: hand it back so a
+    /// wait or a wake can deliver it.
+    pub fn undeliver(&self, task_id: &str) {
+        match self.registry.claim_delivery(task_id, Delivery::Inline, Delivery::Pending) {
+            Ok(true) => info!(task_id, "inline result could not be written; delivery is pending again"),
+            Ok(false) => {}
+            Err(e) => warn!(task_id, "cannot return the delivery: {e}"),
+        }
+    }
+
+    /// `task.wait`: the task as it is when it settles or when `timeout` passes. A terminal
+    /// result nobody has received yet is delivered to this wait.
+    pub async fn wait(&self, task_id: &str, timeout: Duration) -> Result<Option<TaskRow>, ExecError> {
+        if let Some(live) = self.get_live(task_id) {
+            let rx = {
+                let mut st = live.lock();
+                (!st.settled).then(|| {
+                    let (tx, rx) = oneshot::channel();
+                    st.waiters.push(tx);
+                    rx
+                })
+            };
+            if let Some(rx) = rx {
+                if let Ok(Ok(row)) = tokio::time::timeout(timeout, rx).await {
+                    return Ok(Some(row));
+                }
+            }
+        }
+        let Some(row) = self.registry.get_task(task_id)? else { return Ok(None) };
+        if row.state.is_terminal() && row.delivery == Some(Delivery::Pending) && self.registry.claim_delivery(task_id, Delivery::Pending, Delivery::Wait)? {
+            return Ok(self.registry.get_task(task_id)?);
+        }
+        Ok(Some(row))
+    }
+
+    /// Asks a run to stop: SIGTERM to the whole run, SIGKILL after `grace_ms` (the supervisor
+    /// escalates, so this holds even if the daemon dies meanwhile). A task still queued is
+    /// settled as canceled at once.
+    fn stop(&self, task_id: &str, reason: StopReason, grace_ms: u64, message: Option<String>) -> bool {
+        let Some(live) = self.get_live(task_id) else { return false };
+        let mut st = live.lock();
+        if st.settled {
+            return false;
+        }
+        match st.supervisor.clone() {
+            Some(pidfd) => {
+                let req = CancelRequest { reason, grace_ms, message };
+                let path = CancelRequest::path(&live.run_dir);
+                if let Err(e) = serde_json::to_vec(&req).map_err(std::io::Error::other).and_then(|b| std::fs::write(&path, b)) {
+                    warn!(task_id, "cannot write {}: {e}", path.display());
+                }
+                if let Err(e) = sys::pidfd_send_signal(pidfd.get_ref(), libc::SIGTERM) {
+                    // ESRCH: the supervisor is already gone; its watcher settles the task.
+                    info!(task_id, "signal to supervisor: {e}");
+                }
+            }
+            None => {
+                let mut s = lost_settlement(FailReason::Lost, String::new());
+                s.state = TaskState::Canceled;
+                s.reason = None;
+                s.error = message;
+                let settled = self.settle_locked(&live, &mut st, s);
+                drop(st);
+                self.finish(&live, settled);
+            }
+        }
+        true
+    }
+
+    /// `task.cancel`.
+    pub async fn cancel(&self, task_id: &str, grace_ms: Option<u64>) -> Result<CancelOutcome, ExecError> {
+        let grace = grace_ms.unwrap_or(self.cfg.cancel_grace_ms);
+        let mut done = match self.get_live(task_id) {
+            Some(live) => live.done.subscribe(),
+            None => return Ok(CancelOutcome::AlreadyTerminal),
+        };
+        if !self.stop(task_id, StopReason::Canceled, grace, None) {
+            return Ok(CancelOutcome::AlreadyTerminal);
+        }
+        let limit = Duration::from_millis(grace.saturating_add(2_000));
+        let _ = tokio::time::timeout(limit, done.wait_for(|d| *d)).await;
+        let row = self.registry.get_task(task_id)?;
+        Ok(match row.map(|r| r.state) {
+            Some(TaskState::Canceled) => CancelOutcome::Canceled,
+            Some(s) if s.is_terminal() => CancelOutcome::AlreadyTerminal,
+            _ => CancelOutcome::CancellationPending,
+        })
+    }
+
+    /// Cancels every live task of a session (session close). Returns their ids.
+    pub fn cancel_session(&self, session_id: &str) -> Result<Vec<String>, ExecError> {
+        let ids: Vec<String> = self.registry.live_tasks_of_session(session_id)?.into_iter().map(|r| r.task_id).collect();
+        for id in &ids {
+            self.stop(id, StopReason::Canceled, self.cfg.cancel_grace_ms, Some("the session was closed".into()));
+        }
+        Ok(ids)
+    }
+
+    /// `task.message`: queue bytes for the task's stdin (never blocks).
+    pub fn message(&self, task_id: &str, data: &[u8], eof: bool) -> Result<u64, ExecError> {
+        let live = self.get_live(task_id).ok_or_else(|| ExecError::InvalidState(format!("task {task_id} has settled")))?;
+        let st = live.lock();
+        let Some(tx) = st.stdin.as_ref() else {
+            return Err(ExecError::InvalidState(format!(
+                "task {task_id} has no open stdin (start it with stdin: \"pipe\"; after eof, stdin is closed)"
+            )));
+        };
+        let queued = live.stdin_queued.load(Ordering::Relaxed);
+        if queued + data.len() as u64 > MAX_QUEUED_STDIN {
+            return Err(ExecError::LimitExceeded(format!("{queued} bytes are already waiting for task {task_id}'s stdin")));
+        }
+        live.stdin_queued.fetch_add(data.len() as u64, Ordering::Relaxed);
+        tx.send(StdinChunk { data: data.to_vec(), eof })
+            .map_err(|_| ExecError::InvalidState(format!("task {task_id}'s stdin is closed")))?;
+        drop(st);
+        if eof {
+            live.lock().stdin = None;
+        }
+        Ok(data.len() as u64)
+    }
+
+    /// Re-attaches to the runs of a previous daemon (see `recover.rs`).
+    pub fn recover(self: &Arc<Self>) -> Result<recover::Recovered, ExecError> {
+        recover::recover(self)
+    }
+}
+
+/// A writer task for a run's stdin pipe; chunks queue in memory so callers never block.
+fn stdin_writer(w: OwnedFd, queued: Arc<AtomicU64>) -> std::io::Result<mpsc::UnboundedSender<StdinChunk>> {
+    use std::os::fd::AsRawFd;
+    sys::set_nonblocking(w.as_raw_fd(), true)?;
+    let mut pipe = tokio::net::unix::pipe::Sender::from_owned_fd(w)?;
+    let (tx, mut rx) = mpsc::unbounded_channel::<StdinChunk>();
+    tokio::spawn(async move {
+        while let Some(chunk) = rx.recv().await {
+            let ok = pipe.write_all(&chunk.data).await.is_ok();
+            queued.fetch_sub(chunk.data.len() as u64, Ordering::Relaxed);
+            if !ok || chunk.eof {
+                break;
+            }
+        }
+        // Dropping the pipe closes the command's stdin.
+    });
+    Ok(tx)
+}
+
+pub(crate) fn settlement_from_result(r: &RunResult) -> Settlement {
+    Settlement {
+        state: r.state,
+        reason: r.reason,
+        exit_code: r.exit_code,
+        signal: r.signal,
+        ended_at: r.ended_at.clone(),
+        started_at: Some(r.started_at.clone()),
+        duration_ms: Some(r.duration_ms),
+        output_bytes: Some(r.output_bytes),
+        output_truncated: Some(r.output_truncated),
+        leftover_processes: Some(r.leftover_processes),
+        error: r.error.clone(),
+        delivery: Delivery::Pending,
+    }
+}
+
+pub(crate) fn lost_settlement(reason: FailReason, error: String) -> Settlement {
+    Settlement {
+        state: TaskState::Failed,
+        reason: Some(reason),
+        exit_code: None,
+        signal: None,
+        ended_at: ids::now_rfc3339(),
+        started_at: None,
+        duration_ms: None,
+        output_bytes: None,
+        output_truncated: None,
+        leftover_processes: None,
+        error: Some(error).filter(|e| !e.is_empty()),
+        delivery: Delivery::Pending,
+    }
+}

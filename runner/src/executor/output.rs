@@ -1,0 +1,77 @@
+//! Reading a run's output.log: excerpts for inline results and pages for `task.output`.
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::Path;
+
+use crate::protocol::TaskOutputResult;
+
+/// Default and largest page `task.output` returns.
+pub const DEFAULT_PAGE_BYTES: u64 = 64 * 1024;
+pub const MAX_PAGE_BYTES: u64 = 512 * 1024;
+
+fn read_range(f: &mut File, offset: u64, len: u64) -> std::io::Result<Vec<u8>> {
+    f.seek(SeekFrom::Start(offset))?;
+    let mut buf = Vec::with_capacity(len as usize);
+    f.take(len).read_to_end(&mut buf)?;
+    Ok(buf)
+}
+
+/// The whole output if it fits in `max`, else its head and tail around a marker. Returns the
+/// text and whether anything was left out.
+pub fn excerpt(path: &Path, max: usize) -> (String, bool) {
+    let Ok(mut f) = File::open(path) else { return (String::new(), false) };
+    let size = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let max = max as u64;
+    if size <= max {
+        let data = read_range(&mut f, 0, size).unwrap_or_default();
+        return (String::from_utf8_lossy(&data).into_owned(), false);
+    }
+    let half = max / 2;
+    let head = read_range(&mut f, 0, half).unwrap_or_default();
+    let tail = read_range(&mut f, size - half, half).unwrap_or_default();
+    let text = format!(
+        "{}\n[sidejob: {} bytes not shown; read {} for all of it]\n{}",
+        String::from_utf8_lossy(&head),
+        size - 2 * half,
+        path.display(),
+        String::from_utf8_lossy(&tail)
+    );
+    (text, true)
+}
+
+/// The last `max` bytes of the output (what a yielded call has printed so far).
+pub fn tail(path: &Path, max: usize) -> String {
+    let Ok(mut f) = File::open(path) else { return String::new() };
+    let size = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let start = size.saturating_sub(max as u64);
+    let data = read_range(&mut f, start, size - start).unwrap_or_default();
+    String::from_utf8_lossy(&data).into_owned()
+}
+
+/// One page of output for `task.output`. `terminal` says whether the run has settled (and so
+/// whether reaching the end means end of file).
+pub fn page(path: &Path, offset: Option<u64>, max_bytes: Option<u64>, tail_bytes: Option<u64>, terminal: bool, truncated: bool) -> TaskOutputResult {
+    let mut f = File::open(path).ok();
+    let size = f.as_ref().and_then(|f| f.metadata().ok()).map(|m| m.len()).unwrap_or(0);
+    let max = max_bytes.unwrap_or(DEFAULT_PAGE_BYTES).clamp(1, MAX_PAGE_BYTES);
+    let start = match (offset, tail_bytes) {
+        (Some(o), _) => o.min(size),
+        (None, Some(t)) => size.saturating_sub(t),
+        (None, None) => 0,
+    };
+    let len = max.min(size - start);
+    let data = match f.as_mut() {
+        Some(f) if len > 0 => read_range(f, start, len).unwrap_or_default(),
+        _ => Vec::new(),
+    };
+    let next = start + data.len() as u64;
+    TaskOutputResult {
+        data: String::from_utf8_lossy(&data).into_owned(),
+        offset: start,
+        next_offset: next,
+        size,
+        eof: terminal && next >= size,
+        truncated,
+    }
+}

@@ -1,0 +1,14 @@
+//! sidejob: a privileged process-runner sidecar. See `ARCHITECTURE.md` for the map.
+
+pub mod cli;
+pub mod config;
+pub mod executor;
+pub mod ids;
+pub mod plugin_host;
+pub mod protocol;
+pub mod registry;
+pub mod sandbox;
+pub mod server;
+pub mod session;
+pub mod supervisor;
+pub mod sys;

@@ -1,0 +1,366 @@
+//! The task registry: the only code that touches SQLite (SPEC §6).
+//!
+//! Invariant: every row change is made by [`Registry::apply`], which writes the row and
+//! appends its event (the same column patch) in one transaction. The event log is therefore
+//! authoritative, and [`replay`] rebuilds identical rows from it.
+
+mod replay;
+mod rows;
+mod schema;
+
+pub use replay::{replay_check, ReplayReport};
+pub use rows::{SessionRow, Settlement, TaskRow};
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+
+use rusqlite::{params, Connection, OptionalExtension, Transaction};
+use serde_json::{Map, Value};
+
+use crate::protocol::{Delivery, TaskState};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("cannot create state directory {path}: {source}")]
+    StateDir { path: PathBuf, source: std::io::Error },
+    #[error("cannot open registry {path}: {source}")]
+    Open { path: PathBuf, source: rusqlite::Error },
+    #[error("registry migration {version} failed: {source}")]
+    Migrate { version: usize, source: rusqlite::Error },
+    #[error("registry is at schema version {found}, newer than this sidejob knows ({known})")]
+    TooNew { found: usize, known: usize },
+    #[error("registry query failed: {0}")]
+    Sql(#[from] rusqlite::Error),
+    #[error("registry holds a malformed row: {0}")]
+    Corrupt(String),
+}
+
+pub type Result<T> = std::result::Result<T, RegistryError>;
+
+/// Which table an event changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entity {
+    Session,
+    Task,
+}
+
+impl Entity {
+    fn table(self) -> &'static str {
+        match self {
+            Entity::Session => "sessions",
+            Entity::Task => "tasks",
+        }
+    }
+
+    fn key(self) -> &'static str {
+        match self {
+            Entity::Session => "session_id",
+            Entity::Task => "task_id",
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Entity::Session => "session",
+            Entity::Task => "task",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Entity> {
+        match s {
+            "session" => Some(Entity::Session),
+            "task" => Some(Entity::Task),
+            _ => None,
+        }
+    }
+}
+
+/// Whether an event creates its row or updates it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Insert,
+    Update,
+}
+
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Op::Insert => "insert",
+            Op::Update => "update",
+        }
+    }
+}
+
+pub struct Registry {
+    conn: Mutex<Connection>,
+    path: PathBuf,
+}
+
+impl Registry {
+    /// Opens (creating if needed) `<state_dir>/sidejob.db` in WAL mode and runs migrations.
+    pub fn open(state_dir: &Path) -> Result<Registry> {
+        std::fs::create_dir_all(state_dir).map_err(|source| RegistryError::StateDir { path: state_dir.into(), source })?;
+        let path = state_dir.join("sidejob.db");
+        let conn = Connection::open(&path).map_err(|source| RegistryError::Open { path: path.clone(), source })?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        let mut conn = conn;
+        migrate(&mut conn)?;
+        Ok(Registry { conn: Mutex::new(conn), path })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Connection> {
+        // A panic while holding the lock leaves SQLite consistent (the transaction rolls back
+        // on drop), so a poisoned lock is safe to keep using.
+        self.conn.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `f` in one write transaction.
+    fn write<T>(&self, f: impl FnOnce(&Transaction) -> Result<T>) -> Result<T> {
+        let mut conn = self.lock();
+        let tx = conn.transaction()?;
+        let out = f(&tx)?;
+        tx.commit()?;
+        Ok(out)
+    }
+
+    /// Writes a row change and its event in the same transaction; returns the event's seq.
+    pub fn apply(tx: &Transaction, kind: &str, entity: Entity, id: &str, session_id: &str, op: Op, patch: &Map<String, Value>) -> Result<i64> {
+        apply_patch(tx, entity, id, op, patch)?;
+        tx.execute(
+            "INSERT INTO events (at, kind, entity, entity_id, op, session_id, patch) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            params![crate::ids::now_rfc3339(), kind, entity.name(), id, op.name(), session_id, Value::Object(patch.clone()).to_string()],
+        )?;
+        Ok(tx.last_insert_rowid())
+    }
+
+    // ----- sessions -----
+
+    pub fn insert_session(&self, row: &SessionRow) -> Result<()> {
+        self.write(|tx| {
+            Self::apply(tx, "session.opened", Entity::Session, &row.session_id, &row.session_id, Op::Insert, &row.to_patch())?;
+            Ok(())
+        })
+    }
+
+    pub fn reopen_session(&self, session_id: &str) -> Result<()> {
+        self.write(|tx| {
+            let patch = obj([("state", "open".into()), ("closed_at", Value::Null)]);
+            Self::apply(tx, "session.reopened", Entity::Session, session_id, session_id, Op::Update, &patch)?;
+            Ok(())
+        })
+    }
+
+    pub fn close_session(&self, session_id: &str) -> Result<()> {
+        self.write(|tx| {
+            let patch = obj([("state", "closed".into()), ("closed_at", crate::ids::now_rfc3339().into())]);
+            Self::apply(tx, "session.closed", Entity::Session, session_id, session_id, Op::Update, &patch)?;
+            Ok(())
+        })
+    }
+
+    pub fn get_session(&self, session_id: &str) -> Result<Option<SessionRow>> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare_cached("SELECT * FROM sessions WHERE session_id = ?1")?;
+        Ok(stmt.query_row([session_id], SessionRow::from_row).optional()?)
+    }
+
+    /// Sessions, all of them or those of one owner.
+    pub fn list_sessions(&self, owner: Option<u32>) -> Result<Vec<SessionRow>> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare_cached("SELECT * FROM sessions WHERE ?1 IS NULL OR owner_uid = ?1 ORDER BY created_at, session_id")?;
+        let rows = stmt.query_map([owner], SessionRow::from_row)?;
+        Ok(rows.collect::<std::result::Result<_, _>>()?)
+    }
+
+    // ----- tasks -----
+
+    pub fn insert_task(&self, row: &TaskRow) -> Result<i64> {
+        self.write(|tx| Self::apply(tx, "task.submitted", Entity::Task, &row.task_id, &row.session_id, Op::Insert, &row.to_patch()))
+    }
+
+    /// The supervisor is running: record its pid and start time (to re-attach after restart).
+    pub fn mark_started(&self, task_id: &str, session_id: &str, pid: i32, start_time: u64, started_at: &str) -> Result<i64> {
+        self.write(|tx| {
+            let patch = obj([
+                ("state", TaskState::Running.as_str().into()),
+                ("supervisor_pid", pid.into()),
+                ("supervisor_start_time", start_time.into()),
+                ("started_at", started_at.into()),
+            ]);
+            Self::apply(tx, "task.started", Entity::Task, task_id, session_id, Op::Update, &patch)
+        })
+    }
+
+    /// A foreground call moved to the background (yield, `background: true`, `task.background`).
+    pub fn mark_yielded(&self, task_id: &str, session_id: &str) -> Result<i64> {
+        self.write(|tx| {
+            let patch = obj([("mode", "background".into())]);
+            Self::apply(tx, "task.yielded", Entity::Task, task_id, session_id, Op::Update, &patch)
+        })
+    }
+
+    /// Records a terminal state and who the result is delivered to, in one transaction.
+    pub fn settle(&self, task_id: &str, session_id: &str, s: &Settlement) -> Result<i64> {
+        self.write(|tx| Self::apply(tx, "task.settled", Entity::Task, task_id, session_id, Op::Update, &s.to_patch()))
+    }
+
+    /// Moves a terminal task's delivery from `from` to `to` if (and only if) it is still
+    /// `from`. This conditional update is the single place later claims are decided.
+    pub fn claim_delivery(&self, task_id: &str, from: Delivery, to: Delivery) -> Result<bool> {
+        self.write(|tx| {
+            let current: Option<Option<String>> =
+                tx.query_row("SELECT delivery FROM tasks WHERE task_id = ?1", [task_id], |r| r.get(0)).optional()?;
+            let Some(Some(current)) = current else { return Ok(false) };
+            if current != from.as_str() {
+                return Ok(false);
+            }
+            let session_id: String = tx.query_row("SELECT session_id FROM tasks WHERE task_id = ?1", [task_id], |r| r.get(0))?;
+            let patch = obj([("delivery", to.as_str().into())]);
+            Self::apply(tx, "task.delivered", Entity::Task, task_id, &session_id, Op::Update, &patch)?;
+            Ok(true)
+        })
+    }
+
+    pub fn get_task(&self, task_id: &str) -> Result<Option<TaskRow>> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare_cached("SELECT * FROM tasks WHERE task_id = ?1")?;
+        stmt.query_row([task_id], TaskRow::from_row).optional()?.map(TaskRow::check).transpose()
+    }
+
+    /// A session's live tasks plus its `history` most recent terminal ones, newest first.
+    pub fn list_tasks(&self, session_id: &str, history: usize) -> Result<Vec<TaskRow>> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare_cached(
+            "SELECT * FROM tasks WHERE session_id = ?1 AND state NOT IN ('succeeded','failed','canceled')
+             UNION ALL
+             SELECT * FROM (SELECT * FROM tasks WHERE session_id = ?1 AND state IN ('succeeded','failed','canceled')
+                            ORDER BY COALESCE(ended_at, created_at) DESC, task_id DESC LIMIT ?2)
+             ORDER BY created_at DESC, task_id DESC",
+        )?;
+        let rows = stmt.query_map(params![session_id, history as i64], TaskRow::from_row)?;
+        rows.map(|r| r.map_err(RegistryError::from).and_then(TaskRow::check)).collect()
+    }
+
+    /// Every task in one of `states`, across sessions (for recovery at start-up).
+    pub fn tasks_in_states(&self, states: &[TaskState]) -> Result<Vec<TaskRow>> {
+        let conn = self.lock();
+        let list = states.iter().map(|s| format!("'{}'", s.as_str())).collect::<Vec<_>>().join(",");
+        let mut stmt = conn.prepare(&format!("SELECT * FROM tasks WHERE state IN ({list}) ORDER BY created_at"))?;
+        let rows = stmt.query_map([], TaskRow::from_row)?;
+        rows.map(|r| r.map_err(RegistryError::from).and_then(TaskRow::check)).collect()
+    }
+
+    /// Live tasks of a session (not terminal).
+    pub fn live_tasks_of_session(&self, session_id: &str) -> Result<Vec<TaskRow>> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare_cached("SELECT * FROM tasks WHERE session_id = ?1 AND state NOT IN ('succeeded','failed','canceled')")?;
+        let rows = stmt.query_map([session_id], TaskRow::from_row)?;
+        rows.map(|r| r.map_err(RegistryError::from).and_then(TaskRow::check)).collect()
+    }
+
+    /// How many of a session's tasks are in each live state.
+    pub fn count_states(&self, session_id: &str) -> Result<Vec<(TaskState, u32)>> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare_cached(
+            "SELECT state, COUNT(*) FROM tasks WHERE session_id = ?1 AND state NOT IN ('succeeded','failed','canceled') GROUP BY state",
+        )?;
+        let rows = stmt.query_map([session_id], |r| Ok((r.get::<_, String>(0)?, r.get::<_, u32>(1)?)))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (state, n) = row?;
+            let state = TaskState::parse(&state).ok_or_else(|| RegistryError::Corrupt(format!("task state {state:?}")))?;
+            out.push((state, n));
+        }
+        Ok(out)
+    }
+
+    /// The newest event's seq (0 when the log is empty).
+    pub fn last_seq(&self) -> Result<i64> {
+        let conn = self.lock();
+        Ok(conn.query_row("SELECT COALESCE(MAX(seq), 0) FROM events", [], |r| r.get(0))?)
+    }
+
+    /// Events of one entity, oldest first, as `(kind, patch)`.
+    pub fn events_of(&self, entity: Entity, id: &str) -> Result<Vec<(String, Value)>> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare_cached("SELECT kind, patch FROM events WHERE entity = ?1 AND entity_id = ?2 ORDER BY seq")?;
+        let rows = stmt.query_map([entity.name(), id], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (kind, patch) = row?;
+            out.push((kind, serde_json::from_str(&patch).map_err(|e| RegistryError::Corrupt(e.to_string()))?));
+        }
+        Ok(out)
+    }
+}
+
+fn migrate(conn: &mut Connection) -> Result<()> {
+    let version: usize = conn.query_row("PRAGMA user_version", [], |r| r.get::<_, i64>(0))? as usize;
+    if version > schema::MIGRATIONS.len() {
+        return Err(RegistryError::TooNew { found: version, known: schema::MIGRATIONS.len() });
+    }
+    for (i, sql) in schema::MIGRATIONS.iter().enumerate().skip(version) {
+        let tx = conn.transaction()?;
+        tx.execute_batch(sql).map_err(|source| RegistryError::Migrate { version: i + 1, source })?;
+        tx.pragma_update(None, "user_version", (i + 1) as i64)?;
+        tx.commit()?;
+    }
+    Ok(())
+}
+
+/// Applies one column patch to a row: the single code path shared by live writes and replay.
+fn apply_patch(conn: &Connection, entity: Entity, id: &str, op: Op, patch: &Map<String, Value>) -> Result<()> {
+    for col in patch.keys() {
+        if !col.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') {
+            return Err(RegistryError::Corrupt(format!("column name {col:?}")));
+        }
+    }
+    let values: Vec<rusqlite::types::Value> = patch.values().map(json_to_sql).collect();
+    let sql = match op {
+        Op::Insert => {
+            let cols = patch.keys().cloned().collect::<Vec<_>>().join(", ");
+            let marks = (1..=patch.len()).map(|i| format!("?{i}")).collect::<Vec<_>>().join(", ");
+            format!("INSERT INTO {} ({cols}) VALUES ({marks})", entity.table())
+        }
+        Op::Update => {
+            let sets = patch.keys().enumerate().map(|(i, c)| format!("{c} = ?{}", i + 1)).collect::<Vec<_>>().join(", ");
+            format!("UPDATE {} SET {sets} WHERE {} = ?{}", entity.table(), entity.key(), patch.len() + 1)
+        }
+    };
+    let mut stmt = conn.prepare_cached(&sql)?;
+    let mut bound: Vec<&dyn rusqlite::ToSql> = values.iter().map(|v| v as &dyn rusqlite::ToSql).collect();
+    if op == Op::Update {
+        bound.push(&id);
+    }
+    let changed = stmt.execute(bound.as_slice())?;
+    if changed != 1 {
+        return Err(RegistryError::Corrupt(format!("{} {id} matched {changed} rows", entity.name())));
+    }
+    Ok(())
+}
+
+fn json_to_sql(v: &Value) -> rusqlite::types::Value {
+    use rusqlite::types::Value as S;
+    match v {
+        Value::Null => S::Null,
+        Value::Bool(b) => S::Integer(*b as i64),
+        Value::Number(n) => match n.as_i64() {
+            Some(i) => S::Integer(i),
+            None => S::Real(n.as_f64().unwrap_or(0.0)),
+        },
+        Value::String(s) => S::Text(s.clone()),
+        other => S::Text(other.to_string()),
+    }
+}
+
+/// Builds a JSON object from `(column, value)` pairs.
+pub fn obj<const N: usize>(pairs: [(&str, Value); N]) -> Map<String, Value> {
+    pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
+}

@@ -1,0 +1,289 @@
+//! Typed rows of the registry and their column patches.
+
+use rusqlite::Row;
+use serde_json::{Map, Value};
+
+use super::{obj, RegistryError};
+use crate::protocol::{Delivery, FailReason, SessionInfo, StdinMode, Task, TaskKind, TaskState};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionRow {
+    pub session_id: String,
+    pub owner_uid: u32,
+    pub workspace: String,
+    pub session_dir: String,
+    pub profile: String,
+    pub proactive_wake: bool,
+    pub parent_session_id: Option<String>,
+    pub state: String,
+    pub created_at: String,
+    pub closed_at: Option<String>,
+}
+
+impl SessionRow {
+    pub fn from_row(r: &Row) -> rusqlite::Result<SessionRow> {
+        Ok(SessionRow {
+            session_id: r.get("session_id")?,
+            owner_uid: r.get("owner_uid")?,
+            workspace: r.get("workspace")?,
+            session_dir: r.get("session_dir")?,
+            profile: r.get("profile")?,
+            proactive_wake: r.get("proactive_wake")?,
+            parent_session_id: r.get("parent_session_id")?,
+            state: r.get("state")?,
+            created_at: r.get("created_at")?,
+            closed_at: r.get("closed_at")?,
+        })
+    }
+
+    pub fn to_patch(&self) -> Map<String, Value> {
+        obj([
+            ("session_id", self.session_id.clone().into()),
+            ("owner_uid", self.owner_uid.into()),
+            ("workspace", self.workspace.clone().into()),
+            ("session_dir", self.session_dir.clone().into()),
+            ("profile", self.profile.clone().into()),
+            ("proactive_wake", self.proactive_wake.into()),
+            ("parent_session_id", self.parent_session_id.clone().into()),
+            ("state", self.state.clone().into()),
+            ("created_at", self.created_at.clone().into()),
+            ("closed_at", self.closed_at.clone().into()),
+        ])
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.state == "open"
+    }
+
+    pub fn to_wire(&self) -> SessionInfo {
+        SessionInfo {
+            session_id: self.session_id.clone(),
+            owner_uid: self.owner_uid,
+            workspace: self.workspace.clone(),
+            session_dir: self.session_dir.clone(),
+            profile: self.profile.clone(),
+            proactive_wake: self.proactive_wake,
+            parent_session_id: self.parent_session_id.clone(),
+            state: self.state.clone(),
+            created_at: self.created_at.clone(),
+            closed_at: self.closed_at.clone(),
+        }
+    }
+}
+
+/// A task row. Enum columns are kept as typed values; `check` refuses unknown spellings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskRow {
+    pub task_id: String,
+    pub session_id: String,
+    pub owner_uid: u32,
+    pub tool: String,
+    pub kind: TaskKind,
+    pub state: TaskState,
+    /// `foreground` while a `tool.call` blocks on it, else `background`.
+    pub mode: String,
+    pub reason: Option<FailReason>,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub summary: String,
+    pub args: String,
+    pub created_at: String,
+    pub started_at: Option<String>,
+    pub ended_at: Option<String>,
+    pub run_dir: String,
+    pub delivery: Option<Delivery>,
+    pub service: bool,
+    pub parent_task_id: Option<String>,
+    pub profile: String,
+    pub timeout_ms: Option<u64>,
+    pub stdin: StdinMode,
+    pub supervisor_pid: Option<i32>,
+    pub supervisor_start_time: Option<u64>,
+    pub duration_ms: Option<u64>,
+    pub output_bytes: Option<u64>,
+    pub output_truncated: Option<bool>,
+    pub leftover_processes: Option<u32>,
+    pub error: Option<String>,
+}
+
+/// Raw text of the enum columns, checked after the row is read.
+fn parse_enum<T>(col: &str, s: &str, f: impl Fn(&str) -> Option<T>) -> Result<T, RegistryError> {
+    f(s).ok_or_else(|| RegistryError::Corrupt(format!("{col} {s:?}")))
+}
+
+impl TaskRow {
+    pub fn from_row(r: &Row) -> rusqlite::Result<RawTask> {
+        Ok(RawTask {
+            kind: r.get("kind")?,
+            state: r.get("state")?,
+            reason: r.get("reason")?,
+            delivery: r.get("delivery")?,
+            stdin: r.get("stdin")?,
+            row: TaskRow {
+                task_id: r.get("task_id")?,
+                session_id: r.get("session_id")?,
+                owner_uid: r.get("owner_uid")?,
+                tool: r.get("tool")?,
+                kind: TaskKind::Call,
+                state: TaskState::Queued,
+                mode: r.get("mode")?,
+                reason: None,
+                exit_code: r.get("exit_code")?,
+                signal: r.get("signal")?,
+                summary: r.get("summary")?,
+                args: r.get("args")?,
+                created_at: r.get("created_at")?,
+                started_at: r.get("started_at")?,
+                ended_at: r.get("ended_at")?,
+                run_dir: r.get("run_dir")?,
+                delivery: None,
+                service: r.get("service")?,
+                parent_task_id: r.get("parent_task_id")?,
+                profile: r.get("profile")?,
+                timeout_ms: r.get("timeout_ms")?,
+                stdin: StdinMode::Null,
+                supervisor_pid: r.get("supervisor_pid")?,
+                supervisor_start_time: r.get("supervisor_start_time")?,
+                duration_ms: r.get("duration_ms")?,
+                output_bytes: r.get("output_bytes")?,
+                output_truncated: r.get("output_truncated")?,
+                leftover_processes: r.get("leftover_processes")?,
+                error: r.get("error")?,
+            },
+        })
+    }
+
+    pub fn check(raw: RawTask) -> Result<TaskRow, RegistryError> {
+        let mut row = raw.row;
+        row.kind = parse_enum("kind", &raw.kind, |s| serde_json::from_value(Value::String(s.into())).ok())?;
+        row.state = parse_enum("state", &raw.state, TaskState::parse)?;
+        row.reason = raw.reason.as_deref().map(|s| parse_enum("reason", s, FailReason::parse)).transpose()?;
+        row.delivery = raw.delivery.as_deref().map(|s| parse_enum("delivery", s, Delivery::parse)).transpose()?;
+        row.stdin = parse_enum("stdin", &raw.stdin, |s| serde_json::from_value(Value::String(s.into())).ok())?;
+        Ok(row)
+    }
+
+    pub fn to_patch(&self) -> Map<String, Value> {
+        obj([
+            ("task_id", self.task_id.clone().into()),
+            ("session_id", self.session_id.clone().into()),
+            ("owner_uid", self.owner_uid.into()),
+            ("tool", self.tool.clone().into()),
+            ("kind", enum_json(&self.kind)),
+            ("state", self.state.as_str().into()),
+            ("mode", self.mode.clone().into()),
+            ("reason", self.reason.map(|r| r.as_str()).into()),
+            ("exit_code", self.exit_code.into()),
+            ("signal", self.signal.into()),
+            ("summary", self.summary.clone().into()),
+            ("args", self.args.clone().into()),
+            ("created_at", self.created_at.clone().into()),
+            ("started_at", self.started_at.clone().into()),
+            ("ended_at", self.ended_at.clone().into()),
+            ("run_dir", self.run_dir.clone().into()),
+            ("delivery", self.delivery.map(|d| d.as_str()).into()),
+            ("service", self.service.into()),
+            ("parent_task_id", self.parent_task_id.clone().into()),
+            ("profile", self.profile.clone().into()),
+            ("timeout_ms", self.timeout_ms.into()),
+            ("stdin", enum_json(&self.stdin)),
+            ("supervisor_pid", self.supervisor_pid.into()),
+            ("supervisor_start_time", self.supervisor_start_time.into()),
+            ("duration_ms", self.duration_ms.into()),
+            ("output_bytes", self.output_bytes.into()),
+            ("output_truncated", self.output_truncated.into()),
+            ("leftover_processes", self.leftover_processes.into()),
+            ("error", self.error.clone().into()),
+        ])
+    }
+
+    pub fn output_path(&self) -> String {
+        format!("{}/output.log", self.run_dir)
+    }
+
+    pub fn result_path(&self) -> String {
+        format!("{}/result.json", self.run_dir)
+    }
+
+    pub fn to_wire(&self) -> Task {
+        Task {
+            task_id: self.task_id.clone(),
+            session_id: self.session_id.clone(),
+            tool: self.tool.clone(),
+            kind: self.kind,
+            state: self.state,
+            reason: self.reason,
+            exit_code: self.exit_code,
+            signal: self.signal,
+            summary: self.summary.clone(),
+            created_at: self.created_at.clone(),
+            started_at: self.started_at.clone(),
+            ended_at: self.ended_at.clone(),
+            output_path: self.output_path(),
+            result_path: self.result_path(),
+            delivery: self.delivery,
+            service: self.service,
+            parent_task_id: self.parent_task_id.clone(),
+            duration_ms: self.duration_ms,
+            output_bytes: self.output_bytes,
+            output_truncated: self.output_truncated,
+            leftover_processes: self.leftover_processes,
+            error: self.error.clone(),
+            profile: self.profile.clone(),
+        }
+    }
+}
+
+/// A task row as read, before its enum columns are checked.
+pub struct RawTask {
+    row: TaskRow,
+    kind: String,
+    state: String,
+    reason: Option<String>,
+    delivery: Option<String>,
+    stdin: String,
+}
+
+/// A small serde enum as its JSON string.
+fn enum_json<T: serde::Serialize>(v: &T) -> Value {
+    serde_json::to_value(v).unwrap_or(Value::Null)
+}
+
+/// Everything recorded when a task reaches a terminal state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settlement {
+    pub state: TaskState,
+    pub reason: Option<FailReason>,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub ended_at: String,
+    pub started_at: Option<String>,
+    pub duration_ms: Option<u64>,
+    pub output_bytes: Option<u64>,
+    pub output_truncated: Option<bool>,
+    pub leftover_processes: Option<u32>,
+    pub error: Option<String>,
+    pub delivery: Delivery,
+}
+
+impl Settlement {
+    pub fn to_patch(&self) -> Map<String, Value> {
+        let mut patch = obj([
+            ("state", self.state.as_str().into()),
+            ("reason", self.reason.map(|r| r.as_str()).into()),
+            ("exit_code", self.exit_code.into()),
+            ("signal", self.signal.into()),
+            ("ended_at", self.ended_at.clone().into()),
+            ("duration_ms", self.duration_ms.into()),
+            ("output_bytes", self.output_bytes.into()),
+            ("output_truncated", self.output_truncated.into()),
+            ("leftover_processes", self.leftover_processes.into()),
+            ("error", self.error.clone().into()),
+            ("delivery", self.delivery.as_str().into()),
+        ]);
+        if let Some(started) = &self.started_at {
+            patch.insert("started_at".into(), started.clone().into());
+        }
+        patch
+    }
+}

@@ -1,0 +1,68 @@
+//! Embedded, versioned migrations. `PRAGMA user_version` records how many have run; each
+//! migration runs once, in its own transaction, in order. Add new ones at the end; never edit
+//! one that has shipped.
+
+pub const MIGRATIONS: &[&str] = &[
+    // 1: sessions, tasks and the authoritative event log.
+    r#"
+    CREATE TABLE sessions (
+        session_id        TEXT PRIMARY KEY,
+        owner_uid         INTEGER NOT NULL,
+        workspace         TEXT NOT NULL,
+        session_dir       TEXT NOT NULL,
+        profile           TEXT NOT NULL,
+        proactive_wake    INTEGER NOT NULL,
+        parent_session_id TEXT,
+        state             TEXT NOT NULL,
+        created_at        TEXT NOT NULL,
+        closed_at         TEXT
+    );
+    CREATE TABLE tasks (
+        task_id               TEXT PRIMARY KEY,
+        session_id            TEXT NOT NULL,
+        owner_uid             INTEGER NOT NULL,
+        tool                  TEXT NOT NULL,
+        kind                  TEXT NOT NULL,
+        state                 TEXT NOT NULL,
+        mode                  TEXT NOT NULL,
+        reason                TEXT,
+        exit_code             INTEGER,
+        signal                INTEGER,
+        summary               TEXT NOT NULL,
+        args                  TEXT NOT NULL,
+        created_at            TEXT NOT NULL,
+        started_at            TEXT,
+        ended_at              TEXT,
+        run_dir               TEXT NOT NULL,
+        delivery              TEXT,
+        service               INTEGER NOT NULL,
+        parent_task_id        TEXT,
+        profile               TEXT NOT NULL,
+        timeout_ms            INTEGER,
+        stdin                 TEXT NOT NULL,
+        supervisor_pid        INTEGER,
+        supervisor_start_time INTEGER,
+        duration_ms           INTEGER,
+        output_bytes          INTEGER,
+        output_truncated      INTEGER,
+        leftover_processes    INTEGER,
+        error                 TEXT
+    );
+    CREATE INDEX tasks_by_session ON tasks (session_id, state);
+    CREATE INDEX tasks_by_state ON tasks (state);
+    CREATE TABLE events (
+        seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+        at         TEXT NOT NULL,
+        kind       TEXT NOT NULL,
+        entity     TEXT NOT NULL,
+        entity_id  TEXT NOT NULL,
+        op         TEXT NOT NULL,
+        session_id TEXT,
+        patch      TEXT NOT NULL
+    );
+    CREATE INDEX events_by_entity ON events (entity, entity_id);
+    "#,
+];
+
+/// The tables the event log rebuilds, with their key column, in replay-check order.
+pub const REPLAYED_TABLES: &[(&str, &str)] = &[("sessions", "session_id"), ("tasks", "task_id")];

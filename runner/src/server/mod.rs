@@ -1,0 +1,298 @@
+//! The daemon: the control socket, connections, framing and peer credentials (SPEC §11).
+
+mod dispatch;
+
+use dispatch::Reply;
+
+use std::fs::File;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{mpsc, watch};
+use tracing::{debug, info, info_span, warn, Instrument};
+
+use crate::config::Config;
+use crate::executor::Executor;
+use crate::plugin_host::ToolHost;
+use crate::protocol::{ErrorKind, Request, Response, RpcError, MAX_LINE_BYTES};
+use crate::registry::Registry;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("another sidejob daemon is already listening on {0}")]
+    AlreadyRunning(PathBuf),
+    #[error("another sidejob daemon is using the state directory {0}")]
+    StateDirLocked(PathBuf),
+    #[error("{path} exists and is not a socket; remove it or choose another --socket")]
+    NotASocket { path: PathBuf },
+    #[error("cannot {step} {path}: {source}")]
+    Io { step: &'static str, path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Registry(#[from] crate::registry::RegistryError),
+    #[error(transparent)]
+    Exec(#[from] crate::executor::ExecError),
+}
+
+/// Who is on the other end of a connection (`SO_PEERCRED`).
+#[derive(Debug, Clone, Copy)]
+pub struct Peer {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+pub struct Daemon {
+    pub executor: Arc<Executor>,
+}
+
+/// A line to write, and the task whose inline delivery rides on it.
+struct Outgoing {
+    line: String,
+    inline_task: Option<String>,
+}
+
+/// Runs the daemon until SIGTERM or SIGINT. Runs keep going when it stops: their supervisors
+/// own them, and the next start re-attaches.
+pub async fn serve(cfg: Config) -> Result<(), ServeError> {
+    let cfg = Arc::new(cfg);
+    std::fs::create_dir_all(&cfg.state_dir).map_err(|source| ServeError::Io { step: "create", path: cfg.state_dir.clone(), source })?;
+    let lock = lock_state_dir(&cfg.state_dir)?;
+    let listener = bind_socket(&cfg.socket)?;
+    let registry = Arc::new(Registry::open(&cfg.state_dir)?);
+    let exe = std::env::current_exe().map_err(|source| ServeError::Io { step: "locate", path: "/proc/self/exe".into(), source })?;
+    let executor = Executor::new(cfg.clone(), registry, Arc::new(ToolHost::default()), exe);
+    let recovered = executor.recover()?;
+    info!(socket = %cfg.socket.display(), state_dir = %cfg.state_dir.display(), ?recovered, "sidejob is listening");
+    let daemon = Arc::new(Daemon { executor });
+
+    let mut term = signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut int = signal(tokio::signal::unix::SignalKind::interrupt())?;
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let d = daemon.clone();
+                    tokio::spawn(async move { connection(d, stream).await });
+                }
+                Err(e) => warn!("accept failed: {e}"),
+            },
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+        }
+    }
+    info!("stopping: runs keep going under their supervisors");
+    drop(listener);
+    let _ = std::fs::remove_file(&cfg.socket);
+    drop(lock);
+    Ok(())
+}
+
+fn signal(kind: tokio::signal::unix::SignalKind) -> Result<tokio::signal::unix::Signal, ServeError> {
+    tokio::signal::unix::signal(kind).map_err(|source| ServeError::Io { step: "handle signals for", path: "the daemon".into(), source })
+}
+
+/// One daemon per state directory: an exclusive lock held for the daemon's life.
+fn lock_state_dir(state_dir: &Path) -> Result<File, ServeError> {
+    let path = state_dir.join("daemon.lock");
+    let f = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|source| ServeError::Io { step: "open", path: path.clone(), source })?;
+    match f.try_lock() {
+        Ok(()) => Ok(f),
+        Err(std::fs::TryLockError::WouldBlock) => Err(ServeError::StateDirLocked(state_dir.into())),
+        Err(std::fs::TryLockError::Error(source)) => Err(ServeError::Io { step: "lock", path, source }),
+    }
+}
+
+/// Binds the control socket (mode 0660), replacing the stale socket of a dead daemon and
+/// refusing to take over a live one.
+fn bind_socket(path: &Path) -> Result<UnixListener, ServeError> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|source| ServeError::Io { step: "create", path: dir.into(), source })?;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if !meta.file_type().is_socket() => return Err(ServeError::NotASocket { path: path.into() }),
+        Ok(_) => {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(ServeError::AlreadyRunning(path.into()));
+            }
+            info!(socket = %path.display(), "replacing the stale socket of a daemon that is gone");
+            std::fs::remove_file(path).map_err(|source| ServeError::Io { step: "remove stale socket", path: path.into(), source })?;
+        }
+        Err(_) => {}
+    }
+    let listener = UnixListener::bind(path).map_err(|source| ServeError::Io { step: "bind", path: path.into(), source })?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
+        .map_err(|source| ServeError::Io { step: "set permissions on", path: path.into(), source })?;
+    Ok(listener)
+}
+
+async fn connection(d: Arc<Daemon>, stream: UnixStream) {
+    let peer = match stream.peer_cred() {
+        Ok(c) => Peer { uid: c.uid(), gid: c.gid() },
+        Err(e) => {
+            warn!("cannot read peer credentials: {e}");
+            return;
+        }
+    };
+    let span = info_span!("connection", uid = peer.uid);
+    async move {
+        debug!("connected");
+        let (rd, wr) = stream.into_split();
+        let (tx, rx) = mpsc::unbounded_channel::<Outgoing>();
+        let writer = tokio::spawn(write_loop(wr, rx, d.clone()));
+        let (closed_tx, closed_rx) = watch::channel(false);
+        let mut reader = BufReader::with_capacity(64 * 1024, rd);
+        let mut line = Vec::new();
+        loop {
+            match read_line(&mut reader, &mut line).await {
+                Ok(Line::Complete) => {
+                    if line.iter().all(u8::is_ascii_whitespace) {
+                        continue;
+                    }
+                    let (d, tx, mut closed) = (d.clone(), tx.clone(), closed_rx.clone());
+                    let text = std::mem::take(&mut line);
+                    tokio::spawn(async move {
+                        let closed = async move {
+                            let _ = closed.wait_for(|c| *c).await;
+                        };
+                        if let Some(out) = handle_line(&d, &peer, &text, closed).await {
+                            if let Err(mpsc::error::SendError(out)) = tx.send(out) {
+                                if let Some(task) = out.inline_task {
+                                    d.executor.undeliver(&task);
+                                }
+                            }
+                        }
+                    });
+                }
+                Ok(Line::TooLong) => {
+                    let err = RpcError::new(ErrorKind::InvalidRequest, format!("line exceeds {MAX_LINE_BYTES} bytes; the connection is closed"));
+                    let _ = tx.send(Outgoing { line: encode(&Response::err(Value::Null, err)), inline_task: None });
+                    break;
+                }
+                Ok(Line::Eof) => break,
+                Err(e) => {
+                    debug!("read failed: {e}");
+                    break;
+                }
+            }
+        }
+        let _ = closed_tx.send(true);
+        drop(tx);
+        let _ = writer.await;
+        debug!("disconnected");
+    }
+    .instrument(span)
+    .await
+}
+
+async fn write_loop(mut wr: OwnedWriteHalf, mut rx: mpsc::UnboundedReceiver<Outgoing>, d: Arc<Daemon>) {
+    let mut broken = false;
+    while let Some(out) = rx.recv().await {
+        if !broken {
+            let mut bytes = out.line.into_bytes();
+            bytes.push(b'\n');
+            if wr.write_all(&bytes).await.is_ok() {
+                continue;
+            }
+            broken = true;
+        }
+        // The host is gone: whatever this reply carried inline must be delivered another way.
+        if let Some(task) = out.inline_task {
+            d.executor.undeliver(&task);
+        }
+    }
+}
+
+enum Line {
+    Complete,
+    TooLong,
+    Eof,
+}
+
+/// Reads one newline-terminated line of at most [`MAX_LINE_BYTES`] into `buf`.
+async fn read_line(r: &mut BufReader<OwnedReadHalf>, buf: &mut Vec<u8>) -> std::io::Result<Line> {
+    buf.clear();
+    loop {
+        let avail = r.fill_buf().await?;
+        if avail.is_empty() {
+            return Ok(if buf.is_empty() { Line::Eof } else { Line::Complete });
+        }
+        if let Some(i) = avail.iter().position(|&b| b == b'\n') {
+            let too_long = buf.len() + i > MAX_LINE_BYTES;
+            if !too_long {
+                buf.extend_from_slice(&avail[..i]);
+            }
+            r.consume(i + 1);
+            return Ok(if too_long { Line::TooLong } else { Line::Complete });
+        }
+        let n = avail.len();
+        if buf.len() + n > MAX_LINE_BYTES {
+            r.consume(n);
+            return Ok(Line::TooLong);
+        }
+        buf.extend_from_slice(avail);
+        r.consume(n);
+    }
+}
+
+fn encode(r: &Response) -> String {
+    serde_json::to_string(r).unwrap_or_else(|e| {
+        format!(r#"{{"jsonrpc":"2.0","id":null,"error":{{"code":-32603,"message":"cannot encode reply: {e}"}}}}"#)
+    })
+}
+
+/// Parses and answers one line; `None` for notifications (no `id`), which get no reply.
+async fn handle_line(d: &Arc<Daemon>, peer: &Peer, line: &[u8], closed: impl std::future::Future<Output = ()>) -> Option<Outgoing> {
+    let reply_err = |id: Value, err: RpcError| Some(Outgoing { line: encode(&Response::err(id, err)), inline_task: None });
+    let value: Value = match serde_json::from_slice(line) {
+        Ok(v) => v,
+        Err(e) => return reply_err(Value::Null, RpcError::new(ErrorKind::ParseError, format!("parse error: {e}"))),
+    };
+    if value.is_array() {
+        return reply_err(Value::Null, RpcError::new(ErrorKind::InvalidRequest, "batch requests are not supported; send one object per line"));
+    }
+    if !value.is_object() {
+        return reply_err(Value::Null, RpcError::new(ErrorKind::InvalidRequest, "a request must be a JSON object"));
+    }
+    let has_id = value.get("id").is_some();
+    let req: Request = match serde_json::from_value(value) {
+        Ok(r) => r,
+        Err(e) => return reply_err(Value::Null, RpcError::new(ErrorKind::InvalidRequest, format!("invalid request: {e}"))),
+    };
+    let id = req.id.clone().unwrap_or(Value::Null);
+    if !matches!(id, Value::Null | Value::String(_) | Value::Number(_)) {
+        return reply_err(Value::Null, RpcError::new(ErrorKind::InvalidRequest, "id must be a string, a number or null"));
+    }
+    if req.jsonrpc.as_deref() != Some("2.0") {
+        return reply_err(id, RpcError::new(ErrorKind::InvalidRequest, "jsonrpc must be \"2.0\""));
+    }
+    let Some(Value::String(method)) = req.method else {
+        return reply_err(id, RpcError::new(ErrorKind::InvalidRequest, "method must be a string"));
+    };
+    let params = match req.params {
+        None | Some(Value::Null) => Value::Object(Default::default()),
+        Some(p @ Value::Object(_)) => p,
+        Some(_) => return reply_err(id, RpcError::new(ErrorKind::InvalidParams, format!("{method}: params must be an object"))),
+    };
+    let span = info_span!("request", method = %method);
+    let outcome = dispatch::dispatch(d, peer, &method, params, closed).instrument(span).await;
+    if !has_id {
+        // A notification gets no reply, so nothing can be delivered inline through it.
+        if let Ok(Reply { inline_task: Some(task), .. }) = &outcome {
+            d.executor.undeliver(task);
+        }
+        return None;
+    }
+    Some(match outcome {
+        Ok(reply) => Outgoing { line: encode(&Response::ok(id, reply.result)), inline_task: reply.inline_task },
+        Err(err) => Outgoing { line: encode(&Response::err(id, err)), inline_task: None },
+    })
+}

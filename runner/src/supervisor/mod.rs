@@ -1,0 +1,398 @@
+//! The supervisor: one per run, single-threaded, no tokio (SPEC §2).
+//!
+//! The daemon starts it as `sidejob supervise <run_dir>`. It reads `plan.json`, forks the run's
+//! init into a new PID namespace (which starts the command), copies the output into
+//! `output.log`, enforces the wall-clock cap, handles cancel (SIGTERM from the daemon, with
+//! `cancel.json` saying why and how long the grace is), and writes `result.json` atomically.
+//! It owns the run: the daemon can die and come back without the run noticing.
+
+mod init;
+pub mod output;
+pub mod result;
+
+use std::ffi::CString;
+use std::fs::OpenOptions;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde::{Deserialize, Serialize};
+
+pub use result::RunResult;
+
+use crate::protocol::{FailReason, TaskState};
+use crate::sandbox::{resolve_program, LaunchPlan, OUTPUT_TAIL_BYTES};
+use crate::sys::{self, Exit, Fork, SigSet};
+
+/// How long output is still read after the run's init has exited. Everything in the
+/// namespace is dead by then, so this only bounds a pathological pipe.
+const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
+
+/// Why a run is being stopped early; written by the daemon to `cancel.json` before it sends
+/// SIGTERM to the supervisor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    Canceled,
+    Timeout,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CancelRequest {
+    pub reason: StopReason,
+    pub grace_ms: u64,
+    /// Shown as the result's `error`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+impl CancelRequest {
+    pub fn path(run_dir: &Path) -> PathBuf {
+        run_dir.join("cancel.json")
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SuperviseError {
+    #[error("cannot read launch plan {path}: {source}")]
+    Plan { path: PathBuf, source: io::Error },
+    #[error("cannot open {path}: {source}")]
+    Output { path: PathBuf, source: io::Error },
+    #[error("command not found: {0}")]
+    NotFound(String),
+    #[error("argument, environment or path holds a NUL byte: {0:?}")]
+    Nul(String),
+    #[error("{step}: {source}")]
+    Setup { step: &'static str, source: io::Error },
+    #[error("pid namespace unavailable: {0}")]
+    PidNamespace(io::Error),
+}
+
+impl SuperviseError {
+    fn reason(&self) -> FailReason {
+        match self {
+            SuperviseError::PidNamespace(_) => FailReason::SandboxError,
+            SuperviseError::Plan { .. }
+            | SuperviseError::Output { .. }
+            | SuperviseError::NotFound(_)
+            | SuperviseError::Nul(_)
+            | SuperviseError::Setup { .. } => FailReason::SpawnError,
+        }
+    }
+}
+
+/// Entry point of `sidejob supervise <run_dir>`; returns the process exit code.
+pub fn main(run_dir: &Path) -> i32 {
+    let started = SystemTime::now();
+    // Nothing the daemon might have leaked stays open here (stdio excepted).
+    let _ = sys::close_from(3);
+    let plan_path = run_dir.join("plan.json");
+    let plan: LaunchPlan = match std::fs::read(&plan_path)
+        .and_then(|b| serde_json::from_slice(&b).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e)))
+    {
+        Ok(plan) => plan,
+        Err(source) => {
+            eprintln!("sidejob supervise: {}", SuperviseError::Plan { path: plan_path, source });
+            return 2;
+        }
+    };
+    write_pid_file(run_dir);
+    let result = match supervise(&plan, started) {
+        Ok(result) => result,
+        Err(e) => failed_result(&plan, started, e.reason(), e.to_string()),
+    };
+    if let Err(e) = result.write_atomically(&plan.result_path()) {
+        eprintln!("sidejob supervise: cannot write {}: {e}", plan.result_path().display());
+        return 1;
+    }
+    0
+}
+
+/// Records `pid start_time`, so a daemon that restarts before it recorded the spawn can still
+/// find this supervisor.
+fn write_pid_file(run_dir: &Path) {
+    let pid = sys::getpid();
+    let start = sys::process_start_time(pid).unwrap_or(0);
+    let _ = std::fs::write(run_dir.join("supervisor.pid"), format!("{pid} {start}\n"));
+}
+
+/// Runs the plan to the end and describes how it went.
+pub fn supervise(plan: &LaunchPlan, started: SystemTime) -> Result<RunResult, SuperviseError> {
+    let clock = Instant::now();
+    let setup = |step: &'static str| move |source: io::Error| SuperviseError::Setup { step, source };
+
+    // Signals arrive through a descriptor we poll, never as asynchronous handlers.
+    let signals = SigSet::of(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGCHLD]);
+    signals.block().map_err(setup("block signals"))?;
+    let sigfd = signals.signalfd().map_err(setup("signalfd"))?;
+
+    let out_path = plan.output_path();
+    let file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o640)
+        .open(&out_path)
+        .map_err(|source| SuperviseError::Output { path: out_path.clone(), source })?;
+    let mut capture = output::Capture::new(file, plan.max_output_bytes, OUTPUT_TAIL_BYTES, plan.tee_stdout);
+
+    let cmd = prepare_command(plan)?;
+    let (out_r, out_w) = sys::pipe().map_err(setup("output pipe"))?;
+    let (err_r, err_w) = sys::pipe().map_err(setup("exec error pipe"))?;
+    let (status_r, status_w) = sys::pipe().map_err(setup("status pipe"))?;
+    let (lifeline_r, lifeline_w) = sys::pipe().map_err(setup("lifeline pipe"))?;
+
+    let mut layers = enter_pid_namespace()?;
+    layers.sort();
+
+    // SAFETY: the supervisor is single-threaded (no tokio, no helper threads).
+    let init_pid = match unsafe { sys::fork() }.map_err(setup("fork run init"))? {
+        Fork::Child => {
+            drop((out_r, err_r, status_r, sigfd, lifeline_w));
+            init::run(&cmd, init::Pipes { output: out_w, exec_error: err_w, status: status_w, lifeline: lifeline_r })
+        }
+        Fork::Parent(pid) => pid,
+    };
+    drop((out_w, err_w, status_w, lifeline_r));
+    // Held (never written) until the supervisor exits.
+    let _lifeline = lifeline_w;
+    sys::set_nonblocking(out_r.as_raw_fd(), true).map_err(setup("output pipe"))?;
+    sys::set_nonblocking(status_r.as_raw_fd(), true).map_err(setup("status pipe"))?;
+    sys::set_nonblocking(err_r.as_raw_fd(), true).map_err(setup("exec error pipe"))?;
+
+    let deadline = plan.timeout_ms.map(|ms| clock + Duration::from_millis(ms));
+    let mut stop: Option<StopReason> = None;
+    let mut stop_message: Option<String> = None;
+    let mut kill_at: Option<Instant> = None;
+    let mut killed = false;
+    let mut init_exit: Option<Exit> = None;
+    let mut drain_until: Option<Instant> = None;
+    let mut out_open = true;
+    let mut status_buf = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+
+    loop {
+        let now = Instant::now();
+        if init_exit.is_some() && (!out_open || drain_until.is_some_and(|t| now >= t)) {
+            break;
+        }
+        if stop.is_none() && deadline.is_some_and(|d| now >= d) {
+            stop = Some(StopReason::Timeout);
+            kill_at = Some(now + Duration::from_millis(plan.kill_grace_ms));
+            let _ = sys::kill(init_pid, libc::SIGTERM);
+        }
+        if !killed && kill_at.is_some_and(|t| now >= t) {
+            // SIGKILL to the namespace's init takes every process of the run with it.
+            let _ = sys::kill(init_pid, libc::SIGKILL);
+            killed = true;
+        }
+        let next = [
+            if stop.is_none() { deadline } else { None },
+            if killed { None } else { kill_at },
+            drain_until,
+        ];
+        let timeout = next
+            .iter()
+            .flatten()
+            .min()
+            .map(|t| t.saturating_duration_since(now).as_millis().min(i32::MAX as u128) as i32 + 1)
+            .unwrap_or(-1);
+
+        let mut fds = vec![sigfd.as_raw_fd(), status_r.as_raw_fd()];
+        if out_open {
+            fds.push(out_r.as_raw_fd());
+        }
+        let ready = sys::poll_readable(&fds, timeout).map_err(setup("poll"))?;
+
+        if out_open && ready[2] {
+            // Bounded per wake-up so signals are not starved by a flood.
+            for _ in 0..64 {
+                match sys::read_fd(&out_r, &mut buf) {
+                    Ok(0) => {
+                        out_open = false;
+                        break;
+                    }
+                    Ok(n) => capture.push(&buf[..n]).map_err(|source| SuperviseError::Output { path: out_path.clone(), source })?,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) => return Err(SuperviseError::Setup { step: "read output", source: e }),
+                }
+            }
+        }
+        if ready[1] {
+            read_available(&status_r, &mut status_buf);
+        }
+        if ready[0] {
+            while let Ok(Some(sig)) = sys::read_signalfd(&sigfd) {
+                match sig {
+                    libc::SIGTERM | libc::SIGINT if stop.is_none() => {
+                        let req = read_cancel_request(&plan.run_dir, plan.kill_grace_ms);
+                        stop = Some(req.reason);
+                        stop_message = req.message;
+                        kill_at = Some(Instant::now() + Duration::from_millis(req.grace_ms));
+                        let _ = sys::kill(init_pid, libc::SIGTERM);
+                    }
+                    libc::SIGCHLD => {
+                        if let Ok(Some((_, exit))) = sys::waitpid(init_pid, true) {
+                            init_exit = Some(exit);
+                            drain_until = Some(Instant::now() + DRAIN_AFTER_EXIT);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    read_available(&status_r, &mut status_buf);
+    let mut exec_error = Vec::new();
+    read_available(&err_r, &mut exec_error);
+    let (output_bytes, output_truncated) =
+        capture.finish().map_err(|source| SuperviseError::Output { path: out_path.clone(), source })?;
+
+    let ended = SystemTime::now();
+    let mut result = RunResult {
+        task_id: plan.task_id.clone(),
+        session_id: plan.session_id.clone(),
+        tool: plan.tool.clone(),
+        state: TaskState::Failed,
+        reason: None,
+        exit_code: None,
+        signal: None,
+        started_at: crate::ids::rfc3339(started),
+        ended_at: crate::ids::rfc3339(ended),
+        duration_ms: clock.elapsed().as_millis() as u64,
+        output_path: out_path.display().to_string(),
+        output_bytes,
+        output_truncated,
+        leftover_processes: 0,
+        profile: plan.profile.clone(),
+        sandbox_layers: layers,
+        violations: Vec::new(),
+        error: None,
+    };
+    if output_truncated {
+        result.violations.push("output_cap".into());
+    }
+    let status = String::from_utf8_lossy(&status_buf).into_owned();
+    let mut words = status.split_whitespace();
+    let ended_how = match (words.next(), words.next().and_then(|w| w.parse::<i32>().ok())) {
+        (Some("exit"), Some(code)) => Some(Exit::Code(code)),
+        (Some("signal"), Some(sig)) => Some(Exit::Signal(sig)),
+        _ => None,
+    };
+    result.leftover_processes = words.next().and_then(|w| w.parse().ok()).unwrap_or(0);
+    match ended_how {
+        Some(Exit::Code(c)) => result.exit_code = Some(c),
+        Some(Exit::Signal(s)) => result.signal = Some(s),
+        None => {}
+    }
+
+    if !exec_error.is_empty() {
+        result.reason = Some(FailReason::SpawnError);
+        result.exit_code = None;
+        result.error = Some(String::from_utf8_lossy(&exec_error).into_owned());
+    } else if let Some(reason) = stop {
+        match reason {
+            StopReason::Canceled => {
+                result.state = TaskState::Canceled;
+                result.error = stop_message;
+            }
+            StopReason::Timeout => {
+                result.reason = Some(FailReason::Timeout);
+                result.violations.push("timeout".into());
+                result.error =
+                    Some(stop_message.unwrap_or_else(|| format!("wall-clock cap of {} ms reached", plan.timeout_ms.unwrap_or(0))));
+            }
+        }
+    } else {
+        match ended_how {
+            Some(Exit::Code(0)) => result.state = TaskState::Succeeded,
+            Some(Exit::Code(_)) => result.reason = Some(FailReason::ExitCode),
+            Some(Exit::Signal(_)) => result.reason = Some(FailReason::Signal),
+            None => {
+                result.reason = Some(FailReason::SandboxError);
+                result.error = Some(if status.starts_with("error ") {
+                    status.trim_start_matches("error ").to_owned()
+                } else {
+                    format!("the run's init ended without a report ({init_exit:?})")
+                });
+            }
+        }
+    }
+    Ok(result)
+}
+
+/// Makes the supervisor's next child the init of a new PID namespace. Root does this directly;
+/// an unprivileged supervisor first enters a user namespace that maps only its own ids.
+fn enter_pid_namespace() -> Result<Vec<String>, SuperviseError> {
+    if sys::getuid() == 0 {
+        sys::unshare(libc::CLONE_NEWPID).map_err(SuperviseError::PidNamespace)?;
+        return Ok(vec!["pid_namespace".into()]);
+    }
+    let (uid, gid) = (sys::getuid(), sys::getgid());
+    sys::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWPID).map_err(SuperviseError::PidNamespace)?;
+    let write = |file: &str, text: String| std::fs::write(file, text).map_err(SuperviseError::PidNamespace);
+    write("/proc/self/setgroups", "deny".into())?;
+    write("/proc/self/uid_map", format!("{uid} {uid} 1"))?;
+    write("/proc/self/gid_map", format!("{gid} {gid} 1"))?;
+    Ok(vec!["pid_namespace".into(), "user_namespace".into()])
+}
+
+/// Converts the plan's command into exec-ready strings before any fork.
+fn prepare_command(plan: &LaunchPlan) -> Result<init::Command, SuperviseError> {
+    let cstr = |s: &str| CString::new(s).map_err(|_| SuperviseError::Nul(s.to_owned()));
+    let argv0 = plan.argv.first().ok_or_else(|| SuperviseError::NotFound("(empty argv)".into()))?;
+    let path_var = plan.env.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v.as_str()).unwrap_or("/usr/bin:/bin");
+    let program = resolve_program(argv0, path_var).ok_or_else(|| SuperviseError::NotFound(argv0.clone()))?;
+    Ok(init::Command {
+        program: cstr(&program.to_string_lossy())?,
+        argv: plan.argv.iter().map(|a| cstr(a)).collect::<Result<_, _>>()?,
+        envp: plan.env.iter().map(|(k, v)| cstr(&format!("{k}={v}"))).collect::<Result<_, _>>()?,
+        cwd: plan.cwd.clone(),
+        uid: plan.uid,
+        gid: plan.gid,
+    })
+}
+
+fn read_available(fd: &OwnedFd, out: &mut Vec<u8>) {
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = sys::read_fd(fd, &mut buf) {
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+}
+
+fn read_cancel_request(run_dir: &Path, default_grace_ms: u64) -> CancelRequest {
+    std::fs::read(CancelRequest::path(run_dir))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or(CancelRequest { reason: StopReason::Canceled, grace_ms: default_grace_ms, message: None })
+}
+
+/// The result of a run that never got going.
+pub fn failed_result(plan: &LaunchPlan, started: SystemTime, reason: FailReason, error: String) -> RunResult {
+    let now = SystemTime::now();
+    RunResult {
+        task_id: plan.task_id.clone(),
+        session_id: plan.session_id.clone(),
+        tool: plan.tool.clone(),
+        state: TaskState::Failed,
+        reason: Some(reason),
+        exit_code: None,
+        signal: None,
+        started_at: crate::ids::rfc3339(started),
+        ended_at: crate::ids::rfc3339(now),
+        duration_ms: now.duration_since(started).map(|d| d.as_millis() as u64).unwrap_or(0),
+        output_path: plan.output_path().display().to_string(),
+        output_bytes: 0,
+        output_truncated: false,
+        leftover_processes: 0,
+        profile: plan.profile.clone(),
+        sandbox_layers: Vec::new(),
+        violations: Vec::new(),
+        error: Some(error),
+    }
+}
