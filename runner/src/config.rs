@@ -58,7 +58,10 @@ impl Default for Config {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("invalid config file {path}: {message}")]
     Parse { path: PathBuf, message: String },
 }
@@ -66,8 +69,14 @@ pub enum ConfigError {
 impl Config {
     /// Reads a TOML config file; fields it leaves out keep their defaults.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
-        toml::from_str(&text).map_err(|e| ConfigError::Parse { path: path.into(), message: describe_toml_error(&text, &e) })
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.into(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.into(),
+            message: describe_toml_error(&text, &e),
+        })
     }
 
     pub fn db_path(&self) -> PathBuf {
@@ -75,7 +84,9 @@ impl Config {
     }
 
     pub fn sessions_dir(&self) -> PathBuf {
-        self.sessions_dir.clone().unwrap_or_else(|| self.state_dir.join("sessions"))
+        self.sessions_dir
+            .clone()
+            .unwrap_or_else(|| self.state_dir.join("sessions"))
     }
 }
 

@@ -7,12 +7,18 @@ const CROCKFORD: &[u8; 32] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
 /// A new ULID: 48 bits of milliseconds since the epoch, then 80 random bits, in Crockford
 /// base 32 (26 characters, sortable by creation time).
 pub fn ulid() -> String {
-    let millis = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0) as u128;
+    let millis = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0) as u128;
     let mut random = [0u8; 10];
     if crate::sys::getrandom(&mut random).is_err() {
         // getrandom only fails before the kernel's pool is initialised; mix in the clock and
         // pid so ids stay unique within this process even then.
-        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
         let mixed = nanos ^ ((crate::sys::getpid() as u128) << 64);
         random.copy_from_slice(&mixed.to_le_bytes()[..10]);
     }
@@ -45,12 +51,19 @@ pub fn parse_rfc3339(s: &str) -> Option<SystemTime> {
 /// Is `id` a valid session id (`[A-Za-z0-9_-]{1,64}`)? This is also what keeps session ids
 /// from naming paths outside the state directory.
 pub fn is_valid_session_id(id: &str) -> bool {
-    !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 /// Is `id` shaped like a ULID? Task ids name directories, so anything else is refused early.
 pub fn is_valid_task_id(id: &str) -> bool {
-    id.len() == 26 && id.bytes().all(|b| CROCKFORD.contains(&b.to_ascii_uppercase()))
+    id.len() == 26
+        && id
+            .bytes()
+            .all(|b| CROCKFORD.contains(&b.to_ascii_uppercase()))
 }
 
 #[cfg(test)]

@@ -1,0 +1,391 @@
+//! The sidejob integration harness: starts the real daemon on a private socket and state
+//! directory, and talks JSON-RPC to it over the real socket.
+//!
+//! Waiting is event-driven: tests wait on replies (`task.wait`), never on fixed sleeps. The
+//! only loop that retries is the start-up wait for the socket to accept, bounded by a deadline.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+/// The `sidejob` binary built with this workspace (`SIDEJOB_BIN` overrides).
+pub fn sidejob_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("SIDEJOB_BIN") {
+        return PathBuf::from(p);
+    }
+    // target/<profile>/deps/<test-binary> → target/<profile>/sidejob
+    let exe = std::env::current_exe().expect("current_exe");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let bin = dir.join("sidejob");
+    assert!(
+        bin.exists(),
+        "{} is missing: build it with `cargo build -p sidejob` (cargo test --workspace does)",
+        bin.display()
+    );
+    bin
+}
+
+/// Is this process root? Tests that need root skip (with a printed reason) when it is not.
+pub fn is_root() -> bool {
+    // SAFETY: getuid cannot fail.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::getuid() == 0
+    }
+}
+
+/// Prints why a test is skipped and returns true when `cond` is false.
+pub fn skip_unless(cond: bool, reason: &str) -> bool {
+    if !cond {
+        eprintln!("SKIPPED: {reason}");
+    }
+    !cond
+}
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A private directory under the system temp dir, removed on drop.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let p = std::env::temp_dir().join(format!("sidejob-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).expect("create temp dir");
+        TempDir(p)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A running daemon with its own socket, state directory and a workspace to run in.
+pub struct Daemon {
+    pub root: TempDir,
+    pub socket: PathBuf,
+    pub state_dir: PathBuf,
+    pub workspace: PathBuf,
+    config: Option<PathBuf>,
+    child: Option<Child>,
+}
+
+impl Daemon {
+    /// Starts a daemon with the default configuration.
+    pub fn start() -> Daemon {
+        Self::start_with_config("")
+    }
+
+    /// Starts a daemon with extra TOML configuration (empty for none).
+    pub fn start_with_config(toml: &str) -> Daemon {
+        let root = TempDir::new("daemon");
+        let socket = root.path().join("run/sidejob.sock");
+        let state_dir = root.path().join("state");
+        let workspace = root.path().join("workspace");
+        std::fs::create_dir_all(&workspace).expect("workspace");
+        let config = (!toml.is_empty()).then(|| {
+            let p = root.path().join("config.toml");
+            std::fs::write(&p, toml).expect("config");
+            p
+        });
+        let mut d = Daemon {
+            root,
+            socket,
+            state_dir,
+            workspace,
+            config,
+            child: None,
+        };
+        d.spawn();
+        d
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .expect("log");
+        let mut cmd = Command::new(sidejob_bin());
+        cmd.arg("serve")
+            .arg("--socket")
+            .arg(&self.socket)
+            .arg("--state-dir")
+            .arg(&self.state_dir);
+        if let Some(c) = &self.config {
+            cmd.arg("--config").arg(c);
+        }
+        cmd.env("SIDEJOB_LOG", "debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        let mut child = cmd.spawn().expect("spawn sidejob serve");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while UnixStream::connect(&self.socket).is_err() {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "sidejob serve exited with {status} before listening; log:\n{}",
+                    self.log()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "sidejob serve did not listen within 20 s; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.child = Some(child);
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.root.path().join("daemon.log")
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("daemon running").id()
+    }
+
+    pub fn client(&self) -> Client {
+        Client::connect(&self.socket)
+    }
+
+    /// `kill -9` the daemon (its runs keep going under their supervisors).
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM the daemon and wait for it to exit; returns its exit code.
+    pub fn terminate(&mut self) -> Option<i32> {
+        let mut c = self.child.take()?;
+        // SAFETY: signalling our own child by pid, which we have not reaped yet.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::kill(c.id() as i32, libc::SIGTERM);
+        }
+        c.wait().ok().and_then(|s| s.code())
+    }
+
+    /// Starts the daemon again on the same socket and state.
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
+    }
+
+    /// Runs the CLI against this daemon.
+    pub fn cli(&self, args: &[&str]) -> std::process::Output {
+        Command::new(sidejob_bin())
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(args)
+            .current_dir(&self.workspace)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run sidejob")
+    }
+
+    /// Opens a session on the daemon's workspace; returns its id.
+    pub fn open_session(&self, client: &mut Client) -> String {
+        let r = client
+            .call("session.open", json!({"workspace": self.workspace}))
+            .expect("session.open");
+        r["session_id"].as_str().expect("session_id").to_owned()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill9();
+        // Stop every supervisor of this daemon's runs (their command lines name our root).
+        kill_processes_mentioning(&self.root.path().display().to_string());
+    }
+}
+
+/// SIGKILLs every process whose command line contains `needle`.
+pub fn kill_processes_mentioning(needle: &str) {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for e in entries.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        if String::from_utf8_lossy(&cmdline).contains(needle) && pid != std::process::id() as i32 {
+            // SAFETY: kill with a pid and a signal number.
+            #[allow(unsafe_code)]
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+/// A JSON-RPC client over the daemon's socket. Server pushes (lines without our id) are kept
+/// in `pushes`.
+pub struct Client {
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+    next_id: u64,
+    pub pushes: Vec<Value>,
+}
+
+impl Client {
+    pub fn connect(socket: &Path) -> Client {
+        let s = UnixStream::connect(socket)
+            .unwrap_or_else(|e| panic!("connect {}: {e}", socket.display()));
+        s.set_read_timeout(Some(Duration::from_secs(120)))
+            .expect("timeout");
+        Client {
+            reader: BufReader::new(s.try_clone().expect("clone")),
+            writer: s,
+            next_id: 1,
+            pushes: Vec::new(),
+        }
+    }
+
+    /// Calls a method; `Ok(result)` or `Err(error object)`.
+    pub fn call(&mut self, method: &str, params: Value) -> Result<Value, Value> {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.send_value(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        self.reply_to(json!(id))
+    }
+
+    /// Like `call`, but panics with the error on failure.
+    pub fn ok(&mut self, method: &str, params: Value) -> Value {
+        match self.call(method, params.clone()) {
+            Ok(v) => v,
+            Err(e) => panic!("{method} {params} failed: {e}"),
+        }
+    }
+
+    /// Calls a method that must fail; returns `(code, data.kind)`.
+    pub fn err(&mut self, method: &str, params: Value) -> (i64, String) {
+        match self.call(method, params.clone()) {
+            Ok(v) => panic!("{method} {params} should fail, got {v}"),
+            Err(e) => (
+                e["code"].as_i64().unwrap_or(0),
+                e["data"]["kind"].as_str().unwrap_or("").to_owned(),
+            ),
+        }
+    }
+
+    pub fn send_value(&mut self, v: &Value) {
+        let mut line = serde_json::to_vec(v).expect("encode");
+        line.push(b'\n');
+        self.writer.write_all(&line).expect("write");
+    }
+
+    /// Writes raw bytes (a newline is not added).
+    pub fn send_raw(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.writer.write_all(bytes)
+    }
+
+    /// Reads the next line from the server as JSON (`None` at end of stream).
+    pub fn read_message(&mut self) -> Option<Value> {
+        let mut buf = String::new();
+        match self.reader.read_line(&mut buf) {
+            Ok(0) | Err(_) => None,
+            Ok(_) => Some(
+                serde_json::from_str(&buf)
+                    .unwrap_or_else(|e| panic!("server sent non-JSON {buf:?}: {e}")),
+            ),
+        }
+    }
+
+    /// Reads until the reply with `id`; pushes met on the way are kept.
+    pub fn reply_to(&mut self, id: Value) -> Result<Value, Value> {
+        loop {
+            let msg = self
+                .read_message()
+                .expect("connection closed before the reply");
+            if msg.get("id") == Some(&id)
+                && (msg.get("result").is_some() || msg.get("error").is_some())
+            {
+                return match msg.get("error") {
+                    Some(e) => Err(e.clone()),
+                    None => Ok(msg["result"].clone()),
+                };
+            }
+            self.pushes.push(msg);
+        }
+    }
+
+    /// Runs a bash command through `tool.call` with extra parameters merged in.
+    pub fn bash(&mut self, session: &str, command: &str, extra: Value) -> Value {
+        let mut p = json!({"session_id": session, "tool": "bash", "args": {"command": command}});
+        if let (Some(p), Some(extra)) = (p.as_object_mut(), extra.as_object()) {
+            for (k, v) in extra {
+                p.insert(k.clone(), v.clone());
+            }
+        }
+        self.ok("tool.call", p)
+    }
+
+    /// Waits (up to 60 s) for a task to settle and returns it.
+    pub fn wait_settled(&mut self, task_id: &str) -> Value {
+        let t = self.ok(
+            "task.wait",
+            json!({"task_id": task_id, "timeout_ms": 60_000}),
+        );
+        assert!(
+            matches!(
+                t["state"].as_str(),
+                Some("succeeded" | "failed" | "canceled")
+            ),
+            "task {task_id} did not settle within 60 s: {t}"
+        );
+        t
+    }
+
+    /// The whole output of a task.
+    pub fn output(&mut self, task_id: &str) -> String {
+        let mut out = String::new();
+        let mut offset = 0;
+        loop {
+            let page = self.ok(
+                "task.output",
+                json!({"task_id": task_id, "offset": offset, "max_bytes": 512 * 1024}),
+            );
+            out.push_str(page["data"].as_str().unwrap_or(""));
+            let next = page["next_offset"].as_u64().unwrap_or(0);
+            if next >= page["size"].as_u64().unwrap_or(0) {
+                return out;
+            }
+            offset = next;
+        }
+    }
+}
+
+/// Is `pid` alive (and not a zombie)?
+pub fn process_alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rfind(')')
+            .and_then(|i| stat[i + 1..].split_whitespace().next())
+            .is_some_and(|s| s != "Z" && s != "X"),
+        Err(_) => false,
+    }
+}

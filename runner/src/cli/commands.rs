@@ -11,7 +11,11 @@ use super::Client;
 use crate::config::Config;
 use crate::protocol::{Task, TaskState, ToolCallResult};
 
-pub fn serve(socket: Option<PathBuf>, state_dir: Option<PathBuf>, config: Option<PathBuf>) -> Result<i32> {
+pub fn serve(
+    socket: Option<PathBuf>,
+    state_dir: Option<PathBuf>,
+    config: Option<PathBuf>,
+) -> Result<i32> {
     let mut cfg = match &config {
         Some(path) => Config::load(path)?,
         None => Config::default(),
@@ -23,11 +27,17 @@ pub fn serve(socket: Option<PathBuf>, state_dir: Option<PathBuf>, config: Option
         cfg.state_dir = d;
     }
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("SIDEJOB_LOG").unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SIDEJOB_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the async runtime")?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
     rt.block_on(crate::server::serve(cfg))?;
     Ok(0)
 }
@@ -44,7 +54,11 @@ fn default_session(cwd: &Path) -> String {
 }
 
 fn shell_quote(arg: &str) -> String {
-    if !arg.is_empty() && arg.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b)) {
+    if !arg.is_empty()
+        && arg
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b))
+    {
         arg.to_owned()
     } else {
         format!("'{}'", arg.replace('\'', r"'\''"))
@@ -52,7 +66,12 @@ fn shell_quote(arg: &str) -> String {
 }
 
 /// The exit code a settled task maps to: its own, 128+signal, 124 on timeout, else 1.
-fn exit_code_of(state: TaskState, exit_code: Option<i32>, signal: Option<i32>, timeout: bool) -> i32 {
+fn exit_code_of(
+    state: TaskState,
+    exit_code: Option<i32>,
+    signal: Option<i32>,
+    timeout: bool,
+) -> i32 {
     match (state, exit_code, signal) {
         (TaskState::Succeeded, _, _) => 0,
         _ if timeout => 124,
@@ -74,8 +93,19 @@ pub fn call(
     let cwd = std::env::current_dir().context("cannot read the current directory")?;
     let mut client = Client::connect(socket)?;
     let session = session.unwrap_or_else(|| default_session(&cwd));
-    client.call("session.open", json!({"session_id": session, "workspace": cwd}))?;
-    let command = if command.len() == 1 { command[0].clone() } else { command.iter().map(|a| shell_quote(a)).collect::<Vec<_>>().join(" ") };
+    client.call(
+        "session.open",
+        json!({"session_id": session, "workspace": cwd}),
+    )?;
+    let command = if command.len() == 1 {
+        command[0].clone()
+    } else {
+        command
+            .iter()
+            .map(|a| shell_quote(a))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
     let mut params = json!({"session_id": session, "tool": "bash", "args": {"command": command}, "background": background});
     if let Some(y) = yield_after {
         params["yield_after_ms"] = json!(y);
@@ -90,7 +120,8 @@ pub fn call(
     if json_out {
         println!("{}", serde_json::to_string_pretty(&result)?);
     }
-    let parsed: ToolCallResult = serde_json::from_value(result).context("unexpected tool.call result")?;
+    let parsed: ToolCallResult =
+        serde_json::from_value(result).context("unexpected tool.call result")?;
     match parsed {
         ToolCallResult::Completed(c) => {
             if !json_out {
@@ -103,7 +134,12 @@ pub fn call(
                     eprintln!("hint: {hint}");
                 }
             }
-            Ok(exit_code_of(c.state, c.exit_code, c.signal, c.reason == Some(crate::protocol::FailReason::Timeout)))
+            Ok(exit_code_of(
+                c.state,
+                c.exit_code,
+                c.signal,
+                c.reason == Some(crate::protocol::FailReason::Timeout),
+            ))
         }
         ToolCallResult::Running(r) => {
             if !json_out {
@@ -122,13 +158,21 @@ pub fn tasks(socket: &Path, session: Option<String>, json_out: bool) -> Result<i
         Some(s) => vec![s],
         None => {
             let list = client.call("session.list", json!({}))?;
-            list["sessions"].as_array().into_iter().flatten().filter_map(|s| s["session_id"].as_str().map(str::to_owned)).collect()
+            list["sessions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|s| s["session_id"].as_str().map(str::to_owned))
+                .collect()
         }
     };
     let mut all: Vec<Task> = Vec::new();
     for s in sessions {
         let r = client.call("task.list", json!({"session_id": s}))?;
-        all.extend(serde_json::from_value::<Vec<Task>>(r["tasks"].clone()).context("unexpected task.list result")?);
+        all.extend(
+            serde_json::from_value::<Vec<Task>>(r["tasks"].clone())
+                .context("unexpected task.list result")?,
+        );
     }
     if json_out {
         println!("{}", serde_json::to_string_pretty(&json!({"tasks": all}))?);
@@ -145,13 +189,21 @@ pub fn tasks(socket: &Path, session: Option<String>, json_out: bool) -> Result<i
                 t.task_id.clone(),
                 t.session_id.clone(),
                 t.state.as_str().to_owned(),
-                t.exit_code.map(|c| c.to_string()).or(t.signal.map(|s| format!("sig {s}"))).unwrap_or_else(|| "-".into()),
-                t.duration_ms.map(|d| format!("{:.1}s", d as f64 / 1000.0)).unwrap_or_else(|| "-".into()),
+                t.exit_code
+                    .map(|c| c.to_string())
+                    .or(t.signal.map(|s| format!("sig {s}")))
+                    .unwrap_or_else(|| "-".into()),
+                t.duration_ms
+                    .map(|d| format!("{:.1}s", d as f64 / 1000.0))
+                    .unwrap_or_else(|| "-".into()),
                 t.summary.clone(),
             ]
         })
         .collect();
-    print_table(&["TASK", "SESSION", "STATE", "EXIT", "TOOK", "SUMMARY"], &rows);
+    print_table(
+        &["TASK", "SESSION", "STATE", "EXIT", "TOOK", "SUMMARY"],
+        &rows,
+    );
     Ok(0)
 }
 
@@ -184,7 +236,10 @@ pub fn logs(socket: &Path, task: &str, follow: bool) -> Result<i32> {
     let mut offset = 0u64;
     let mut out = std::io::stdout();
     loop {
-        let page = client.call("task.output", json!({"task_id": task, "offset": offset, "max_bytes": 512 * 1024}))?;
+        let page = client.call(
+            "task.output",
+            json!({"task_id": task, "offset": offset, "max_bytes": 512 * 1024}),
+        )?;
         let data = page["data"].as_str().unwrap_or("");
         out.write_all(data.as_bytes())?;
         out.flush()?;
@@ -208,9 +263,14 @@ pub fn wait(socket: &Path, task: &str, timeout: Option<u64>, json_out: bool) -> 
     let limit = timeout.map(Duration::from_millis);
     let spinner = Spinner::start(!json_out, &format!("waiting for {task}"));
     let task: Task = loop {
-        let slice = limit.map(|l| l.saturating_sub(started.elapsed()).as_millis() as u64).unwrap_or(u64::MAX).min(1_000);
-        let t: Task = serde_json::from_value(client.call("task.wait", json!({"task_id": task, "timeout_ms": slice}))?)
-            .context("unexpected task.wait result")?;
+        let slice = limit
+            .map(|l| l.saturating_sub(started.elapsed()).as_millis() as u64)
+            .unwrap_or(u64::MAX)
+            .min(1_000);
+        let t: Task = serde_json::from_value(
+            client.call("task.wait", json!({"task_id": task, "timeout_ms": slice}))?,
+        )
+        .context("unexpected task.wait result")?;
         if t.state.is_terminal() || limit.is_some_and(|l| started.elapsed() >= l) {
             break t;
         }
@@ -223,17 +283,30 @@ pub fn wait(socket: &Path, task: &str, timeout: Option<u64>, json_out: bool) -> 
             "{} {}{}{}",
             task.task_id,
             task.state.as_str(),
-            task.reason.map(|r| format!(" ({})", r.as_str())).unwrap_or_default(),
-            task.exit_code.map(|c| format!(" exit {c}")).unwrap_or_default()
+            task.reason
+                .map(|r| format!(" ({})", r.as_str()))
+                .unwrap_or_default(),
+            task.exit_code
+                .map(|c| format!(" exit {c}"))
+                .unwrap_or_default()
         );
     } else {
-        println!("{} still {} after the timeout", task.task_id, task.state.as_str());
+        println!(
+            "{} still {} after the timeout",
+            task.task_id,
+            task.state.as_str()
+        );
         return Ok(124);
     }
     if !task.state.is_terminal() {
         return Ok(124);
     }
-    Ok(exit_code_of(task.state, task.exit_code, task.signal, task.reason == Some(crate::protocol::FailReason::Timeout)))
+    Ok(exit_code_of(
+        task.state,
+        task.exit_code,
+        task.signal,
+        task.reason == Some(crate::protocol::FailReason::Timeout),
+    ))
 }
 
 pub fn cancel(socket: &Path, task: &str, grace: Option<u64>, json_out: bool) -> Result<i32> {
@@ -265,7 +338,11 @@ pub fn replay(state_dir: Option<PathBuf>) -> Result<i32> {
         "replayed {} events, checked {} rows: {}",
         report.events,
         report.rows_checked,
-        if report.ok() { "the event log rebuilds the registry exactly".to_owned() } else { format!("{} differences", report.differences.len()) }
+        if report.ok() {
+            "the event log rebuilds the registry exactly".to_owned()
+        } else {
+            format!("{} differences", report.differences.len())
+        }
     );
     Ok(if report.ok() { 0 } else { 1 })
 }
@@ -287,7 +364,10 @@ struct Spinner {
 impl Spinner {
     fn start(enabled: bool, what: &str) -> Spinner {
         if !enabled || !std::io::stderr().is_terminal() {
-            return Spinner { stop: None, handle: None };
+            return Spinner {
+                stop: None,
+                handle: None,
+            };
         }
         let (tx, rx) = std::sync::mpsc::channel();
         let what = what.to_owned();
@@ -299,14 +379,21 @@ impl Spinner {
                 return;
             }
             for i in 0.. {
-                eprint!("\r{} {what} {:.0}s ", frames[i % frames.len()], start.elapsed().as_secs_f64());
+                eprint!(
+                    "\r{} {what} {:.0}s ",
+                    frames[i % frames.len()],
+                    start.elapsed().as_secs_f64()
+                );
                 if rx.recv_timeout(Duration::from_millis(100)).is_ok() {
                     break;
                 }
             }
             eprint!("\r\x1b[2K");
         });
-        Spinner { stop: Some(tx), handle: Some(handle) }
+        Spinner {
+            stop: Some(tx),
+            handle: Some(handle),
+        }
     }
 }
 

@@ -124,17 +124,40 @@ pub fn main() -> i32 {
     if let Command::Supervise { run_dir } = &cli.command {
         return crate::supervisor::main(run_dir);
     }
-    let socket = cli.socket.clone().unwrap_or_else(crate::config::default_socket_path);
+    let socket = cli
+        .socket
+        .clone()
+        .unwrap_or_else(crate::config::default_socket_path);
     let result = match cli.command {
         Command::Serve { state_dir, config } => commands::serve(cli.socket, state_dir, config),
-        Command::Call { session, background, yield_after, timeout, json, command } => {
-            commands::call(&socket, session, background, yield_after, timeout, json, command)
-        }
+        Command::Call {
+            session,
+            background,
+            yield_after,
+            timeout,
+            json,
+            command,
+        } => commands::call(
+            &socket,
+            session,
+            background,
+            yield_after,
+            timeout,
+            json,
+            command,
+        ),
         Command::Tasks { session, json } => commands::tasks(&socket, session, json),
         Command::Logs { task, follow } => commands::logs(&socket, &task, follow),
-        Command::Wait { task, timeout, json } => commands::wait(&socket, &task, timeout, json),
+        Command::Wait {
+            task,
+            timeout,
+            json,
+        } => commands::wait(&socket, &task, timeout, json),
         Command::Cancel { task, grace, json } => commands::cancel(&socket, &task, grace, json),
-        Command::Replay { check: _, state_dir } => commands::replay(state_dir),
+        Command::Replay {
+            check: _,
+            state_dir,
+        } => commands::replay(state_dir),
         Command::Rpc { method, params } => commands::rpc(&socket, &method, &params),
         Command::Supervise { .. } => Ok(0),
     };

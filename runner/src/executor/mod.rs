@@ -28,7 +28,8 @@ use crate::config::Config;
 use crate::ids;
 use crate::plugin_host::{PlanContext, ToolHost};
 use crate::protocol::{
-    CancelOutcome, CompletedCall, Delivery, FailReason, RunningCall, StdinMode, TaskKind, TaskState, ToolCallResult,
+    CancelOutcome, CompletedCall, Delivery, FailReason, RunningCall, StdinMode, TaskKind,
+    TaskState, ToolCallResult,
 };
 use crate::registry::{Registry, RegistryError, SessionRow, Settlement, TaskRow};
 use crate::sandbox::{self, LaunchPlan};
@@ -47,7 +48,11 @@ pub enum ExecError {
     #[error("{0}")]
     LimitExceeded(String),
     #[error("{step} {path}: {source}")]
-    Io { step: &'static str, path: PathBuf, source: std::io::Error },
+    Io {
+        step: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Registry(#[from] RegistryError),
 }
@@ -127,7 +132,12 @@ pub struct Executor {
 }
 
 impl Executor {
-    pub fn new(cfg: Arc<Config>, registry: Arc<Registry>, tools: Arc<ToolHost>, exe: PathBuf) -> Arc<Executor> {
+    pub fn new(
+        cfg: Arc<Config>,
+        registry: Arc<Registry>,
+        tools: Arc<ToolHost>,
+        exe: PathBuf,
+    ) -> Arc<Executor> {
         Arc::new(Executor {
             global: Arc::new(Semaphore::new(cfg.max_running.max(1))),
             cfg,
@@ -162,13 +172,22 @@ impl Executor {
     /// Runs a `tool.call` to its answer: inline if the run settles before `yield_after_ms`,
     /// else `running`. `closed` resolves if the caller's connection goes away, in which case
     /// the task moves to the background so its result is not lost.
-    pub async fn call(self: &Arc<Self>, req: CallRequest, closed: impl std::future::Future<Output = ()>) -> Result<ToolCallResult, ExecError> {
-        let yield_after = req
-            .yield_after_ms
-            .unwrap_or_else(|| self.tools.get(&req.tool).map(|t| t.describe().default_yield_after_ms).unwrap_or(self.cfg.default_yield_after_ms));
+    pub async fn call(
+        self: &Arc<Self>,
+        req: CallRequest,
+        closed: impl std::future::Future<Output = ()>,
+    ) -> Result<ToolCallResult, ExecError> {
+        let yield_after = req.yield_after_ms.unwrap_or_else(|| {
+            self.tools
+                .get(&req.tool)
+                .map(|t| t.describe().default_yield_after_ms)
+                .unwrap_or(self.cfg.default_yield_after_ms)
+        });
         let detach = req.background || yield_after == 0;
         let (row, fg) = self.submit(req, !detach)?;
-        let Some(mut fg) = fg else { return Ok(self.running(&row.task_id, &row)) };
+        let Some(mut fg) = fg else {
+            return Ok(self.running(&row.task_id, &row));
+        };
 
         let yield_at = tokio::time::sleep(Duration::from_millis(yield_after));
         let deadline_ms = self.cfg.interactive_deadline_ms;
@@ -243,21 +262,46 @@ impl Executor {
 
     /// Records the task, writes its launch plan and starts driving it. With `foreground`, the
     /// returned receiver hears how it ends (or that it was moved to the background).
-    pub fn submit(self: &Arc<Self>, req: CallRequest, foreground: bool) -> Result<(TaskRow, Option<oneshot::Receiver<FgEvent>>), ExecError> {
-        let tool = self
-            .tools
-            .get(&req.tool)
-            .ok_or_else(|| ExecError::InvalidParams(format!("unknown tool {:?}; tool.list names the tools there are", req.tool)))?;
+    pub fn submit(
+        self: &Arc<Self>,
+        req: CallRequest,
+        foreground: bool,
+    ) -> Result<(TaskRow, Option<oneshot::Receiver<FgEvent>>), ExecError> {
+        let tool = self.tools.get(&req.tool).ok_or_else(|| {
+            ExecError::InvalidParams(format!(
+                "unknown tool {:?}; tool.list names the tools there are",
+                req.tool
+            ))
+        })?;
         let task_id = ids::ulid();
         let workspace = PathBuf::from(&req.session.workspace);
-        let ctx = PlanContext { workspace: &workspace, session_id: &req.session.session_id, task_id: &task_id };
-        let tool_plan = tool.plan(&req.args, &ctx).map_err(|e| ExecError::InvalidParams(e.0))?;
-        let profile = req.profile.clone().unwrap_or_else(|| req.session.profile.clone());
+        let ctx = PlanContext {
+            workspace: &workspace,
+            session_id: &req.session.session_id,
+            task_id: &task_id,
+        };
+        let tool_plan = tool
+            .plan(&req.args, &ctx)
+            .map_err(|e| ExecError::InvalidParams(e.0))?;
+        let profile = req
+            .profile
+            .clone()
+            .unwrap_or_else(|| req.session.profile.clone());
 
-        let run_dir = Path::new(&req.session.session_dir).join(".background").join(&task_id);
-        std::fs::create_dir_all(&run_dir).map_err(|source| ExecError::Io { step: "create run directory", path: run_dir.clone(), source })?;
+        let run_dir = Path::new(&req.session.session_dir)
+            .join(".background")
+            .join(&task_id);
+        std::fs::create_dir_all(&run_dir).map_err(|source| ExecError::Io {
+            step: "create run directory",
+            path: run_dir.clone(),
+            source,
+        })?;
         // Root runs other users' commands as those users, never as root.
-        let (uid, gid) = if sys::getuid() == 0 && req.owner_uid != 0 { (Some(req.owner_uid), Some(req.owner_gid)) } else { (None, None) };
+        let (uid, gid) = if sys::getuid() == 0 && req.owner_uid != 0 {
+            (Some(req.owner_uid), Some(req.owner_gid))
+        } else {
+            (None, None)
+        };
         let mut env = sandbox::base_env(&req.session.workspace, &task_id, &req.session.session_id);
         env.extend(tool_plan.env);
         let plan = LaunchPlan {
@@ -271,13 +315,20 @@ impl Executor {
             run_dir: run_dir.clone(),
             uid,
             gid,
-            timeout_ms: Some(req.timeout_ms.map_or(self.cfg.detached_cap_ms, |t| t.min(self.cfg.detached_cap_ms))),
+            timeout_ms: Some(req.timeout_ms.map_or(self.cfg.detached_cap_ms, |t| {
+                t.min(self.cfg.detached_cap_ms)
+            })),
             kill_grace_ms: self.cfg.cancel_grace_ms,
             max_output_bytes: self.cfg.max_output_bytes,
             tee_stdout: false,
         };
-        let plan_bytes = serde_json::to_vec_pretty(&plan).map_err(|e| ExecError::InvalidParams(e.to_string()))?;
-        std::fs::write(plan.plan_path(), plan_bytes).map_err(|source| ExecError::Io { step: "write launch plan", path: plan.plan_path(), source })?;
+        let plan_bytes = serde_json::to_vec_pretty(&plan)
+            .map_err(|e| ExecError::InvalidParams(e.to_string()))?;
+        std::fs::write(plan.plan_path(), plan_bytes).map_err(|source| ExecError::Io {
+            step: "write launch plan",
+            path: plan.plan_path(),
+            source,
+        })?;
 
         let row = TaskRow {
             task_id: task_id.clone(),
@@ -286,7 +337,12 @@ impl Executor {
             tool: req.tool.clone(),
             kind: TaskKind::Call,
             state: TaskState::Queued,
-            mode: if foreground { "foreground" } else { "background" }.into(),
+            mode: if foreground {
+                "foreground"
+            } else {
+                "background"
+            }
+            .into(),
             reason: None,
             exit_code: None,
             signal: None,
@@ -318,7 +374,11 @@ impl Executor {
             rx
         });
         self.live_map().insert(task_id.clone(), live.clone());
-        let stdin = if req.stdin == StdinMode::Pipe { Some(()) } else { None };
+        let stdin = if req.stdin == StdinMode::Pipe {
+            Some(())
+        } else {
+            None
+        };
         let this = self.clone();
         tokio::spawn(async move { this.drive(live, plan, stdin.is_some()).await });
         Ok((row, rx))
@@ -326,7 +386,9 @@ impl Executor {
 
     fn session_slots(&self, session_id: &str) -> Arc<Semaphore> {
         let mut map = self.per_session.lock().unwrap_or_else(|e| e.into_inner());
-        map.entry(session_id.to_owned()).or_insert_with(|| Arc::new(Semaphore::new(self.cfg.max_running_per_session.max(1)))).clone()
+        map.entry(session_id.to_owned())
+            .or_insert_with(|| Arc::new(Semaphore::new(self.cfg.max_running_per_session.max(1))))
+            .clone()
     }
 
     /// Waits for a slot, starts the supervisor, watches it, settles the task.
@@ -340,7 +402,10 @@ impl Executor {
             match self.start_supervisor(&live, &plan, stdin_pipe, &mut st) {
                 Ok(started) => started,
                 Err(e) => {
-                    let s = lost_settlement(FailReason::SpawnError, format!("cannot start the supervisor: {e}"));
+                    let s = lost_settlement(
+                        FailReason::SpawnError,
+                        format!("cannot start the supervisor: {e}"),
+                    );
                     let settled = self.settle_locked(&live, &mut st, s);
                     drop(st);
                     self.finish(&live, settled);
@@ -351,14 +416,23 @@ impl Executor {
         let (child, pidfd) = started;
         let pid = child.id() as i32;
         let start_time = sys::process_start_time(pid).unwrap_or(0);
-        if let Err(e) = self.registry.mark_started(&live.task_id, &live.session_id, pid, start_time, &ids::now_rfc3339()) {
+        if let Err(e) = self.registry.mark_started(
+            &live.task_id,
+            &live.session_id,
+            pid,
+            start_time,
+            &ids::now_rfc3339(),
+        ) {
             warn!(task_id = %live.task_id, "cannot record the run's start: {e}");
         }
         self.watch(live, pidfd, Some(child)).await;
         drop(permits);
     }
 
-    async fn acquire_slots(&self, session_id: &str) -> (Option<OwnedSemaphorePermit>, Option<OwnedSemaphorePermit>) {
+    async fn acquire_slots(
+        &self,
+        session_id: &str,
+    ) -> (Option<OwnedSemaphorePermit>, Option<OwnedSemaphorePermit>) {
         let global = self.global.clone().acquire_owned().await.ok();
         let session = self.session_slots(session_id).acquire_owned().await.ok();
         (global, session)
@@ -389,7 +463,12 @@ impl Executor {
     }
 
     /// Waits (without polling) for the supervisor to exit, then settles from result.json.
-    async fn watch(&self, live: Arc<Live>, pidfd: Arc<AsyncFd<OwnedFd>>, mut child: Option<std::process::Child>) {
+    async fn watch(
+        &self,
+        live: Arc<Live>,
+        pidfd: Arc<AsyncFd<OwnedFd>>,
+        mut child: Option<std::process::Child>,
+    ) {
         if let Err(e) = pidfd.readable().await {
             warn!(task_id = %live.task_id, "cannot watch the supervisor: {e}");
         }
@@ -398,13 +477,24 @@ impl Executor {
         let settlement = match RunResult::read(&result_path) {
             Ok(Some(result)) => settlement_from_result(&result),
             Ok(None) | Err(_) => {
-                let log = std::fs::read_to_string(live.run_dir.join("supervisor.log")).unwrap_or_default();
+                let log = std::fs::read_to_string(live.run_dir.join("supervisor.log"))
+                    .unwrap_or_default();
                 let log = log.trim();
                 match status.and_then(|s| s.code()) {
-                    Some(2) => lost_settlement(FailReason::SpawnError, format!("the supervisor could not start the run: {log}")),
+                    Some(2) => lost_settlement(
+                        FailReason::SpawnError,
+                        format!("the supervisor could not start the run: {log}"),
+                    ),
                     _ => lost_settlement(
                         FailReason::Lost,
-                        format!("the supervisor ended without writing result.json ({status:?}){}", if log.is_empty() { String::new() } else { format!(": {log}") }),
+                        format!(
+                            "the supervisor ended without writing result.json ({status:?}){}",
+                            if log.is_empty() {
+                                String::new()
+                            } else {
+                                format!(": {log}")
+                            }
+                        ),
                     ),
                 }
             }
@@ -460,7 +550,9 @@ impl Executor {
     /// Moves a foreground task to the background if a call still holds it. Returns false if
     /// it already settled (its result is then on its way to the call) or was not foreground.
     pub fn try_yield(&self, task_id: &str) -> bool {
-        let Some(live) = self.get_live(task_id) else { return false };
+        let Some(live) = self.get_live(task_id) else {
+            return false;
+        };
         let mut st = live.lock();
         if st.fg.take().is_none() {
             return false;
@@ -473,7 +565,9 @@ impl Executor {
 
     /// `task.background`: tells the blocked call to return `running` now.
     pub fn background(&self, task_id: &str) -> bool {
-        let Some(live) = self.get_live(task_id) else { return false };
+        let Some(live) = self.get_live(task_id) else {
+            return false;
+        };
         let mut st = live.lock();
         let Some(fg) = st.fg.take() else { return false };
         if let Err(e) = self.registry.mark_yielded(task_id, &live.session_id) {
@@ -486,8 +580,14 @@ impl Executor {
     /// The result of an inline answer could not be written to the caller: hand it back so a
     /// wait or a wake can deliver it.
     pub fn undeliver(&self, task_id: &str) {
-        match self.registry.claim_delivery(task_id, Delivery::Inline, Delivery::Pending) {
-            Ok(true) => info!(task_id, "inline result could not be written; delivery is pending again"),
+        match self
+            .registry
+            .claim_delivery(task_id, Delivery::Inline, Delivery::Pending)
+        {
+            Ok(true) => info!(
+                task_id,
+                "inline result could not be written; delivery is pending again"
+            ),
             Ok(false) => {}
             Err(e) => warn!(task_id, "cannot return the delivery: {e}"),
         }
@@ -495,7 +595,11 @@ impl Executor {
 
     /// `task.wait`: the task as it is when it settles or when `timeout` passes. A terminal
     /// result nobody has received yet is delivered to this wait.
-    pub async fn wait(&self, task_id: &str, timeout: Duration) -> Result<Option<TaskRow>, ExecError> {
+    pub async fn wait(
+        &self,
+        task_id: &str,
+        timeout: Duration,
+    ) -> Result<Option<TaskRow>, ExecError> {
         if let Some(live) = self.get_live(task_id) {
             let rx = {
                 let mut st = live.lock();
@@ -511,8 +615,15 @@ impl Executor {
                 }
             }
         }
-        let Some(row) = self.registry.get_task(task_id)? else { return Ok(None) };
-        if row.state.is_terminal() && row.delivery == Some(Delivery::Pending) && self.registry.claim_delivery(task_id, Delivery::Pending, Delivery::Wait)? {
+        let Some(row) = self.registry.get_task(task_id)? else {
+            return Ok(None);
+        };
+        if row.state.is_terminal()
+            && row.delivery == Some(Delivery::Pending)
+            && self
+                .registry
+                .claim_delivery(task_id, Delivery::Pending, Delivery::Wait)?
+        {
             return Ok(self.registry.get_task(task_id)?);
         }
         Ok(Some(row))
@@ -521,17 +632,32 @@ impl Executor {
     /// Asks a run to stop: SIGTERM to the whole run, SIGKILL after `grace_ms` (the supervisor
     /// escalates, so this holds even if the daemon dies meanwhile). A task still queued is
     /// settled as canceled at once.
-    fn stop(&self, task_id: &str, reason: StopReason, grace_ms: u64, message: Option<String>) -> bool {
-        let Some(live) = self.get_live(task_id) else { return false };
+    fn stop(
+        &self,
+        task_id: &str,
+        reason: StopReason,
+        grace_ms: u64,
+        message: Option<String>,
+    ) -> bool {
+        let Some(live) = self.get_live(task_id) else {
+            return false;
+        };
         let mut st = live.lock();
         if st.settled {
             return false;
         }
         match st.supervisor.clone() {
             Some(pidfd) => {
-                let req = CancelRequest { reason, grace_ms, message };
+                let req = CancelRequest {
+                    reason,
+                    grace_ms,
+                    message,
+                };
                 let path = CancelRequest::path(&live.run_dir);
-                if let Err(e) = serde_json::to_vec(&req).map_err(std::io::Error::other).and_then(|b| std::fs::write(&path, b)) {
+                if let Err(e) = serde_json::to_vec(&req)
+                    .map_err(std::io::Error::other)
+                    .and_then(|b| std::fs::write(&path, b))
+                {
                     warn!(task_id, "cannot write {}: {e}", path.display());
                 }
                 if let Err(e) = sys::pidfd_send_signal(pidfd.get_ref(), libc::SIGTERM) {
@@ -553,7 +679,11 @@ impl Executor {
     }
 
     /// `task.cancel`.
-    pub async fn cancel(&self, task_id: &str, grace_ms: Option<u64>) -> Result<CancelOutcome, ExecError> {
+    pub async fn cancel(
+        &self,
+        task_id: &str,
+        grace_ms: Option<u64>,
+    ) -> Result<CancelOutcome, ExecError> {
         let grace = grace_ms.unwrap_or(self.cfg.cancel_grace_ms);
         let mut done = match self.get_live(task_id) {
             Some(live) => live.done.subscribe(),
@@ -574,16 +704,28 @@ impl Executor {
 
     /// Cancels every live task of a session (session close). Returns their ids.
     pub fn cancel_session(&self, session_id: &str) -> Result<Vec<String>, ExecError> {
-        let ids: Vec<String> = self.registry.live_tasks_of_session(session_id)?.into_iter().map(|r| r.task_id).collect();
+        let ids: Vec<String> = self
+            .registry
+            .live_tasks_of_session(session_id)?
+            .into_iter()
+            .map(|r| r.task_id)
+            .collect();
         for id in &ids {
-            self.stop(id, StopReason::Canceled, self.cfg.cancel_grace_ms, Some("the session was closed".into()));
+            self.stop(
+                id,
+                StopReason::Canceled,
+                self.cfg.cancel_grace_ms,
+                Some("the session was closed".into()),
+            );
         }
         Ok(ids)
     }
 
     /// `task.message`: queue bytes for the task's stdin (never blocks).
     pub fn message(&self, task_id: &str, data: &[u8], eof: bool) -> Result<u64, ExecError> {
-        let live = self.get_live(task_id).ok_or_else(|| ExecError::InvalidState(format!("task {task_id} has settled")))?;
+        let live = self
+            .get_live(task_id)
+            .ok_or_else(|| ExecError::InvalidState(format!("task {task_id} has settled")))?;
         let st = live.lock();
         let Some(tx) = st.stdin.as_ref() else {
             return Err(ExecError::InvalidState(format!(
@@ -592,11 +734,17 @@ impl Executor {
         };
         let queued = live.stdin_queued.load(Ordering::Relaxed);
         if queued + data.len() as u64 > MAX_QUEUED_STDIN {
-            return Err(ExecError::LimitExceeded(format!("{queued} bytes are already waiting for task {task_id}'s stdin")));
+            return Err(ExecError::LimitExceeded(format!(
+                "{queued} bytes are already waiting for task {task_id}'s stdin"
+            )));
         }
-        live.stdin_queued.fetch_add(data.len() as u64, Ordering::Relaxed);
-        tx.send(StdinChunk { data: data.to_vec(), eof })
-            .map_err(|_| ExecError::InvalidState(format!("task {task_id}'s stdin is closed")))?;
+        live.stdin_queued
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        tx.send(StdinChunk {
+            data: data.to_vec(),
+            eof,
+        })
+        .map_err(|_| ExecError::InvalidState(format!("task {task_id}'s stdin is closed")))?;
         drop(st);
         if eof {
             live.lock().stdin = None;
@@ -611,7 +759,10 @@ impl Executor {
 }
 
 /// A writer task for a run's stdin pipe; chunks queue in memory so callers never block.
-fn stdin_writer(w: OwnedFd, queued: Arc<AtomicU64>) -> std::io::Result<mpsc::UnboundedSender<StdinChunk>> {
+fn stdin_writer(
+    w: OwnedFd,
+    queued: Arc<AtomicU64>,
+) -> std::io::Result<mpsc::UnboundedSender<StdinChunk>> {
     use std::os::fd::AsRawFd;
     sys::set_nonblocking(w.as_raw_fd(), true)?;
     let mut pipe = tokio::net::unix::pipe::Sender::from_owned_fd(w)?;

@@ -20,7 +20,9 @@ fn read_range(f: &mut File, offset: u64, len: u64) -> std::io::Result<Vec<u8>> {
 /// The whole output if it fits in `max`, else its head and tail around a marker. Returns the
 /// text and whether anything was left out.
 pub fn excerpt(path: &Path, max: usize) -> (String, bool) {
-    let Ok(mut f) = File::open(path) else { return (String::new(), false) };
+    let Ok(mut f) = File::open(path) else {
+        return (String::new(), false);
+    };
     let size = f.metadata().map(|m| m.len()).unwrap_or(0);
     let max = max as u64;
     if size <= max {
@@ -42,7 +44,9 @@ pub fn excerpt(path: &Path, max: usize) -> (String, bool) {
 
 /// The last `max` bytes of the output (what a yielded call has printed so far).
 pub fn tail(path: &Path, max: usize) -> String {
-    let Ok(mut f) = File::open(path) else { return String::new() };
+    let Ok(mut f) = File::open(path) else {
+        return String::new();
+    };
     let size = f.metadata().map(|m| m.len()).unwrap_or(0);
     let start = size.saturating_sub(max as u64);
     let data = read_range(&mut f, start, size - start).unwrap_or_default();
@@ -51,10 +55,23 @@ pub fn tail(path: &Path, max: usize) -> String {
 
 /// One page of output for `task.output`. `terminal` says whether the run has settled (and so
 /// whether reaching the end means end of file).
-pub fn page(path: &Path, offset: Option<u64>, max_bytes: Option<u64>, tail_bytes: Option<u64>, terminal: bool, truncated: bool) -> TaskOutputResult {
+pub fn page(
+    path: &Path,
+    offset: Option<u64>,
+    max_bytes: Option<u64>,
+    tail_bytes: Option<u64>,
+    terminal: bool,
+    truncated: bool,
+) -> TaskOutputResult {
     let mut f = File::open(path).ok();
-    let size = f.as_ref().and_then(|f| f.metadata().ok()).map(|m| m.len()).unwrap_or(0);
-    let max = max_bytes.unwrap_or(DEFAULT_PAGE_BYTES).clamp(1, MAX_PAGE_BYTES);
+    let size = f
+        .as_ref()
+        .and_then(|f| f.metadata().ok())
+        .map(|m| m.len())
+        .unwrap_or(0);
+    let max = max_bytes
+        .unwrap_or(DEFAULT_PAGE_BYTES)
+        .clamp(1, MAX_PAGE_BYTES);
     let start = match (offset, tail_bytes) {
         (Some(o), _) => o.min(size),
         (None, Some(t)) => size.saturating_sub(t),

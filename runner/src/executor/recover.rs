@@ -28,7 +28,11 @@ pub struct Recovered {
 
 pub fn recover(ex: &Arc<Executor>) -> Result<Recovered, ExecError> {
     let mut out = Recovered::default();
-    let rows = ex.registry.tasks_in_states(&[TaskState::Queued, TaskState::Running, TaskState::AwaitingInput])?;
+    let rows = ex.registry.tasks_in_states(&[
+        TaskState::Queued,
+        TaskState::Running,
+        TaskState::AwaitingInput,
+    ])?;
     for row in rows {
         let live = Live::new(&row);
         ex.live_map().insert(row.task_id.clone(), live.clone());
@@ -45,13 +49,23 @@ pub fn recover(ex: &Arc<Executor>) -> Result<Recovered, ExecError> {
             out.settled_from_result += 1;
             continue;
         }
-        let recorded = row.supervisor_pid.zip(row.supervisor_start_time).map(|(p, s)| (p, s)).or_else(|| read_pid_file(&run_dir));
+        let recorded = row
+            .supervisor_pid
+            .zip(row.supervisor_start_time)
+            .map(|(p, s)| (p, s))
+            .or_else(|| read_pid_file(&run_dir));
         if let Some((pid, start)) = recorded {
             match attach(pid, start) {
                 Some(pidfd) => {
                     live.lock().supervisor = Some(pidfd.clone());
                     if row.state == TaskState::Queued {
-                        let _ = ex.registry.mark_started(&row.task_id, &row.session_id, pid, start, &crate::ids::now_rfc3339());
+                        let _ = ex.registry.mark_started(
+                            &row.task_id,
+                            &row.session_id,
+                            pid,
+                            start,
+                            &crate::ids::now_rfc3339(),
+                        );
                     }
                     info!(task_id = %row.task_id, pid, "re-attached to a running supervisor");
                     let ex2 = ex.clone();
@@ -75,7 +89,10 @@ pub fn recover(ex: &Arc<Executor>) -> Result<Recovered, ExecError> {
             continue;
         }
         if row.state == TaskState::Queued {
-            match std::fs::read(run_dir.join("plan.json")).ok().and_then(|b| serde_json::from_slice::<LaunchPlan>(&b).ok()) {
+            match std::fs::read(run_dir.join("plan.json"))
+                .ok()
+                .and_then(|b| serde_json::from_slice::<LaunchPlan>(&b).ok())
+            {
                 Some(plan) => {
                     info!(task_id = %row.task_id, "starting a task queued before the restart");
                     let ex2 = ex.clone();
@@ -84,14 +101,20 @@ pub fn recover(ex: &Arc<Executor>) -> Result<Recovered, ExecError> {
                     out.restarted += 1;
                 }
                 None => {
-                    settle(lost_settlement(FailReason::Lost, "the launch plan is missing".into()));
+                    settle(lost_settlement(
+                        FailReason::Lost,
+                        "the launch plan is missing".into(),
+                    ));
                     out.lost += 1;
                 }
             }
             continue;
         }
         warn!(task_id = %row.task_id, "running task has no supervisor on record");
-        settle(lost_settlement(FailReason::Lost, "no supervisor was recorded for this run".into()));
+        settle(lost_settlement(
+            FailReason::Lost,
+            "no supervisor was recorded for this run".into(),
+        ));
         out.lost += 1;
     }
     Ok(out)

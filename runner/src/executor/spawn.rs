@@ -14,7 +14,11 @@ use std::process::{Child, Command, Stdio};
 ///   `O_CLOEXEC`, and the supervisor closes 3.. again first thing);
 /// - stdin is the read end of the run's stdin pipe, or /dev/null; stdout is /dev/null; stderr
 ///   goes to `supervisor.log` in the run directory.
-pub fn spawn_supervisor(exe: &Path, run_dir: &Path, stdin: Option<OwnedFd>) -> std::io::Result<Child> {
+pub fn spawn_supervisor(
+    exe: &Path,
+    run_dir: &Path,
+    stdin: Option<OwnedFd>,
+) -> std::io::Result<Child> {
     let log = File::create(run_dir.join("supervisor.log"))?;
     let mut cmd = Command::new(exe);
     cmd.arg("supervise")

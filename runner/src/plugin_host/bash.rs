@@ -43,12 +43,20 @@ impl Planner for Bash {
     }
 
     fn plan(&self, args: &Value, ctx: &PlanContext) -> Result<ToolPlan, PlanError> {
-        let args: Args = serde_json::from_value(args.clone()).map_err(|e| PlanError(format!("bash arguments: {e}")))?;
+        let args: Args = serde_json::from_value(args.clone())
+            .map_err(|e| PlanError(format!("bash arguments: {e}")))?;
         if args.command.trim().is_empty() {
             return Err(PlanError("bash arguments: command is empty".into()));
         }
-        let shell = if std::path::Path::new("/bin/bash").exists() { "/bin/bash" } else { "/bin/sh" };
-        let summary = args.description.filter(|d| !d.trim().is_empty()).unwrap_or_else(|| args.command.clone());
+        let shell = if std::path::Path::new("/bin/bash").exists() {
+            "/bin/bash"
+        } else {
+            "/bin/sh"
+        };
+        let summary = args
+            .description
+            .filter(|d| !d.trim().is_empty())
+            .unwrap_or_else(|| args.command.clone());
         Ok(ToolPlan {
             argv: vec![shell.into(), "-c".into(), args.command],
             env: Vec::new(),
@@ -76,7 +84,11 @@ mod tests {
     #[test]
     fn plans_a_command_in_the_workspace() {
         let ws = std::env::temp_dir();
-        let ctx = PlanContext { workspace: &ws, session_id: "s", task_id: "t" };
+        let ctx = PlanContext {
+            workspace: &ws,
+            session_id: "s",
+            task_id: "t",
+        };
         let plan = Bash.plan(&json!({"command": "echo hi"}), &ctx).unwrap();
         assert_eq!(plan.argv[1..], ["-c".to_string(), "echo hi".to_string()]);
         assert_eq!(plan.summary, "echo hi");
@@ -85,12 +97,26 @@ mod tests {
     #[test]
     fn refuses_bad_arguments() {
         let ws = std::env::temp_dir();
-        let ctx = PlanContext { workspace: &ws, session_id: "s", task_id: "t" };
-        for bad in [json!({}), json!({"command": ""}), json!({"command": 3}), json!({"command": "x", "extra": 1})] {
+        let ctx = PlanContext {
+            workspace: &ws,
+            session_id: "s",
+            task_id: "t",
+        };
+        for bad in [
+            json!({}),
+            json!({"command": ""}),
+            json!({"command": 3}),
+            json!({"command": "x", "extra": 1}),
+        ] {
             assert!(Bash.plan(&bad, &ctx).is_err(), "{bad}");
         }
-        let err = Bash.plan(&json!({"command": "x", "workdir": "../.."}), &ctx).unwrap_err();
-        assert!(err.0.contains("outside the workspace") || err.0.contains("workdir"), "{err}");
+        let err = Bash
+            .plan(&json!({"command": "x", "workdir": "../.."}), &ctx)
+            .unwrap_err();
+        assert!(
+            err.0.contains("outside the workspace") || err.0.contains("workdir"),
+            "{err}"
+        );
     }
 
     #[test]

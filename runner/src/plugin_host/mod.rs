@@ -46,7 +46,9 @@ pub struct ToolHost {
 
 impl Default for ToolHost {
     fn default() -> Self {
-        ToolHost { tools: vec![Box::new(bash::Bash)] }
+        ToolHost {
+            tools: vec![Box::new(bash::Bash)],
+        }
     }
 }
 
@@ -56,7 +58,10 @@ impl ToolHost {
     }
 
     pub fn get(&self, name: &str) -> Option<&dyn Planner> {
-        self.tools.iter().find(|t| t.describe().name == name).map(|b| b.as_ref())
+        self.tools
+            .iter()
+            .find(|t| t.describe().name == name)
+            .map(|b| b.as_ref())
     }
 }
 
@@ -67,13 +72,24 @@ pub fn resolve_workdir(workspace: &Path, workdir: Option<&str>) -> Result<PathBu
         return Ok(workspace.to_path_buf());
     };
     let joined = workspace.join(dir);
-    let real = joined.canonicalize().map_err(|e| PlanError(format!("workdir {}: {e}", joined.display())))?;
-    let root = workspace.canonicalize().map_err(|e| PlanError(format!("workspace {}: {e}", workspace.display())))?;
+    let real = joined
+        .canonicalize()
+        .map_err(|e| PlanError(format!("workdir {}: {e}", joined.display())))?;
+    let root = workspace
+        .canonicalize()
+        .map_err(|e| PlanError(format!("workspace {}: {e}", workspace.display())))?;
     if !real.starts_with(&root) {
-        return Err(PlanError(format!("workdir {} is outside the workspace {}", real.display(), root.display())));
+        return Err(PlanError(format!(
+            "workdir {} is outside the workspace {}",
+            real.display(),
+            root.display()
+        )));
     }
     if !real.is_dir() {
-        return Err(PlanError(format!("workdir {} is not a directory", real.display())));
+        return Err(PlanError(format!(
+            "workdir {} is not a directory",
+            real.display()
+        )));
     }
     Ok(real)
 }

@@ -56,11 +56,21 @@ pub struct Response {
 
 impl Response {
     pub fn ok(id: Value, result: Value) -> Response {
-        Response { jsonrpc: "2.0", id, result: Some(result), error: None }
+        Response {
+            jsonrpc: "2.0",
+            id,
+            result: Some(result),
+            error: None,
+        }
     }
 
     pub fn err(id: Value, error: RpcError) -> Response {
-        Response { jsonrpc: "2.0", id, result: None, error: Some(error) }
+        Response {
+            jsonrpc: "2.0",
+            id,
+            result: None,
+            error: Some(error),
+        }
     }
 }
 
@@ -146,7 +156,12 @@ impl RpcError {
 impl std::fmt::Display for RpcError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} ({})", self.message, self.kind().unwrap_or("error"))?;
-        if let Some(hint) = self.data.as_ref().and_then(|d| d.get("hint")).and_then(Value::as_str) {
+        if let Some(hint) = self
+            .data
+            .as_ref()
+            .and_then(|d| d.get("hint"))
+            .and_then(Value::as_str)
+        {
             write!(f, "\nhint: {hint}")?;
         }
         Ok(())

@@ -21,7 +21,10 @@ impl TaskState {
     pub fn is_terminal(self) -> bool {
         match self {
             TaskState::Succeeded | TaskState::Failed | TaskState::Canceled => true,
-            TaskState::Queued | TaskState::Running | TaskState::AwaitingInput | TaskState::Scheduled => false,
+            TaskState::Queued
+            | TaskState::Running
+            | TaskState::AwaitingInput
+            | TaskState::Scheduled => false,
         }
     }
 

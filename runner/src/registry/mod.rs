@@ -22,11 +22,20 @@ use crate::protocol::{Delivery, TaskState};
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
     #[error("cannot create state directory {path}: {source}")]
-    StateDir { path: PathBuf, source: std::io::Error },
+    StateDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot open registry {path}: {source}")]
-    Open { path: PathBuf, source: rusqlite::Error },
+    Open {
+        path: PathBuf,
+        source: rusqlite::Error,
+    },
     #[error("registry migration {version} failed: {source}")]
-    Migrate { version: usize, source: rusqlite::Error },
+    Migrate {
+        version: usize,
+        source: rusqlite::Error,
+    },
     #[error("registry is at schema version {found}, newer than this sidejob knows ({known})")]
     TooNew { found: usize, known: usize },
     #[error("registry query failed: {0}")]
@@ -99,16 +108,25 @@ pub struct Registry {
 impl Registry {
     /// Opens (creating if needed) `<state_dir>/sidejob.db` in WAL mode and runs migrations.
     pub fn open(state_dir: &Path) -> Result<Registry> {
-        std::fs::create_dir_all(state_dir).map_err(|source| RegistryError::StateDir { path: state_dir.into(), source })?;
+        std::fs::create_dir_all(state_dir).map_err(|source| RegistryError::StateDir {
+            path: state_dir.into(),
+            source,
+        })?;
         let path = state_dir.join("sidejob.db");
-        let conn = Connection::open(&path).map_err(|source| RegistryError::Open { path: path.clone(), source })?;
+        let conn = Connection::open(&path).map_err(|source| RegistryError::Open {
+            path: path.clone(),
+            source,
+        })?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         let mut conn = conn;
         migrate(&mut conn)?;
-        Ok(Registry { conn: Mutex::new(conn), path })
+        Ok(Registry {
+            conn: Mutex::new(conn),
+            path,
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -131,7 +149,15 @@ impl Registry {
     }
 
     /// Writes a row change and its event in the same transaction; returns the event's seq.
-    pub fn apply(tx: &Transaction, kind: &str, entity: Entity, id: &str, session_id: &str, op: Op, patch: &Map<String, Value>) -> Result<i64> {
+    pub fn apply(
+        tx: &Transaction,
+        kind: &str,
+        entity: Entity,
+        id: &str,
+        session_id: &str,
+        op: Op,
+        patch: &Map<String, Value>,
+    ) -> Result<i64> {
         apply_patch(tx, entity, id, op, patch)?;
         tx.execute(
             "INSERT INTO events (at, kind, entity, entity_id, op, session_id, patch) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
@@ -144,7 +170,15 @@ impl Registry {
 
     pub fn insert_session(&self, row: &SessionRow) -> Result<()> {
         self.write(|tx| {
-            Self::apply(tx, "session.opened", Entity::Session, &row.session_id, &row.session_id, Op::Insert, &row.to_patch())?;
+            Self::apply(
+                tx,
+                "session.opened",
+                Entity::Session,
+                &row.session_id,
+                &row.session_id,
+                Op::Insert,
+                &row.to_patch(),
+            )?;
             Ok(())
         })
     }
@@ -152,15 +186,34 @@ impl Registry {
     pub fn reopen_session(&self, session_id: &str) -> Result<()> {
         self.write(|tx| {
             let patch = obj([("state", "open".into()), ("closed_at", Value::Null)]);
-            Self::apply(tx, "session.reopened", Entity::Session, session_id, session_id, Op::Update, &patch)?;
+            Self::apply(
+                tx,
+                "session.reopened",
+                Entity::Session,
+                session_id,
+                session_id,
+                Op::Update,
+                &patch,
+            )?;
             Ok(())
         })
     }
 
     pub fn close_session(&self, session_id: &str) -> Result<()> {
         self.write(|tx| {
-            let patch = obj([("state", "closed".into()), ("closed_at", crate::ids::now_rfc3339().into())]);
-            Self::apply(tx, "session.closed", Entity::Session, session_id, session_id, Op::Update, &patch)?;
+            let patch = obj([
+                ("state", "closed".into()),
+                ("closed_at", crate::ids::now_rfc3339().into()),
+            ]);
+            Self::apply(
+                tx,
+                "session.closed",
+                Entity::Session,
+                session_id,
+                session_id,
+                Op::Update,
+                &patch,
+            )?;
             Ok(())
         })
     }
@@ -168,7 +221,9 @@ impl Registry {
     pub fn get_session(&self, session_id: &str) -> Result<Option<SessionRow>> {
         let conn = self.lock();
         let mut stmt = conn.prepare_cached("SELECT * FROM sessions WHERE session_id = ?1")?;
-        Ok(stmt.query_row([session_id], SessionRow::from_row).optional()?)
+        Ok(stmt
+            .query_row([session_id], SessionRow::from_row)
+            .optional()?)
     }
 
     /// Sessions, all of them or those of one owner.
@@ -182,11 +237,28 @@ impl Registry {
     // ----- tasks -----
 
     pub fn insert_task(&self, row: &TaskRow) -> Result<i64> {
-        self.write(|tx| Self::apply(tx, "task.submitted", Entity::Task, &row.task_id, &row.session_id, Op::Insert, &row.to_patch()))
+        self.write(|tx| {
+            Self::apply(
+                tx,
+                "task.submitted",
+                Entity::Task,
+                &row.task_id,
+                &row.session_id,
+                Op::Insert,
+                &row.to_patch(),
+            )
+        })
     }
 
     /// The supervisor is running: record its pid and start time (to re-attach after restart).
-    pub fn mark_started(&self, task_id: &str, session_id: &str, pid: i32, start_time: u64, started_at: &str) -> Result<i64> {
+    pub fn mark_started(
+        &self,
+        task_id: &str,
+        session_id: &str,
+        pid: i32,
+        start_time: u64,
+        started_at: &str,
+    ) -> Result<i64> {
         self.write(|tx| {
             let patch = obj([
                 ("state", TaskState::Running.as_str().into()),
@@ -194,7 +266,15 @@ impl Registry {
                 ("supervisor_start_time", start_time.into()),
                 ("started_at", started_at.into()),
             ]);
-            Self::apply(tx, "task.started", Entity::Task, task_id, session_id, Op::Update, &patch)
+            Self::apply(
+                tx,
+                "task.started",
+                Entity::Task,
+                task_id,
+                session_id,
+                Op::Update,
+                &patch,
+            )
         })
     }
 
@@ -202,28 +282,65 @@ impl Registry {
     pub fn mark_yielded(&self, task_id: &str, session_id: &str) -> Result<i64> {
         self.write(|tx| {
             let patch = obj([("mode", "background".into())]);
-            Self::apply(tx, "task.yielded", Entity::Task, task_id, session_id, Op::Update, &patch)
+            Self::apply(
+                tx,
+                "task.yielded",
+                Entity::Task,
+                task_id,
+                session_id,
+                Op::Update,
+                &patch,
+            )
         })
     }
 
     /// Records a terminal state and who the result is delivered to, in one transaction.
     pub fn settle(&self, task_id: &str, session_id: &str, s: &Settlement) -> Result<i64> {
-        self.write(|tx| Self::apply(tx, "task.settled", Entity::Task, task_id, session_id, Op::Update, &s.to_patch()))
+        self.write(|tx| {
+            Self::apply(
+                tx,
+                "task.settled",
+                Entity::Task,
+                task_id,
+                session_id,
+                Op::Update,
+                &s.to_patch(),
+            )
+        })
     }
 
     /// Moves a terminal task's delivery from `from` to `to` if (and only if) it is still
     /// `from`. This conditional update is the single place later claims are decided.
     pub fn claim_delivery(&self, task_id: &str, from: Delivery, to: Delivery) -> Result<bool> {
         self.write(|tx| {
-            let current: Option<Option<String>> =
-                tx.query_row("SELECT delivery FROM tasks WHERE task_id = ?1", [task_id], |r| r.get(0)).optional()?;
-            let Some(Some(current)) = current else { return Ok(false) };
+            let current: Option<Option<String>> = tx
+                .query_row(
+                    "SELECT delivery FROM tasks WHERE task_id = ?1",
+                    [task_id],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            let Some(Some(current)) = current else {
+                return Ok(false);
+            };
             if current != from.as_str() {
                 return Ok(false);
             }
-            let session_id: String = tx.query_row("SELECT session_id FROM tasks WHERE task_id = ?1", [task_id], |r| r.get(0))?;
+            let session_id: String = tx.query_row(
+                "SELECT session_id FROM tasks WHERE task_id = ?1",
+                [task_id],
+                |r| r.get(0),
+            )?;
             let patch = obj([("delivery", to.as_str().into())]);
-            Self::apply(tx, "task.delivered", Entity::Task, task_id, &session_id, Op::Update, &patch)?;
+            Self::apply(
+                tx,
+                "task.delivered",
+                Entity::Task,
+                task_id,
+                &session_id,
+                Op::Update,
+                &patch,
+            )?;
             Ok(true)
         })
     }
@@ -231,7 +348,10 @@ impl Registry {
     pub fn get_task(&self, task_id: &str) -> Result<Option<TaskRow>> {
         let conn = self.lock();
         let mut stmt = conn.prepare_cached("SELECT * FROM tasks WHERE task_id = ?1")?;
-        stmt.query_row([task_id], TaskRow::from_row).optional()?.map(TaskRow::check).transpose()
+        stmt.query_row([task_id], TaskRow::from_row)
+            .optional()?
+            .map(TaskRow::check)
+            .transpose()
     }
 
     /// A session's live tasks plus its `history` most recent terminal ones, newest first.
@@ -245,16 +365,24 @@ impl Registry {
              ORDER BY created_at DESC, task_id DESC",
         )?;
         let rows = stmt.query_map(params![session_id, history as i64], TaskRow::from_row)?;
-        rows.map(|r| r.map_err(RegistryError::from).and_then(TaskRow::check)).collect()
+        rows.map(|r| r.map_err(RegistryError::from).and_then(TaskRow::check))
+            .collect()
     }
 
     /// Every task in one of `states`, across sessions (for recovery at start-up).
     pub fn tasks_in_states(&self, states: &[TaskState]) -> Result<Vec<TaskRow>> {
         let conn = self.lock();
-        let list = states.iter().map(|s| format!("'{}'", s.as_str())).collect::<Vec<_>>().join(",");
-        let mut stmt = conn.prepare(&format!("SELECT * FROM tasks WHERE state IN ({list}) ORDER BY created_at"))?;
+        let list = states
+            .iter()
+            .map(|s| format!("'{}'", s.as_str()))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut stmt = conn.prepare(&format!(
+            "SELECT * FROM tasks WHERE state IN ({list}) ORDER BY created_at"
+        ))?;
         let rows = stmt.query_map([], TaskRow::from_row)?;
-        rows.map(|r| r.map_err(RegistryError::from).and_then(TaskRow::check)).collect()
+        rows.map(|r| r.map_err(RegistryError::from).and_then(TaskRow::check))
+            .collect()
     }
 
     /// Live tasks of a session (not terminal).
@@ -262,7 +390,8 @@ impl Registry {
         let conn = self.lock();
         let mut stmt = conn.prepare_cached("SELECT * FROM tasks WHERE session_id = ?1 AND state NOT IN ('succeeded','failed','canceled')")?;
         let rows = stmt.query_map([session_id], TaskRow::from_row)?;
-        rows.map(|r| r.map_err(RegistryError::from).and_then(TaskRow::check)).collect()
+        rows.map(|r| r.map_err(RegistryError::from).and_then(TaskRow::check))
+            .collect()
     }
 
     /// How many of a session's tasks are in each live state.
@@ -271,11 +400,14 @@ impl Registry {
         let mut stmt = conn.prepare_cached(
             "SELECT state, COUNT(*) FROM tasks WHERE session_id = ?1 AND state NOT IN ('succeeded','failed','canceled') GROUP BY state",
         )?;
-        let rows = stmt.query_map([session_id], |r| Ok((r.get::<_, String>(0)?, r.get::<_, u32>(1)?)))?;
+        let rows = stmt.query_map([session_id], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, u32>(1)?))
+        })?;
         let mut out = Vec::new();
         for row in rows {
             let (state, n) = row?;
-            let state = TaskState::parse(&state).ok_or_else(|| RegistryError::Corrupt(format!("task state {state:?}")))?;
+            let state = TaskState::parse(&state)
+                .ok_or_else(|| RegistryError::Corrupt(format!("task state {state:?}")))?;
             out.push((state, n));
         }
         Ok(out)
@@ -290,25 +422,40 @@ impl Registry {
     /// Events of one entity, oldest first, as `(kind, patch)`.
     pub fn events_of(&self, entity: Entity, id: &str) -> Result<Vec<(String, Value)>> {
         let conn = self.lock();
-        let mut stmt = conn.prepare_cached("SELECT kind, patch FROM events WHERE entity = ?1 AND entity_id = ?2 ORDER BY seq")?;
-        let rows = stmt.query_map([entity.name(), id], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+        let mut stmt = conn.prepare_cached(
+            "SELECT kind, patch FROM events WHERE entity = ?1 AND entity_id = ?2 ORDER BY seq",
+        )?;
+        let rows = stmt.query_map([entity.name(), id], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+        })?;
         let mut out = Vec::new();
         for row in rows {
             let (kind, patch) = row?;
-            out.push((kind, serde_json::from_str(&patch).map_err(|e| RegistryError::Corrupt(e.to_string()))?));
+            out.push((
+                kind,
+                serde_json::from_str(&patch).map_err(|e| RegistryError::Corrupt(e.to_string()))?,
+            ));
         }
         Ok(out)
     }
 }
 
 fn migrate(conn: &mut Connection) -> Result<()> {
-    let version: usize = conn.query_row("PRAGMA user_version", [], |r| r.get::<_, i64>(0))? as usize;
+    let version: usize =
+        conn.query_row("PRAGMA user_version", [], |r| r.get::<_, i64>(0))? as usize;
     if version > schema::MIGRATIONS.len() {
-        return Err(RegistryError::TooNew { found: version, known: schema::MIGRATIONS.len() });
+        return Err(RegistryError::TooNew {
+            found: version,
+            known: schema::MIGRATIONS.len(),
+        });
     }
     for (i, sql) in schema::MIGRATIONS.iter().enumerate().skip(version) {
         let tx = conn.transaction()?;
-        tx.execute_batch(sql).map_err(|source| RegistryError::Migrate { version: i + 1, source })?;
+        tx.execute_batch(sql)
+            .map_err(|source| RegistryError::Migrate {
+                version: i + 1,
+                source,
+            })?;
         tx.pragma_update(None, "user_version", (i + 1) as i64)?;
         tx.commit()?;
     }
@@ -316,7 +463,13 @@ fn migrate(conn: &mut Connection) -> Result<()> {
 }
 
 /// Applies one column patch to a row: the single code path shared by live writes and replay.
-fn apply_patch(conn: &Connection, entity: Entity, id: &str, op: Op, patch: &Map<String, Value>) -> Result<()> {
+fn apply_patch(
+    conn: &Connection,
+    entity: Entity,
+    id: &str,
+    op: Op,
+    patch: &Map<String, Value>,
+) -> Result<()> {
     for col in patch.keys() {
         if !col.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') {
             return Err(RegistryError::Corrupt(format!("column name {col:?}")));
@@ -326,22 +479,39 @@ fn apply_patch(conn: &Connection, entity: Entity, id: &str, op: Op, patch: &Map<
     let sql = match op {
         Op::Insert => {
             let cols = patch.keys().cloned().collect::<Vec<_>>().join(", ");
-            let marks = (1..=patch.len()).map(|i| format!("?{i}")).collect::<Vec<_>>().join(", ");
+            let marks = (1..=patch.len())
+                .map(|i| format!("?{i}"))
+                .collect::<Vec<_>>()
+                .join(", ");
             format!("INSERT INTO {} ({cols}) VALUES ({marks})", entity.table())
         }
         Op::Update => {
-            let sets = patch.keys().enumerate().map(|(i, c)| format!("{c} = ?{}", i + 1)).collect::<Vec<_>>().join(", ");
-            format!("UPDATE {} SET {sets} WHERE {} = ?{}", entity.table(), entity.key(), patch.len() + 1)
+            let sets = patch
+                .keys()
+                .enumerate()
+                .map(|(i, c)| format!("{c} = ?{}", i + 1))
+                .collect::<Vec<_>>()
+                .join(", ");
+            format!(
+                "UPDATE {} SET {sets} WHERE {} = ?{}",
+                entity.table(),
+                entity.key(),
+                patch.len() + 1
+            )
         }
     };
     let mut stmt = conn.prepare_cached(&sql)?;
-    let mut bound: Vec<&dyn rusqlite::ToSql> = values.iter().map(|v| v as &dyn rusqlite::ToSql).collect();
+    let mut bound: Vec<&dyn rusqlite::ToSql> =
+        values.iter().map(|v| v as &dyn rusqlite::ToSql).collect();
     if op == Op::Update {
         bound.push(&id);
     }
     let changed = stmt.execute(bound.as_slice())?;
     if changed != 1 {
-        return Err(RegistryError::Corrupt(format!("{} {id} matched {changed} rows", entity.name())));
+        return Err(RegistryError::Corrupt(format!(
+            "{} {id} matched {changed} rows",
+            entity.name()
+        )));
     }
     Ok(())
 }

@@ -25,8 +25,14 @@ impl ReplayReport {
 /// Replays every event of the registry at `db_path` into a fresh in-memory database built by
 /// the same migrations, and compares every row of every replayed table.
 pub fn replay_check(db_path: &Path) -> Result<ReplayReport> {
-    let live = Connection::open_with_flags(db_path, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
-        .map_err(|source| RegistryError::Open { path: db_path.into(), source })?;
+    let live = Connection::open_with_flags(
+        db_path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|source| RegistryError::Open {
+        path: db_path.into(),
+        source,
+    })?;
     live.busy_timeout(std::time::Duration::from_secs(5))?;
     let mut fresh = Connection::open_in_memory()?;
     migrate(&mut fresh)?;
@@ -34,7 +40,8 @@ pub fn replay_check(db_path: &Path) -> Result<ReplayReport> {
     let mut report = ReplayReport::default();
     {
         let tx = fresh.transaction()?;
-        let mut stmt = live.prepare("SELECT seq, entity, entity_id, op, patch FROM events ORDER BY seq")?;
+        let mut stmt =
+            live.prepare("SELECT seq, entity, entity_id, op, patch FROM events ORDER BY seq")?;
         let mut rows = stmt.query([])?;
         while let Some(row) = rows.next()? {
             let seq: i64 = row.get(0)?;
@@ -42,16 +49,19 @@ pub fn replay_check(db_path: &Path) -> Result<ReplayReport> {
             let id: String = row.get(2)?;
             let op: String = row.get(3)?;
             let patch: String = row.get(4)?;
-            let entity = Entity::parse(&entity).ok_or_else(|| RegistryError::Corrupt(format!("event {seq}: entity {entity:?}")))?;
+            let entity = Entity::parse(&entity)
+                .ok_or_else(|| RegistryError::Corrupt(format!("event {seq}: entity {entity:?}")))?;
             let op = match op.as_str() {
                 "insert" => Op::Insert,
                 "update" => Op::Update,
                 other => return Err(RegistryError::Corrupt(format!("event {seq}: op {other:?}"))),
             };
-            let patch: Map<String, Value> =
-                serde_json::from_str(&patch).map_err(|e| RegistryError::Corrupt(format!("event {seq}: patch: {e}")))?;
+            let patch: Map<String, Value> = serde_json::from_str(&patch)
+                .map_err(|e| RegistryError::Corrupt(format!("event {seq}: patch: {e}")))?;
             if let Err(e) = apply_patch(&tx, entity, &id, op, &patch) {
-                report.differences.push(format!("event {seq} does not apply: {e}"));
+                report
+                    .differences
+                    .push(format!("event {seq} does not apply: {e}"));
             }
             report.events += 1;
         }
@@ -67,24 +77,34 @@ pub fn replay_check(db_path: &Path) -> Result<ReplayReport> {
             match (ia.peek(), ib.peek()) {
                 (None, None) => break,
                 (Some((ka, _)), None) => {
-                    report.differences.push(format!("{table} {ka}: row has no events"));
+                    report
+                        .differences
+                        .push(format!("{table} {ka}: row has no events"));
                     ia.next();
                 }
                 (None, Some((kb, _))) => {
-                    report.differences.push(format!("{table} {kb}: events rebuild a row that is missing"));
+                    report.differences.push(format!(
+                        "{table} {kb}: events rebuild a row that is missing"
+                    ));
                     ib.next();
                 }
                 (Some((ka, ra)), Some((kb, rb))) => {
                     if ka < kb {
-                        report.differences.push(format!("{table} {ka}: row has no events"));
+                        report
+                            .differences
+                            .push(format!("{table} {ka}: row has no events"));
                         ia.next();
                     } else if kb < ka {
-                        report.differences.push(format!("{table} {kb}: events rebuild a row that is missing"));
+                        report.differences.push(format!(
+                            "{table} {kb}: events rebuild a row that is missing"
+                        ));
                         ib.next();
                     } else {
                         for ((col, va), (_, vb)) in ra.iter().zip(rb.iter()) {
                             if va != vb {
-                                report.differences.push(format!("{table} {ka}: {col} is {va:?} but events say {vb:?}"));
+                                report.differences.push(format!(
+                                    "{table} {ka}: {col} is {va:?} but events say {vb:?}"
+                                ));
                             }
                         }
                         report.rows_checked += 1;

@@ -155,11 +155,23 @@ impl TaskRow {
 
     pub fn check(raw: RawTask) -> Result<TaskRow, RegistryError> {
         let mut row = raw.row;
-        row.kind = parse_enum("kind", &raw.kind, |s| serde_json::from_value(Value::String(s.into())).ok())?;
+        row.kind = parse_enum("kind", &raw.kind, |s| {
+            serde_json::from_value(Value::String(s.into())).ok()
+        })?;
         row.state = parse_enum("state", &raw.state, TaskState::parse)?;
-        row.reason = raw.reason.as_deref().map(|s| parse_enum("reason", s, FailReason::parse)).transpose()?;
-        row.delivery = raw.delivery.as_deref().map(|s| parse_enum("delivery", s, Delivery::parse)).transpose()?;
-        row.stdin = parse_enum("stdin", &raw.stdin, |s| serde_json::from_value(Value::String(s.into())).ok())?;
+        row.reason = raw
+            .reason
+            .as_deref()
+            .map(|s| parse_enum("reason", s, FailReason::parse))
+            .transpose()?;
+        row.delivery = raw
+            .delivery
+            .as_deref()
+            .map(|s| parse_enum("delivery", s, Delivery::parse))
+            .transpose()?;
+        row.stdin = parse_enum("stdin", &raw.stdin, |s| {
+            serde_json::from_value(Value::String(s.into())).ok()
+        })?;
         Ok(row)
     }
 

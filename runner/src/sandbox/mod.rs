@@ -60,7 +60,10 @@ impl LaunchPlan {
 /// The command's environment when a plan names nothing else: a fixed, scrubbed set.
 pub fn base_env(workspace: &str, task_id: &str, session_id: &str) -> Vec<(String, String)> {
     vec![
-        ("PATH".into(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()),
+        (
+            "PATH".into(),
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+        ),
         ("HOME".into(), workspace.into()),
         ("LANG".into(), "C.UTF-8".into()),
         ("TERM".into(), "dumb".into()),
@@ -74,12 +77,18 @@ pub fn resolve_program(name: &str, path_var: &str) -> Option<PathBuf> {
     if name.contains('/') {
         return Some(PathBuf::from(name));
     }
-    path_var.split(':').filter(|d| !d.is_empty()).map(|d| PathBuf::from(d).join(name)).find(|p| is_executable(p))
+    path_var
+        .split(':')
+        .filter(|d| !d.is_empty())
+        .map(|d| PathBuf::from(d).join(name))
+        .find(|p| is_executable(p))
 }
 
 fn is_executable(p: &std::path::Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
+    std::fs::metadata(p)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
 }
 
 #[cfg(test)]
@@ -91,6 +100,9 @@ mod tests {
         assert_eq!(resolve_program("/bin/x", ""), Some(PathBuf::from("/bin/x")));
         let sh = resolve_program("sh", "/nonexistent:/usr/bin:/bin").unwrap();
         assert!(sh.ends_with("sh"));
-        assert_eq!(resolve_program("no-such-program-sidejob", "/usr/bin:/bin"), None);
+        assert_eq!(
+            resolve_program("no-such-program-sidejob", "/usr/bin:/bin"),
+            None
+        );
     }
 }

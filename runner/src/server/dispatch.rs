@@ -26,7 +26,10 @@ pub struct Reply {
 
 impl From<Value> for Reply {
     fn from(result: Value) -> Reply {
-        Reply { result, inline_task: None }
+        Reply {
+            result,
+            inline_task: None,
+        }
     }
 }
 
@@ -61,41 +64,63 @@ impl From<RegistryError> for RpcError {
 }
 
 fn params<T: DeserializeOwned>(method: &str, p: Value) -> Result<T, RpcError> {
-    serde_json::from_value(p).map_err(|e| RpcError::new(ErrorKind::InvalidParams, format!("{method}: {e}")))
+    serde_json::from_value(p)
+        .map_err(|e| RpcError::new(ErrorKind::InvalidParams, format!("{method}: {e}")))
 }
 
 fn to_value<T: serde::Serialize>(v: T) -> Result<Reply, RpcError> {
-    serde_json::to_value(v).map(Reply::from).map_err(|e| RpcError::new(ErrorKind::Internal, e.to_string()))
+    serde_json::to_value(v)
+        .map(Reply::from)
+        .map_err(|e| RpcError::new(ErrorKind::Internal, e.to_string()))
 }
 
 /// Looks a task up for `peer`: a malformed id is invalid, an unknown one not found, another
 /// user's one denied.
 fn task_for(d: &Daemon, peer: &Peer, task_id: &str) -> Result<TaskRow, RpcError> {
     if !ids::is_valid_task_id(task_id) {
-        return Err(RpcError::new(ErrorKind::InvalidParams, format!("invalid task id {task_id:?}: task ids are 26-character ULIDs")));
+        return Err(RpcError::new(
+            ErrorKind::InvalidParams,
+            format!("invalid task id {task_id:?}: task ids are 26-character ULIDs"),
+        ));
     }
-    let row = d
-        .executor
-        .registry()
-        .get_task(task_id)?
-        .ok_or_else(|| RpcError::new(ErrorKind::NotFound, format!("task {task_id} not found")))?;
+    let row =
+        d.executor.registry().get_task(task_id)?.ok_or_else(|| {
+            RpcError::new(ErrorKind::NotFound, format!("task {task_id} not found"))
+        })?;
     if !session::may_access(peer.uid, row.owner_uid) {
-        return Err(RpcError::new(ErrorKind::PermissionDenied, format!("task {task_id} belongs to another user")));
+        return Err(RpcError::new(
+            ErrorKind::PermissionDenied,
+            format!("task {task_id} belongs to another user"),
+        ));
     }
     Ok(row)
 }
 
-pub async fn dispatch(d: &Arc<Daemon>, peer: &Peer, method: &str, p: Value, closed: impl std::future::Future<Output = ()>) -> Result<Reply, RpcError> {
+pub async fn dispatch(
+    d: &Arc<Daemon>,
+    peer: &Peer,
+    method: &str,
+    p: Value,
+    closed: impl std::future::Future<Output = ()>,
+) -> Result<Reply, RpcError> {
     let registry = d.executor.registry();
     match method {
         "initialize" => {
             let p: InitializeParams = params(method, p)?;
             if let Some(v) = p.protocol_version.filter(|v| *v != PROTOCOL_VERSION) {
-                return Err(RpcError::new(ErrorKind::InvalidParams, format!("unsupported protocol_version {v}; this server speaks {PROTOCOL_VERSION}")));
+                return Err(RpcError::new(
+                    ErrorKind::InvalidParams,
+                    format!(
+                        "unsupported protocol_version {v}; this server speaks {PROTOCOL_VERSION}"
+                    ),
+                ));
             }
             to_value(InitializeResult {
                 protocol_version: PROTOCOL_VERSION,
-                server: ServerInfo { name: "sidejob".into(), version: env!("CARGO_PKG_VERSION").into() },
+                server: ServerInfo {
+                    name: "sidejob".into(),
+                    version: env!("CARGO_PKG_VERSION").into(),
+                },
                 uid: peer.uid,
                 methods: METHODS.iter().map(|m| m.to_string()).collect(),
             })
@@ -116,7 +141,11 @@ pub async fn dispatch(d: &Arc<Daemon>, peer: &Peer, method: &str, p: Value, clos
                     registry.close_session(&s.session_id)?;
                 }
             }
-            to_value(SessionCloseResult { session_id: p.session_id, closed: true, canceled_tasks: canceled })
+            to_value(SessionCloseResult {
+                session_id: p.session_id,
+                closed: true,
+                canceled_tasks: canceled,
+            })
         }
         "session.status" => {
             let p: SessionStatusParams = params(method, p)?;
@@ -128,7 +157,11 @@ pub async fn dispatch(d: &Arc<Daemon>, peer: &Peer, method: &str, p: Value, clos
                 None => {
                     let owner = (peer.uid != 0).then_some(peer.uid);
                     let mut out = Vec::new();
-                    for s in registry.list_sessions(owner)?.into_iter().filter(|s| s.is_open()) {
+                    for s in registry
+                        .list_sessions(owner)?
+                        .into_iter()
+                        .filter(|s| s.is_open())
+                    {
                         out.push(status_of(d, &s.session_id)?);
                     }
                     to_value(json!({ "sessions": out }))
@@ -138,20 +171,35 @@ pub async fn dispatch(d: &Arc<Daemon>, peer: &Peer, method: &str, p: Value, clos
         "session.list" => {
             let _: SessionStatusParams = params(method, p).unwrap_or_default();
             let owner = (peer.uid != 0).then_some(peer.uid);
-            let sessions = registry.list_sessions(owner)?.iter().map(|s| s.to_wire()).collect();
+            let sessions = registry
+                .list_sessions(owner)?
+                .iter()
+                .map(|s| s.to_wire())
+                .collect();
             to_value(SessionListResult { sessions })
         }
-        "tool.list" => to_value(ToolListResult { tools: d.executor.tools().list() }),
+        "tool.list" => to_value(ToolListResult {
+            tools: d.executor.tools().list(),
+        }),
         "tool.call" => {
             let p: ToolCallParams = params(method, p)?;
             let sess = session::get_for(registry, peer.uid, &p.session_id)?;
             if !sess.is_open() {
-                return Err(RpcError::new(ErrorKind::InvalidState, format!("session {} is closed", p.session_id))
-                    .with_hint("open it again with session.open"));
+                return Err(RpcError::new(
+                    ErrorKind::InvalidState,
+                    format!("session {} is closed", p.session_id),
+                )
+                .with_hint("open it again with session.open"));
             }
             if let Some(profile) = &p.profile {
                 if !SHIPPED_PROFILES.contains(&profile.as_str()) {
-                    return Err(RpcError::new(ErrorKind::InvalidParams, format!("unknown profile {profile:?}; known: {}", SHIPPED_PROFILES.join(", "))));
+                    return Err(RpcError::new(
+                        ErrorKind::InvalidParams,
+                        format!(
+                            "unknown profile {profile:?}; known: {}",
+                            SHIPPED_PROFILES.join(", ")
+                        ),
+                    ));
                 }
             }
             let req = CallRequest {
@@ -196,42 +244,75 @@ pub async fn dispatch(d: &Arc<Daemon>, peer: &Peer, method: &str, p: Value, clos
             let row = task_for(d, peer, &p.task_id)?;
             let terminal = row.state.is_terminal();
             let path = std::path::PathBuf::from(row.output_path());
-            to_value(page(&path, p.offset, p.max_bytes, p.tail_bytes, terminal, row.output_truncated.unwrap_or(false)))
+            to_value(page(
+                &path,
+                p.offset,
+                p.max_bytes,
+                p.tail_bytes,
+                terminal,
+                row.output_truncated.unwrap_or(false),
+            ))
         }
         "task.wait" => {
             let p: TaskWaitParams = params(method, p)?;
             task_for(d, peer, &p.task_id)?;
             let timeout = Duration::from_millis(p.timeout_ms.unwrap_or(30_000).min(MAX_WAIT_MS));
-            let row = d.executor.wait(&p.task_id, timeout).await?.ok_or_else(|| RpcError::new(ErrorKind::NotFound, format!("task {} not found", p.task_id)))?;
+            let row = d.executor.wait(&p.task_id, timeout).await?.ok_or_else(|| {
+                RpcError::new(ErrorKind::NotFound, format!("task {} not found", p.task_id))
+            })?;
             to_value(row.to_wire())
         }
         "task.cancel" => {
             let p: TaskCancelParams = params(method, p)?;
             task_for(d, peer, &p.task_id)?;
             let result = d.executor.cancel(&p.task_id, p.grace_ms).await?;
-            to_value(TaskCancelResult { task_id: p.task_id, result })
+            to_value(TaskCancelResult {
+                task_id: p.task_id,
+                result,
+            })
         }
         "task.message" => {
             let p: TaskMessageParams = params(method, p)?;
             task_for(d, peer, &p.task_id)?;
             let eof = p.eof.unwrap_or(false);
             let queued = d.executor.message(&p.task_id, p.data.as_bytes(), eof)?;
-            to_value(TaskMessageResult { task_id: p.task_id, queued_bytes: queued, eof })
+            to_value(TaskMessageResult {
+                task_id: p.task_id,
+                queued_bytes: queued,
+                eof,
+            })
         }
         "task.background" => {
             let p: TaskIdParams = params(method, p)?;
             let row = task_for(d, peer, &p.task_id)?;
             let backgrounded = d.executor.background(&p.task_id);
-            let state = registry.get_task(&p.task_id)?.map(|r| r.state).unwrap_or(row.state);
-            to_value(TaskBackgroundResult { task_id: p.task_id, backgrounded, state })
+            let state = registry
+                .get_task(&p.task_id)?
+                .map(|r| r.state)
+                .unwrap_or(row.state);
+            to_value(TaskBackgroundResult {
+                task_id: p.task_id,
+                backgrounded,
+                state,
+            })
         }
-        other => Err(RpcError::new(ErrorKind::MethodNotFound, format!("unknown method {other:?}"))
-            .with_hint(format!("methods: {}", METHODS.join(", ")))),
+        other => Err(RpcError::new(
+            ErrorKind::MethodNotFound,
+            format!("unknown method {other:?}"),
+        )
+        .with_hint(format!("methods: {}", METHODS.join(", ")))),
     }
 }
 
 fn status_of(d: &Daemon, session_id: &str) -> Result<SessionStatus, RpcError> {
-    let mut st = SessionStatus { session_id: session_id.to_owned(), active: false, running: 0, queued: 0, awaiting_input: 0, scheduled: 0 };
+    let mut st = SessionStatus {
+        session_id: session_id.to_owned(),
+        active: false,
+        running: 0,
+        queued: 0,
+        awaiting_input: 0,
+        scheduled: 0,
+    };
     for (state, n) in d.executor.registry().count_states(session_id)? {
         match state {
             TaskState::Running => st.running += n,

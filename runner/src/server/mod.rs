@@ -31,7 +31,11 @@ pub enum ServeError {
     #[error("{path} exists and is not a socket; remove it or choose another --socket")]
     NotASocket { path: PathBuf },
     #[error("cannot {step} {path}: {source}")]
-    Io { step: &'static str, path: PathBuf, source: std::io::Error },
+    Io {
+        step: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Registry(#[from] crate::registry::RegistryError),
     #[error(transparent)]
@@ -59,11 +63,19 @@ struct Outgoing {
 /// own them, and the next start re-attaches.
 pub async fn serve(cfg: Config) -> Result<(), ServeError> {
     let cfg = Arc::new(cfg);
-    std::fs::create_dir_all(&cfg.state_dir).map_err(|source| ServeError::Io { step: "create", path: cfg.state_dir.clone(), source })?;
+    std::fs::create_dir_all(&cfg.state_dir).map_err(|source| ServeError::Io {
+        step: "create",
+        path: cfg.state_dir.clone(),
+        source,
+    })?;
     let lock = lock_state_dir(&cfg.state_dir)?;
     let listener = bind_socket(&cfg.socket)?;
     let registry = Arc::new(Registry::open(&cfg.state_dir)?);
-    let exe = std::env::current_exe().map_err(|source| ServeError::Io { step: "locate", path: "/proc/self/exe".into(), source })?;
+    let exe = std::env::current_exe().map_err(|source| ServeError::Io {
+        step: "locate",
+        path: "/proc/self/exe".into(),
+        source,
+    })?;
     let executor = Executor::new(cfg.clone(), registry, Arc::new(ToolHost::default()), exe);
     let recovered = executor.recover()?;
     info!(socket = %cfg.socket.display(), state_dir = %cfg.state_dir.display(), ?recovered, "sidejob is listening");
@@ -91,8 +103,14 @@ pub async fn serve(cfg: Config) -> Result<(), ServeError> {
     Ok(())
 }
 
-fn signal(kind: tokio::signal::unix::SignalKind) -> Result<tokio::signal::unix::Signal, ServeError> {
-    tokio::signal::unix::signal(kind).map_err(|source| ServeError::Io { step: "handle signals for", path: "the daemon".into(), source })
+fn signal(
+    kind: tokio::signal::unix::SignalKind,
+) -> Result<tokio::signal::unix::Signal, ServeError> {
+    tokio::signal::unix::signal(kind).map_err(|source| ServeError::Io {
+        step: "handle signals for",
+        path: "the daemon".into(),
+        source,
+    })
 }
 
 /// One daemon per state directory: an exclusive lock held for the daemon's life.
@@ -103,11 +121,19 @@ fn lock_state_dir(state_dir: &Path) -> Result<File, ServeError> {
         .truncate(false)
         .write(true)
         .open(&path)
-        .map_err(|source| ServeError::Io { step: "open", path: path.clone(), source })?;
+        .map_err(|source| ServeError::Io {
+            step: "open",
+            path: path.clone(),
+            source,
+        })?;
     match f.try_lock() {
         Ok(()) => Ok(f),
         Err(std::fs::TryLockError::WouldBlock) => Err(ServeError::StateDirLocked(state_dir.into())),
-        Err(std::fs::TryLockError::Error(source)) => Err(ServeError::Io { step: "lock", path, source }),
+        Err(std::fs::TryLockError::Error(source)) => Err(ServeError::Io {
+            step: "lock",
+            path,
+            source,
+        }),
     }
 }
 
@@ -115,28 +141,50 @@ fn lock_state_dir(state_dir: &Path) -> Result<File, ServeError> {
 /// refusing to take over a live one.
 fn bind_socket(path: &Path) -> Result<UnixListener, ServeError> {
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|source| ServeError::Io { step: "create", path: dir.into(), source })?;
+        std::fs::create_dir_all(dir).map_err(|source| ServeError::Io {
+            step: "create",
+            path: dir.into(),
+            source,
+        })?;
     }
     match std::fs::symlink_metadata(path) {
-        Ok(meta) if !meta.file_type().is_socket() => return Err(ServeError::NotASocket { path: path.into() }),
+        Ok(meta) if !meta.file_type().is_socket() => {
+            return Err(ServeError::NotASocket { path: path.into() })
+        }
         Ok(_) => {
             if std::os::unix::net::UnixStream::connect(path).is_ok() {
                 return Err(ServeError::AlreadyRunning(path.into()));
             }
             info!(socket = %path.display(), "replacing the stale socket of a daemon that is gone");
-            std::fs::remove_file(path).map_err(|source| ServeError::Io { step: "remove stale socket", path: path.into(), source })?;
+            std::fs::remove_file(path).map_err(|source| ServeError::Io {
+                step: "remove stale socket",
+                path: path.into(),
+                source,
+            })?;
         }
         Err(_) => {}
     }
-    let listener = UnixListener::bind(path).map_err(|source| ServeError::Io { step: "bind", path: path.into(), source })?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
-        .map_err(|source| ServeError::Io { step: "set permissions on", path: path.into(), source })?;
+    let listener = UnixListener::bind(path).map_err(|source| ServeError::Io {
+        step: "bind",
+        path: path.into(),
+        source,
+    })?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(|source| {
+        ServeError::Io {
+            step: "set permissions on",
+            path: path.into(),
+            source,
+        }
+    })?;
     Ok(listener)
 }
 
 async fn connection(d: Arc<Daemon>, stream: UnixStream) {
     let peer = match stream.peer_cred() {
-        Ok(c) => Peer { uid: c.uid(), gid: c.gid() },
+        Ok(c) => Peer {
+            uid: c.uid(),
+            gid: c.gid(),
+        },
         Err(e) => {
             warn!("cannot read peer credentials: {e}");
             return;
@@ -173,8 +221,14 @@ async fn connection(d: Arc<Daemon>, stream: UnixStream) {
                     });
                 }
                 Ok(Line::TooLong) => {
-                    let err = RpcError::new(ErrorKind::InvalidRequest, format!("line exceeds {MAX_LINE_BYTES} bytes; the connection is closed"));
-                    let _ = tx.send(Outgoing { line: encode(&Response::err(Value::Null, err)), inline_task: None });
+                    let err = RpcError::new(
+                        ErrorKind::InvalidRequest,
+                        format!("line exceeds {MAX_LINE_BYTES} bytes; the connection is closed"),
+                    );
+                    let _ = tx.send(Outgoing {
+                        line: encode(&Response::err(Value::Null, err)),
+                        inline_task: None,
+                    });
                     break;
                 }
                 Ok(Line::Eof) => break,
@@ -193,7 +247,11 @@ async fn connection(d: Arc<Daemon>, stream: UnixStream) {
     .await
 }
 
-async fn write_loop(mut wr: OwnedWriteHalf, mut rx: mpsc::UnboundedReceiver<Outgoing>, d: Arc<Daemon>) {
+async fn write_loop(
+    mut wr: OwnedWriteHalf,
+    mut rx: mpsc::UnboundedReceiver<Outgoing>,
+    d: Arc<Daemon>,
+) {
     let mut broken = false;
     while let Some(out) = rx.recv().await {
         if !broken {
@@ -223,7 +281,11 @@ async fn read_line(r: &mut BufReader<OwnedReadHalf>, buf: &mut Vec<u8>) -> std::
     loop {
         let avail = r.fill_buf().await?;
         if avail.is_empty() {
-            return Ok(if buf.is_empty() { Line::Eof } else { Line::Complete });
+            return Ok(if buf.is_empty() {
+                Line::Eof
+            } else {
+                Line::Complete
+            });
         }
         if let Some(i) = avail.iter().position(|&b| b == b'\n') {
             let too_long = buf.len() + i > MAX_LINE_BYTES;
@@ -231,7 +293,11 @@ async fn read_line(r: &mut BufReader<OwnedReadHalf>, buf: &mut Vec<u8>) -> std::
                 buf.extend_from_slice(&avail[..i]);
             }
             r.consume(i + 1);
-            return Ok(if too_long { Line::TooLong } else { Line::Complete });
+            return Ok(if too_long {
+                Line::TooLong
+            } else {
+                Line::Complete
+            });
         }
         let n = avail.len();
         if buf.len() + n > MAX_LINE_BYTES {
@@ -250,49 +316,110 @@ fn encode(r: &Response) -> String {
 }
 
 /// Parses and answers one line; `None` for notifications (no `id`), which get no reply.
-async fn handle_line(d: &Arc<Daemon>, peer: &Peer, line: &[u8], closed: impl std::future::Future<Output = ()>) -> Option<Outgoing> {
-    let reply_err = |id: Value, err: RpcError| Some(Outgoing { line: encode(&Response::err(id, err)), inline_task: None });
+async fn handle_line(
+    d: &Arc<Daemon>,
+    peer: &Peer,
+    line: &[u8],
+    closed: impl std::future::Future<Output = ()>,
+) -> Option<Outgoing> {
+    let reply_err = |id: Value, err: RpcError| {
+        Some(Outgoing {
+            line: encode(&Response::err(id, err)),
+            inline_task: None,
+        })
+    };
     let value: Value = match serde_json::from_slice(line) {
         Ok(v) => v,
-        Err(e) => return reply_err(Value::Null, RpcError::new(ErrorKind::ParseError, format!("parse error: {e}"))),
+        Err(e) => {
+            return reply_err(
+                Value::Null,
+                RpcError::new(ErrorKind::ParseError, format!("parse error: {e}")),
+            )
+        }
     };
     if value.is_array() {
-        return reply_err(Value::Null, RpcError::new(ErrorKind::InvalidRequest, "batch requests are not supported; send one object per line"));
+        return reply_err(
+            Value::Null,
+            RpcError::new(
+                ErrorKind::InvalidRequest,
+                "batch requests are not supported; send one object per line",
+            ),
+        );
     }
     if !value.is_object() {
-        return reply_err(Value::Null, RpcError::new(ErrorKind::InvalidRequest, "a request must be a JSON object"));
+        return reply_err(
+            Value::Null,
+            RpcError::new(ErrorKind::InvalidRequest, "a request must be a JSON object"),
+        );
     }
     let has_id = value.get("id").is_some();
     let req: Request = match serde_json::from_value(value) {
         Ok(r) => r,
-        Err(e) => return reply_err(Value::Null, RpcError::new(ErrorKind::InvalidRequest, format!("invalid request: {e}"))),
+        Err(e) => {
+            return reply_err(
+                Value::Null,
+                RpcError::new(ErrorKind::InvalidRequest, format!("invalid request: {e}")),
+            )
+        }
     };
     let id = req.id.clone().unwrap_or(Value::Null);
     if !matches!(id, Value::Null | Value::String(_) | Value::Number(_)) {
-        return reply_err(Value::Null, RpcError::new(ErrorKind::InvalidRequest, "id must be a string, a number or null"));
+        return reply_err(
+            Value::Null,
+            RpcError::new(
+                ErrorKind::InvalidRequest,
+                "id must be a string, a number or null",
+            ),
+        );
     }
     if req.jsonrpc.as_deref() != Some("2.0") {
-        return reply_err(id, RpcError::new(ErrorKind::InvalidRequest, "jsonrpc must be \"2.0\""));
+        return reply_err(
+            id,
+            RpcError::new(ErrorKind::InvalidRequest, "jsonrpc must be \"2.0\""),
+        );
     }
     let Some(Value::String(method)) = req.method else {
-        return reply_err(id, RpcError::new(ErrorKind::InvalidRequest, "method must be a string"));
+        return reply_err(
+            id,
+            RpcError::new(ErrorKind::InvalidRequest, "method must be a string"),
+        );
     };
     let params = match req.params {
         None | Some(Value::Null) => Value::Object(Default::default()),
         Some(p @ Value::Object(_)) => p,
-        Some(_) => return reply_err(id, RpcError::new(ErrorKind::InvalidParams, format!("{method}: params must be an object"))),
+        Some(_) => {
+            return reply_err(
+                id,
+                RpcError::new(
+                    ErrorKind::InvalidParams,
+                    format!("{method}: params must be an object"),
+                ),
+            )
+        }
     };
     let span = info_span!("request", method = %method);
-    let outcome = dispatch::dispatch(d, peer, &method, params, closed).instrument(span).await;
+    let outcome = dispatch::dispatch(d, peer, &method, params, closed)
+        .instrument(span)
+        .await;
     if !has_id {
         // A notification gets no reply, so nothing can be delivered inline through it.
-        if let Ok(Reply { inline_task: Some(task), .. }) = &outcome {
+        if let Ok(Reply {
+            inline_task: Some(task),
+            ..
+        }) = &outcome
+        {
             d.executor.undeliver(task);
         }
         return None;
     }
     Some(match outcome {
-        Ok(reply) => Outgoing { line: encode(&Response::ok(id, reply.result)), inline_task: reply.inline_task },
-        Err(err) => Outgoing { line: encode(&Response::err(id, err)), inline_task: None },
+        Ok(reply) => Outgoing {
+            line: encode(&Response::ok(id, reply.result)),
+            inline_task: reply.inline_task,
+        },
+        Err(err) => Outgoing {
+            line: encode(&Response::err(id, err)),
+            inline_task: None,
+        },
     })
 }

@@ -17,7 +17,10 @@ pub enum SessionError {
     #[error("session {0} not found")]
     NotFound(String),
     #[error("cannot create session directory {path}: {source}")]
-    Dir { path: PathBuf, source: std::io::Error },
+    Dir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Registry(#[from] RegistryError),
 }
@@ -28,11 +31,19 @@ pub fn may_access(uid: u32, owner: u32) -> bool {
 }
 
 /// Looks a session up for `uid`: not found, or not theirs, are both errors.
-pub fn get_for(registry: &Registry, uid: u32, session_id: &str) -> Result<SessionRow, SessionError> {
+pub fn get_for(
+    registry: &Registry,
+    uid: u32,
+    session_id: &str,
+) -> Result<SessionRow, SessionError> {
     if !ids::is_valid_session_id(session_id) {
-        return Err(SessionError::InvalidParams(format!("invalid session id {session_id:?}: use 1-64 of [A-Za-z0-9_-]")));
+        return Err(SessionError::InvalidParams(format!(
+            "invalid session id {session_id:?}: use 1-64 of [A-Za-z0-9_-]"
+        )));
     }
-    let row = registry.get_session(session_id)?.ok_or_else(|| SessionError::NotFound(session_id.to_owned()))?;
+    let row = registry
+        .get_session(session_id)?
+        .ok_or_else(|| SessionError::NotFound(session_id.to_owned()))?;
     if !may_access(uid, row.owner_uid) {
         return Err(SessionError::PermissionDenied(session_id.to_owned()));
     }
@@ -40,15 +51,27 @@ pub fn get_for(registry: &Registry, uid: u32, session_id: &str) -> Result<Sessio
 }
 
 /// `session.open`: creates the session, or reopens one the caller already owns.
-pub fn open(registry: &Registry, cfg: &Config, uid: u32, p: SessionOpenParams) -> Result<SessionOpenResult, SessionError> {
-    let session_id = p.session_id.unwrap_or_else(|| format!("s-{}", ids::ulid().to_ascii_lowercase()));
+pub fn open(
+    registry: &Registry,
+    cfg: &Config,
+    uid: u32,
+    p: SessionOpenParams,
+) -> Result<SessionOpenResult, SessionError> {
+    let session_id = p
+        .session_id
+        .unwrap_or_else(|| format!("s-{}", ids::ulid().to_ascii_lowercase()));
     if !ids::is_valid_session_id(&session_id) {
-        return Err(SessionError::InvalidParams(format!("invalid session id {session_id:?}: use 1-64 of [A-Za-z0-9_-]")));
+        return Err(SessionError::InvalidParams(format!(
+            "invalid session id {session_id:?}: use 1-64 of [A-Za-z0-9_-]"
+        )));
     }
     let workspace = absolute_dir("workspace", &p.workspace)?;
     let profile = p.profile.unwrap_or_else(|| cfg.default_profile.clone());
     if !SHIPPED_PROFILES.contains(&profile.as_str()) {
-        return Err(SessionError::InvalidParams(format!("unknown profile {profile:?}; known: {}", SHIPPED_PROFILES.join(", "))));
+        return Err(SessionError::InvalidParams(format!(
+            "unknown profile {profile:?}; known: {}",
+            SHIPPED_PROFILES.join(", ")
+        )));
     }
     if let Some(parent) = &p.parent_session_id {
         get_for(registry, uid, parent)?;
@@ -77,14 +100,27 @@ pub fn open(registry: &Registry, cfg: &Config, uid: u32, p: SessionOpenParams) -
         Some(dir) => {
             let dir = PathBuf::from(dir);
             if !dir.is_absolute() {
-                return Err(SessionError::InvalidParams(format!("session_dir {} must be an absolute path", dir.display())));
+                return Err(SessionError::InvalidParams(format!(
+                    "session_dir {} must be an absolute path",
+                    dir.display()
+                )));
             }
             dir
         }
         None => cfg.sessions_dir().join(&session_id),
     };
-    std::fs::create_dir_all(session_dir.join(".background")).map_err(|source| SessionError::Dir { path: session_dir.clone(), source })?;
-    let session_dir = session_dir.canonicalize().map_err(|source| SessionError::Dir { path: session_dir.clone(), source })?;
+    std::fs::create_dir_all(session_dir.join(".background")).map_err(|source| {
+        SessionError::Dir {
+            path: session_dir.clone(),
+            source,
+        }
+    })?;
+    let session_dir = session_dir
+        .canonicalize()
+        .map_err(|source| SessionError::Dir {
+            path: session_dir.clone(),
+            source,
+        })?;
     // Runs write into the session directory; it must never be inside the workspace.
     if session_dir.starts_with(&workspace) {
         return Err(SessionError::InvalidParams(format!(
@@ -106,29 +142,51 @@ pub fn open(registry: &Registry, cfg: &Config, uid: u32, p: SessionOpenParams) -
         closed_at: None,
     };
     registry.insert_session(&row)?;
-    Ok(SessionOpenResult { session_id, session_dir: row.session_dir, workspace: row.workspace, profile })
+    Ok(SessionOpenResult {
+        session_id,
+        session_dir: row.session_dir,
+        workspace: row.workspace,
+        profile,
+    })
 }
 
 fn absolute_dir(what: &str, path: &str) -> Result<PathBuf, SessionError> {
     let p = Path::new(path);
     if !p.is_absolute() {
-        return Err(SessionError::InvalidParams(format!("{what} {path:?} must be an absolute path")));
+        return Err(SessionError::InvalidParams(format!(
+            "{what} {path:?} must be an absolute path"
+        )));
     }
-    let real = p.canonicalize().map_err(|e| SessionError::InvalidParams(format!("{what} {path}: {e}")))?;
+    let real = p
+        .canonicalize()
+        .map_err(|e| SessionError::InvalidParams(format!("{what} {path}: {e}")))?;
     if !real.is_dir() {
-        return Err(SessionError::InvalidParams(format!("{what} {path} is not a directory")));
+        return Err(SessionError::InvalidParams(format!(
+            "{what} {path} is not a directory"
+        )));
     }
     Ok(real)
 }
 
 /// A session and every session below it (children, grandchildren, …).
-pub fn with_descendants(registry: &Registry, session_id: &str) -> Result<Vec<SessionRow>, SessionError> {
+pub fn with_descendants(
+    registry: &Registry,
+    session_id: &str,
+) -> Result<Vec<SessionRow>, SessionError> {
     let all = registry.list_sessions(None)?;
-    let mut out: Vec<SessionRow> = all.iter().filter(|s| s.session_id == session_id).cloned().collect();
+    let mut out: Vec<SessionRow> = all
+        .iter()
+        .filter(|s| s.session_id == session_id)
+        .cloned()
+        .collect();
     let mut i = 0;
     while i < out.len() {
         let parent = out[i].session_id.clone();
-        out.extend(all.iter().filter(|s| s.parent_session_id.as_deref() == Some(parent.as_str())).cloned());
+        out.extend(
+            all.iter()
+                .filter(|s| s.parent_session_id.as_deref() == Some(parent.as_str()))
+                .cloned(),
+        );
         i += 1;
     }
     Ok(out)

@@ -44,7 +44,10 @@ pub fn run(cmd: &Command, pipes: Pipes) -> ! {
     }
     // kill(-1) below must only ever reach this namespace: refuse to go on unless we are its init.
     if sys::getpid() != 1 {
-        sys::write_all_fd(&pipes.status, b"error init is not pid 1 of a new pid namespace");
+        sys::write_all_fd(
+            &pipes.status,
+            b"error init is not pid 1 of a new pid namespace",
+        );
         sys::exit_now(1);
     }
     // The kernel drops signals to a namespace init that has no handler, even blocked ones
@@ -63,7 +66,12 @@ pub fn run(cmd: &Command, pipes: Pipes) -> ! {
             sys::exit_now(1);
         }
     };
-    let Pipes { output, exec_error, status, lifeline } = pipes;
+    let Pipes {
+        output,
+        exec_error,
+        status,
+        lifeline,
+    } = pipes;
     drop((output, exec_error, lifeline));
 
     let waitset = SigSet::of(&[libc::SIGCHLD, libc::SIGTERM, libc::SIGINT, libc::SIGHUP]);

@@ -65,7 +65,10 @@ pub enum SuperviseError {
     #[error("argument, environment or path holds a NUL byte: {0:?}")]
     Nul(String),
     #[error("{step}: {source}")]
-    Setup { step: &'static str, source: io::Error },
+    Setup {
+        step: &'static str,
+        source: io::Error,
+    },
     #[error("pid namespace unavailable: {0}")]
     PidNamespace(io::Error),
 }
@@ -89,12 +92,18 @@ pub fn main(run_dir: &Path) -> i32 {
     // Nothing the daemon might have leaked stays open here (stdio excepted).
     let _ = sys::close_from(3);
     let plan_path = run_dir.join("plan.json");
-    let plan: LaunchPlan = match std::fs::read(&plan_path)
-        .and_then(|b| serde_json::from_slice(&b).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e)))
-    {
+    let plan: LaunchPlan = match std::fs::read(&plan_path).and_then(|b| {
+        serde_json::from_slice(&b).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    }) {
         Ok(plan) => plan,
         Err(source) => {
-            eprintln!("sidejob supervise: {}", SuperviseError::Plan { path: plan_path, source });
+            eprintln!(
+                "sidejob supervise: {}",
+                SuperviseError::Plan {
+                    path: plan_path,
+                    source
+                }
+            );
             return 2;
         }
     };
@@ -104,7 +113,10 @@ pub fn main(run_dir: &Path) -> i32 {
         Err(e) => failed_result(&plan, started, e.reason(), e.to_string()),
     };
     if let Err(e) = result.write_atomically(&plan.result_path()) {
-        eprintln!("sidejob supervise: cannot write {}: {e}", plan.result_path().display());
+        eprintln!(
+            "sidejob supervise: cannot write {}: {e}",
+            plan.result_path().display()
+        );
         return 1;
     }
     0
@@ -121,7 +133,8 @@ fn write_pid_file(run_dir: &Path) {
 /// Runs the plan to the end and describes how it went.
 pub fn supervise(plan: &LaunchPlan, started: SystemTime) -> Result<RunResult, SuperviseError> {
     let clock = Instant::now();
-    let setup = |step: &'static str| move |source: io::Error| SuperviseError::Setup { step, source };
+    let setup =
+        |step: &'static str| move |source: io::Error| SuperviseError::Setup { step, source };
 
     // Signals arrive through a descriptor we poll, never as asynchronous handlers.
     let signals = SigSet::of(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGCHLD]);
@@ -134,8 +147,16 @@ pub fn supervise(plan: &LaunchPlan, started: SystemTime) -> Result<RunResult, Su
         .append(true)
         .mode(0o640)
         .open(&out_path)
-        .map_err(|source| SuperviseError::Output { path: out_path.clone(), source })?;
-    let mut capture = output::Capture::new(file, plan.max_output_bytes, OUTPUT_TAIL_BYTES, plan.tee_stdout);
+        .map_err(|source| SuperviseError::Output {
+            path: out_path.clone(),
+            source,
+        })?;
+    let mut capture = output::Capture::new(
+        file,
+        plan.max_output_bytes,
+        OUTPUT_TAIL_BYTES,
+        plan.tee_stdout,
+    );
 
     let cmd = prepare_command(plan)?;
     let (out_r, out_w) = sys::pipe().map_err(setup("output pipe"))?;
@@ -150,7 +171,15 @@ pub fn supervise(plan: &LaunchPlan, started: SystemTime) -> Result<RunResult, Su
     let init_pid = match unsafe { sys::fork() }.map_err(setup("fork run init"))? {
         Fork::Child => {
             drop((out_r, err_r, status_r, sigfd, lifeline_w));
-            init::run(&cmd, init::Pipes { output: out_w, exec_error: err_w, status: status_w, lifeline: lifeline_r })
+            init::run(
+                &cmd,
+                init::Pipes {
+                    output: out_w,
+                    exec_error: err_w,
+                    status: status_w,
+                    lifeline: lifeline_r,
+                },
+            )
         }
         Fork::Parent(pid) => pid,
     };
@@ -196,7 +225,12 @@ pub fn supervise(plan: &LaunchPlan, started: SystemTime) -> Result<RunResult, Su
             .iter()
             .flatten()
             .min()
-            .map(|t| t.saturating_duration_since(now).as_millis().min(i32::MAX as u128) as i32 + 1)
+            .map(|t| {
+                t.saturating_duration_since(now)
+                    .as_millis()
+                    .min(i32::MAX as u128) as i32
+                    + 1
+            })
             .unwrap_or(-1);
 
         let mut fds = vec![sigfd.as_raw_fd(), status_r.as_raw_fd()];
@@ -213,9 +247,19 @@ pub fn supervise(plan: &LaunchPlan, started: SystemTime) -> Result<RunResult, Su
                         out_open = false;
                         break;
                     }
-                    Ok(n) => capture.push(&buf[..n]).map_err(|source| SuperviseError::Output { path: out_path.clone(), source })?,
+                    Ok(n) => capture
+                        .push(&buf[..n])
+                        .map_err(|source| SuperviseError::Output {
+                            path: out_path.clone(),
+                            source,
+                        })?,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) => return Err(SuperviseError::Setup { step: "read output", source: e }),
+                    Err(e) => {
+                        return Err(SuperviseError::Setup {
+                            step: "read output",
+                            source: e,
+                        })
+                    }
                 }
             }
         }
@@ -248,7 +292,10 @@ pub fn supervise(plan: &LaunchPlan, started: SystemTime) -> Result<RunResult, Su
     let mut exec_error = Vec::new();
     read_available(&err_r, &mut exec_error);
     let (output_bytes, output_truncated) =
-        capture.finish().map_err(|source| SuperviseError::Output { path: out_path.clone(), source })?;
+        capture.finish().map_err(|source| SuperviseError::Output {
+            path: out_path.clone(),
+            source,
+        })?;
 
     let ended = SystemTime::now();
     let mut result = RunResult {
@@ -276,7 +323,10 @@ pub fn supervise(plan: &LaunchPlan, started: SystemTime) -> Result<RunResult, Su
     }
     let status = String::from_utf8_lossy(&status_buf).into_owned();
     let mut words = status.split_whitespace();
-    let ended_how = match (words.next(), words.next().and_then(|w| w.parse::<i32>().ok())) {
+    let ended_how = match (
+        words.next(),
+        words.next().and_then(|w| w.parse::<i32>().ok()),
+    ) {
         (Some("exit"), Some(code)) => Some(Exit::Code(code)),
         (Some("signal"), Some(sig)) => Some(Exit::Signal(sig)),
         _ => None,
@@ -301,8 +351,12 @@ pub fn supervise(plan: &LaunchPlan, started: SystemTime) -> Result<RunResult, Su
             StopReason::Timeout => {
                 result.reason = Some(FailReason::Timeout);
                 result.violations.push("timeout".into());
-                result.error =
-                    Some(stop_message.unwrap_or_else(|| format!("wall-clock cap of {} ms reached", plan.timeout_ms.unwrap_or(0))));
+                result.error = Some(stop_message.unwrap_or_else(|| {
+                    format!(
+                        "wall-clock cap of {} ms reached",
+                        plan.timeout_ms.unwrap_or(0)
+                    )
+                }));
             }
         }
     } else {
@@ -332,7 +386,8 @@ fn enter_pid_namespace() -> Result<Vec<String>, SuperviseError> {
     }
     let (uid, gid) = (sys::getuid(), sys::getgid());
     sys::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWPID).map_err(SuperviseError::PidNamespace)?;
-    let write = |file: &str, text: String| std::fs::write(file, text).map_err(SuperviseError::PidNamespace);
+    let write =
+        |file: &str, text: String| std::fs::write(file, text).map_err(SuperviseError::PidNamespace);
     write("/proc/self/setgroups", "deny".into())?;
     write("/proc/self/uid_map", format!("{uid} {uid} 1"))?;
     write("/proc/self/gid_map", format!("{gid} {gid} 1"))?;
@@ -342,13 +397,30 @@ fn enter_pid_namespace() -> Result<Vec<String>, SuperviseError> {
 /// Converts the plan's command into exec-ready strings before any fork.
 fn prepare_command(plan: &LaunchPlan) -> Result<init::Command, SuperviseError> {
     let cstr = |s: &str| CString::new(s).map_err(|_| SuperviseError::Nul(s.to_owned()));
-    let argv0 = plan.argv.first().ok_or_else(|| SuperviseError::NotFound("(empty argv)".into()))?;
-    let path_var = plan.env.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v.as_str()).unwrap_or("/usr/bin:/bin");
-    let program = resolve_program(argv0, path_var).ok_or_else(|| SuperviseError::NotFound(argv0.clone()))?;
+    let argv0 = plan
+        .argv
+        .first()
+        .ok_or_else(|| SuperviseError::NotFound("(empty argv)".into()))?;
+    let path_var = plan
+        .env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.as_str())
+        .unwrap_or("/usr/bin:/bin");
+    let program =
+        resolve_program(argv0, path_var).ok_or_else(|| SuperviseError::NotFound(argv0.clone()))?;
     Ok(init::Command {
         program: cstr(&program.to_string_lossy())?,
-        argv: plan.argv.iter().map(|a| cstr(a)).collect::<Result<_, _>>()?,
-        envp: plan.env.iter().map(|(k, v)| cstr(&format!("{k}={v}"))).collect::<Result<_, _>>()?,
+        argv: plan
+            .argv
+            .iter()
+            .map(|a| cstr(a))
+            .collect::<Result<_, _>>()?,
+        envp: plan
+            .env
+            .iter()
+            .map(|(k, v)| cstr(&format!("{k}={v}")))
+            .collect::<Result<_, _>>()?,
         cwd: plan.cwd.clone(),
         uid: plan.uid,
         gid: plan.gid,
@@ -369,11 +441,20 @@ fn read_cancel_request(run_dir: &Path, default_grace_ms: u64) -> CancelRequest {
     std::fs::read(CancelRequest::path(run_dir))
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or(CancelRequest { reason: StopReason::Canceled, grace_ms: default_grace_ms, message: None })
+        .unwrap_or(CancelRequest {
+            reason: StopReason::Canceled,
+            grace_ms: default_grace_ms,
+            message: None,
+        })
 }
 
 /// The result of a run that never got going.
-pub fn failed_result(plan: &LaunchPlan, started: SystemTime, reason: FailReason, error: String) -> RunResult {
+pub fn failed_result(
+    plan: &LaunchPlan,
+    started: SystemTime,
+    reason: FailReason,
+    error: String,
+) -> RunResult {
     let now = SystemTime::now();
     RunResult {
         task_id: plan.task_id.clone(),
@@ -385,7 +466,10 @@ pub fn failed_result(plan: &LaunchPlan, started: SystemTime, reason: FailReason,
         signal: None,
         started_at: crate::ids::rfc3339(started),
         ended_at: crate::ids::rfc3339(now),
-        duration_ms: now.duration_since(started).map(|d| d.as_millis() as u64).unwrap_or(0),
+        duration_ms: now
+            .duration_since(started)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0),
         output_path: plan.output_path().display().to_string(),
         output_bytes: 0,
         output_truncated: false,

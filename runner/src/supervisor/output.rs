@@ -57,7 +57,8 @@ impl Capture {
         }
         if data.len() >= self.tail_cap {
             self.tail.clear();
-            self.tail.extend_from_slice(&data[data.len() - self.tail_cap..]);
+            self.tail
+                .extend_from_slice(&data[data.len() - self.tail_cap..]);
             self.tail_start = 0;
             return Ok(());
         }
@@ -82,7 +83,10 @@ impl Capture {
         if !self.tail.is_empty() {
             if truncated {
                 let omitted = self.total - self.head - self.tail.len() as u64;
-                write!(self.file, "\n[sidejob: output truncated: {omitted} bytes omitted]\n")?;
+                write!(
+                    self.file,
+                    "\n[sidejob: output truncated: {omitted} bytes omitted]\n"
+                )?;
             }
             let (newer, older) = self.tail.split_at(self.tail_start);
             self.file.write_all(older)?;
@@ -98,7 +102,11 @@ mod tests {
     use super::*;
 
     fn run(head: u64, tail: u64, chunks: &[&[u8]]) -> (String, u64, bool) {
-        let dir = std::env::temp_dir().join(format!("sidejob-capture-{}-{}", std::process::id(), crate::ids::ulid()));
+        let dir = std::env::temp_dir().join(format!(
+            "sidejob-capture-{}-{}",
+            std::process::id(),
+            crate::ids::ulid()
+        ));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("output.log");
         let mut c = Capture::new(File::create(&path).unwrap(), head, tail, false);
@@ -113,13 +121,19 @@ mod tests {
 
     #[test]
     fn small_output_is_kept_whole() {
-        assert_eq!(run(10, 4, &[b"hello", b" you"]), ("hello you".into(), 9, false));
+        assert_eq!(
+            run(10, 4, &[b"hello", b" you"]),
+            ("hello you".into(), 9, false)
+        );
     }
 
     #[test]
     fn output_just_over_the_head_is_kept_whole() {
         // 12 bytes: 10 in the head, 2 in the tail, nothing dropped.
-        assert_eq!(run(10, 4, &[b"0123456789ab"]), ("0123456789ab".into(), 12, false));
+        assert_eq!(
+            run(10, 4, &[b"0123456789ab"]),
+            ("0123456789ab".into(), 12, false)
+        );
     }
 
     #[test]
@@ -127,7 +141,10 @@ mod tests {
         let (text, total, truncated) = run(4, 3, &[b"abcd", b"efgh", b"ij", b"klm", b"n"]);
         assert_eq!(total, 14);
         assert!(truncated);
-        assert_eq!(text, "abcd\n[sidejob: output truncated: 7 bytes omitted]\nlmn");
+        assert_eq!(
+            text,
+            "abcd\n[sidejob: output truncated: 7 bytes omitted]\nlmn"
+        );
     }
 
     #[test]

@@ -93,13 +93,8 @@ pub fn getrandom(buf: &mut [u8]) -> io::Result<()> {
     while filled < buf.len() {
         // SAFETY: the pointer and length describe the unfilled tail of `buf`, which we own
         // mutably for the duration of the call.
-        let n = unsafe {
-            libc::getrandom(
-                buf[filled..].as_mut_ptr().cast(),
-                buf.len() - filled,
-                0,
-            )
-        };
+        let n =
+            unsafe { libc::getrandom(buf[filled..].as_mut_ptr().cast(), buf.len() - filled, 0) };
         if n < 0 {
             let err = io::Error::last_os_error();
             if err.kind() == io::ErrorKind::Interrupted {
@@ -139,7 +134,11 @@ pub enum Fork {
 pub unsafe fn fork() -> io::Result<Fork> {
     // SAFETY: guaranteed single-threaded by the caller's contract.
     let pid = cvt(unsafe { libc::fork() })?;
-    Ok(if pid == 0 { Fork::Child } else { Fork::Parent(pid) })
+    Ok(if pid == 0 {
+        Fork::Child
+    } else {
+        Fork::Parent(pid)
+    })
 }
 
 /// How a waited-for process ended.
@@ -228,9 +227,8 @@ impl SigSet {
     /// A non-blocking, close-on-exec signalfd for these (blocked) signals.
     pub fn signalfd(&self) -> io::Result<OwnedFd> {
         // SAFETY: -1 asks for a new descriptor; the mask is initialised.
-        let fd = cvt(unsafe {
-            libc::signalfd(-1, &self.0, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK)
-        })?;
+        let fd =
+            cvt(unsafe { libc::signalfd(-1, &self.0, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK) })?;
         // SAFETY: the kernel returned a fresh descriptor that nothing else owns.
         Ok(unsafe { OwnedFd::from_raw_fd(fd) })
     }
@@ -258,7 +256,13 @@ pub fn read_signalfd(fd: &OwnedFd) -> io::Result<Option<i32>> {
     let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
     let size = std::mem::size_of::<libc::signalfd_siginfo>();
     // SAFETY: we pass a pointer to `info` and exactly its size.
-    let n = unsafe { libc::read(fd.as_raw_fd(), (&mut info as *mut libc::signalfd_siginfo).cast(), size) };
+    let n = unsafe {
+        libc::read(
+            fd.as_raw_fd(),
+            (&mut info as *mut libc::signalfd_siginfo).cast(),
+            size,
+        )
+    };
     if n == -1 {
         let err = io::Error::last_os_error();
         if err.kind() == io::ErrorKind::WouldBlock {
@@ -328,7 +332,11 @@ pub fn set_nonblocking(fd: RawFd, on: bool) -> io::Result<()> {
     // SAFETY: F_GETFL/F_SETFL on a descriptor the caller owns.
     unsafe {
         let flags = cvt(libc::fcntl(fd, libc::F_GETFL))?;
-        let flags = if on { flags | libc::O_NONBLOCK } else { flags & !libc::O_NONBLOCK };
+        let flags = if on {
+            flags | libc::O_NONBLOCK
+        } else {
+            flags & !libc::O_NONBLOCK
+        };
         cvt(libc::fcntl(fd, libc::F_SETFL, flags))?;
     }
     Ok(())
@@ -357,7 +365,11 @@ pub fn drop_to(uid: u32, gid: u32) -> io::Result<()> {
 pub fn poll_readable(fds: &[RawFd], timeout_ms: i32) -> io::Result<Vec<bool>> {
     let mut pfds: Vec<libc::pollfd> = fds
         .iter()
-        .map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 })
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
         .collect();
     loop {
         // SAFETY: `pfds` is a valid array of `pfds.len()` pollfd structs.
@@ -402,7 +414,9 @@ pub fn fsync_dir(path: &std::path::Path) -> io::Result<()> {
 pub fn cloexec_from(first: u32) -> io::Result<()> {
     const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
     // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets a flag on descriptors.
-    cvt_long(unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, CLOSE_RANGE_CLOEXEC) })?;
+    cvt_long(unsafe {
+        libc::syscall(libc::SYS_close_range, first, u32::MAX, CLOSE_RANGE_CLOEXEC)
+    })?;
     Ok(())
 }
 
@@ -412,7 +426,13 @@ pub fn write_all_fd(fd: &OwnedFd, data: &[u8]) {
     let mut off = 0;
     while off < data.len() {
         // SAFETY: the pointer and length describe the unwritten rest of `data`.
-        let n = unsafe { libc::write(fd.as_raw_fd(), data[off..].as_ptr().cast(), data.len() - off) };
+        let n = unsafe {
+            libc::write(
+                fd.as_raw_fd(),
+                data[off..].as_ptr().cast(),
+                data.len() - off,
+            )
+        };
         if n <= 0 {
             if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
                 continue;
@@ -444,5 +464,6 @@ pub fn read_fd(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<usize> {
 pub fn async_fd(fd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
     // SAFETY: an OwnedFd is a valid open descriptor for as long as it lives, and the AsyncFd
     // owns it, so it stays open until after the registration is dropped.
-    unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }.map_err(|e| e.into_parts().1)
+    unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+        .map_err(|e| e.into_parts().1)
 }
