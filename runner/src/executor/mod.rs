@@ -476,6 +476,23 @@ impl Executor {
         let result_path = live.run_dir.join("result.json");
         let settlement = match RunResult::read(&result_path) {
             Ok(Some(result)) => settlement_from_result(&result),
+            Ok(None) | Err(_) if CancelRequest::path(&live.run_dir).exists() => {
+                // Stopped before it had set up its signal handling, so before the command
+                // started: settle as the stop asked.
+                let req: Option<CancelRequest> = std::fs::read(CancelRequest::path(&live.run_dir))
+                    .ok()
+                    .and_then(|b| serde_json::from_slice(&b).ok());
+                let mut s = lost_settlement(FailReason::Timeout, String::new());
+                match req.as_ref().map(|r| r.reason) {
+                    Some(StopReason::Timeout) => s.error = req.and_then(|r| r.message),
+                    Some(StopReason::Canceled) | None => {
+                        s.state = TaskState::Canceled;
+                        s.reason = None;
+                        s.error = req.and_then(|r| r.message);
+                    }
+                }
+                s
+            }
             Ok(None) | Err(_) => {
                 let log = std::fs::read_to_string(live.run_dir.join("supervisor.log"))
                     .unwrap_or_default();

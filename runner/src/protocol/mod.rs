@@ -169,3 +169,6 @@ impl std::fmt::Display for RpcError {
 }
 
 impl std::error::Error for RpcError {}
+
+#[cfg(test)]
+mod doc_check;

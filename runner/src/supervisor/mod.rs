@@ -89,6 +89,9 @@ impl SuperviseError {
 /// Entry point of `sidejob supervise <run_dir>`; returns the process exit code.
 pub fn main(run_dir: &Path) -> i32 {
     let started = SystemTime::now();
+    // Block the stop signals first: one that arrives during set-up stays pending and is read
+    // from the signalfd later, instead of killing the supervisor before it can settle the run.
+    let _ = SigSet::of(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGCHLD]).block();
     // Nothing the daemon might have leaked stays open here (stdio excepted).
     let _ = sys::close_from(3);
     let plan_path = run_dir.join("plan.json");
