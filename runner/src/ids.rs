@@ -10,7 +10,7 @@ pub fn ulid() -> String {
     let millis = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis())
-        .unwrap_or(0) as u128;
+        .unwrap_or(0);
     let mut random = [0u8; 10];
     if crate::sys::getrandom(&mut random).is_err() {
         // getrandom only fails before the kernel's pool is initialised; mix in the clock and

@@ -4,6 +4,8 @@
 //! Waiting is event-driven: tests wait on replies (`task.wait`), never on fixed sleeps. The
 //! only loop that retries is the start-up wait for the socket to accept, bounded by a deadline.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test harness fails by panicking
+
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -90,6 +92,14 @@ impl Daemon {
 
     /// Starts a daemon with extra TOML configuration (empty for none).
     pub fn start_with_config(toml: &str) -> Daemon {
+        let mut d = Self::prepare(toml);
+        d.spawn();
+        d
+    }
+
+    /// Sets up the directories and configuration of a daemon without starting it (see
+    /// [`Daemon::launch`]), so a test can arrange the socket path first.
+    pub fn prepare(toml: &str) -> Daemon {
         let root = TempDir::new("daemon");
         let socket = root.path().join("run/sidejob.sock");
         let state_dir = root.path().join("state");
@@ -100,16 +110,14 @@ impl Daemon {
             std::fs::write(&p, toml).expect("config");
             p
         });
-        let mut d = Daemon {
+        Daemon {
             root,
             socket,
             state_dir,
             workspace,
             config,
             child: None,
-        };
-        d.spawn();
-        d
+        }
     }
 
     fn spawn(&mut self) {
@@ -387,5 +395,113 @@ pub fn process_alive(pid: i32) -> bool {
             .and_then(|i| stat[i + 1..].split_whitespace().next())
             .is_some_and(|s| s != "Z" && s != "X"),
         Err(_) => false,
+    }
+}
+
+// ---- Helpers for the core-runner tests (issue 2) ----
+
+/// A well-formed task id (a 26-character ULID) that no daemon has issued.
+pub const UNKNOWN_TASK_ID: &str = "01ARZ3NDEKTSV4RRFFQ69G5FAV";
+
+impl Daemon {
+    /// Starts a daemon made with [`Daemon::prepare`], or starts this one again after
+    /// [`Daemon::terminate`] (waits until the socket accepts).
+    pub fn launch(&mut self) {
+        assert!(self.child.is_none(), "the daemon is already running");
+        self.spawn();
+    }
+
+    /// The config file this daemon was started with, if any.
+    pub fn config_path(&self) -> Option<&Path> {
+        self.config.as_deref()
+    }
+
+    /// Runs the CLI against this daemon as another user (root only).
+    pub fn cli_as(&self, uid: u32, gid: u32, args: &[&str]) -> std::process::Output {
+        use std::os::unix::process::CommandExt;
+        Command::new(sidejob_bin())
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(args)
+            .current_dir("/")
+            .uid(uid)
+            .gid(gid)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run sidejob as another user")
+    }
+}
+
+impl Client {
+    /// `task.wait` with a timeout; returns the Task as the daemon answered.
+    pub fn wait_for(&mut self, task_id: &str, timeout_ms: u64) -> Value {
+        self.ok(
+            "task.wait",
+            json!({"task_id": task_id, "timeout_ms": timeout_ms}),
+        )
+    }
+
+    /// `task.get`.
+    pub fn task(&mut self, task_id: &str) -> Value {
+        self.ok("task.get", json!({"task_id": task_id}))
+    }
+}
+
+/// Checks `cond` every few milliseconds until it holds or `within` passes; returns whether it
+/// held. Only for conditions no event announces (a process gone, a file written while the
+/// daemon is down); everything the daemon reports is waited on through the daemon.
+pub fn wait_until(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Live (non-zombie) processes whose command line contains `needle`, this process excluded.
+pub fn pids_mentioning(needle: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        if pid == std::process::id() as i32 {
+            continue;
+        }
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let cmdline: Vec<u8> = cmdline
+            .into_iter()
+            .map(|b| if b == 0 { b' ' } else { b })
+            .collect();
+        if String::from_utf8_lossy(&cmdline).contains(needle) && process_alive(pid) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// A `sleep` duration unique to this call, to find a run's processes by their argv:
+/// `300.<pid><n>` (sleep takes fractional seconds).
+pub fn unique_sleep() -> String {
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("300.{}{:04}", std::process::id(), n)
+}
+
+/// Sends a signal to a pid.
+pub fn signal(pid: i32, sig: i32) {
+    // SAFETY: kill with a pid and a signal number has no memory-safety preconditions.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::kill(pid, sig);
     }
 }

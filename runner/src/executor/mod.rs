@@ -59,7 +59,7 @@ pub enum ExecError {
 
 /// What the blocked foreground call hears about its task.
 pub enum FgEvent {
-    Settled(TaskRow),
+    Settled(Box<TaskRow>),
     Backgrounded,
 }
 
@@ -548,7 +548,7 @@ impl Executor {
         };
         info!(task_id = %live.task_id, state = row.state.as_str(), delivery = s.delivery.as_str(), "task settled");
         if let Some(fg) = fg {
-            let _ = fg.send(FgEvent::Settled(row.clone()));
+            let _ = fg.send(FgEvent::Settled(Box::new(row.clone())));
         }
         for w in st.waiters.drain(..) {
             let _ = w.send(row.clone());

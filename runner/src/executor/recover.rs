@@ -52,7 +52,6 @@ pub fn recover(ex: &Arc<Executor>) -> Result<Recovered, ExecError> {
         let recorded = row
             .supervisor_pid
             .zip(row.supervisor_start_time)
-            .map(|(p, s)| (p, s))
             .or_else(|| read_pid_file(&run_dir));
         if let Some((pid, start)) = recorded {
             match attach(pid, start) {
