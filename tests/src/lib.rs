@@ -505,3 +505,20 @@ pub fn signal(pid: i32, sig: i32) {
         libc::kill(pid, sig);
     }
 }
+
+/// Live processes whose whole command line (arguments joined by spaces) is `cmdline`.
+pub fn pids_running(cmdline: &str) -> Vec<i32> {
+    pids_mentioning(cmdline)
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                let args: Vec<String> = c
+                    .split(|b| *b == 0)
+                    .filter(|a| !a.is_empty())
+                    .map(|a| String::from_utf8_lossy(a).into_owned())
+                    .collect();
+                args.join(" ") == cmdline
+            })
+        })
+        .collect()
+}

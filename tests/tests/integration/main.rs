@@ -1,3 +1,18 @@
 //! Integration tests: the real daemon over its real socket. One module per area.
 
+// A test that cannot go on should stop with a message saying why; that is what `expect` does.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+mod cancel;
+mod cli;
+mod delivery;
+mod isolation;
+mod output;
+mod protocol_errors;
+mod registry;
+mod restart;
+mod serve;
+mod sessions;
 mod smoke;
+mod stdin;
+mod yielding;

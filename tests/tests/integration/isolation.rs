@@ -1,0 +1,139 @@
+//! Isolation between users (SPEC §11): `SO_PEERCRED`; a uid sees and touches only its own
+//! sessions. Needs root (to connect as another uid); skipped otherwise.
+
+use std::os::unix::fs::{chown, PermissionsExt};
+
+use serde_json::{json, Value};
+use sidejob_tests::{is_root, skip_unless, Daemon};
+
+const NOBODY: u32 = 65534;
+
+/// Lets uid `NOBODY` reach the socket (the daemon makes it 0660, root-owned).
+fn open_socket_to_everyone(d: &Daemon) {
+    let mut dir = d.socket.parent();
+    while let Some(p) = dir {
+        let mode = std::fs::metadata(p).expect("stat").permissions().mode();
+        if mode & 0o001 == 0 {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode | 0o011))
+                .expect("chmod dir");
+        }
+        if p == std::env::temp_dir() || p.parent().is_none() {
+            break;
+        }
+        dir = p.parent();
+    }
+    std::fs::set_permissions(&d.socket, std::fs::Permissions::from_mode(0o666))
+        .expect("chmod socket");
+}
+
+/// Runs `sidejob rpc METHOD PARAMS` as `NOBODY`: `Ok(result)` or `Err(stderr)`.
+fn rpc_as_nobody(d: &Daemon, method: &str, params: Value) -> Result<Value, String> {
+    let o = d.cli_as(NOBODY, NOBODY, &["rpc", method, &params.to_string()]);
+    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+    if o.status.success() {
+        Ok(serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("{method}: not JSON ({e}): {stderr}")))
+    } else {
+        Err(stderr)
+    }
+}
+
+fn assert_denied(d: &Daemon, method: &str, params: Value) {
+    match rpc_as_nobody(d, method, params.clone()) {
+        Ok(v) => panic!("uid {NOBODY} was allowed {method} {params}: {v}"),
+        Err(stderr) => assert!(
+            stderr.contains("(permission_denied)"),
+            "{method} {params} should be permission_denied: {stderr}"
+        ),
+    }
+}
+
+#[test]
+fn another_user_is_denied_roots_sessions_and_tasks() {
+    if skip_unless(is_root(), "needs root to connect as another uid") {
+        return;
+    }
+    let d = Daemon::start();
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let r = c.bash(&s, "sleep 30", json!({"background": true}));
+    let id = r["task_id"].as_str().expect("id").to_owned();
+    open_socket_to_everyone(&d);
+
+    // The socket itself works for that user.
+    let init = rpc_as_nobody(&d, "initialize", json!({})).expect("initialize as nobody");
+    assert_eq!(init["uid"], NOBODY);
+
+    assert_denied(&d, "task.get", json!({"task_id": id}));
+    assert_denied(&d, "task.output", json!({"task_id": id}));
+    assert_denied(&d, "task.wait", json!({"task_id": id, "timeout_ms": 10}));
+    assert_denied(&d, "task.cancel", json!({"task_id": id}));
+    assert_denied(&d, "task.message", json!({"task_id": id, "data": "x"}));
+    assert_denied(&d, "task.background", json!({"task_id": id}));
+    assert_denied(&d, "session.status", json!({"session_id": s}));
+    assert_denied(&d, "task.list", json!({"session_id": s}));
+    assert_denied(&d, "session.close", json!({"session_id": s}));
+    assert_denied(
+        &d,
+        "tool.call",
+        json!({"session_id": s, "tool": "bash", "args": {"command": "id -u"}}),
+    );
+    assert_denied(
+        &d,
+        "session.open",
+        json!({"session_id": s, "workspace": d.workspace}),
+    );
+    // Listing shows none of root's sessions.
+    let list = rpc_as_nobody(&d, "session.list", json!({})).expect("session.list");
+    assert_eq!(list["sessions"], json!([]), "{list}");
+
+    // Root's task is untouched.
+    let t = c.task(&id);
+    assert_eq!(t["state"], "running", "{t}");
+    c.ok("task.cancel", json!({"task_id": id, "grace_ms": 100}));
+}
+
+#[test]
+fn another_user_runs_commands_as_itself_in_its_own_session() {
+    if skip_unless(is_root(), "needs root to connect as another uid") {
+        return;
+    }
+    let d = Daemon::start();
+    open_socket_to_everyone(&d);
+    let ws = d.root.path().join("nobody-ws");
+    std::fs::create_dir_all(&ws).expect("workspace");
+    chown(&ws, Some(NOBODY), Some(NOBODY)).expect("chown");
+    let opened = rpc_as_nobody(
+        &d,
+        "session.open",
+        json!({"session_id": "nobody-s", "workspace": ws}),
+    )
+    .expect("session.open as nobody");
+    assert_eq!(opened["session_id"], "nobody-s");
+    let r = rpc_as_nobody(
+        &d,
+        "tool.call",
+        json!({"session_id": "nobody-s", "tool": "bash",
+               "args": {"command": "id -u; id -g; pwd; touch mine && stat -c %u mine"}}),
+    )
+    .expect("tool.call as nobody");
+    assert_eq!(r["status"], "completed", "{r}");
+    assert_eq!(r["state"], "succeeded", "{r}");
+    let canonical = ws.canonicalize().expect("canonical");
+    assert_eq!(
+        r["output"],
+        format!("{NOBODY}\n{NOBODY}\n{}\n{NOBODY}\n", canonical.display()),
+        "{r}"
+    );
+    // Root sees the other user's session (root sees all).
+    let mut c = d.client();
+    let list = c.ok("session.list", json!({}));
+    let sessions = list["sessions"].as_array().expect("sessions");
+    let theirs = sessions
+        .iter()
+        .find(|s| s["session_id"] == "nobody-s")
+        .expect("root lists nobody's session");
+    assert_eq!(theirs["owner_uid"], NOBODY);
+    let t = c.task(r["task_id"].as_str().expect("id"));
+    assert_eq!(t["state"], "succeeded");
+}

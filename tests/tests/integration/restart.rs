@@ -1,0 +1,184 @@
+//! Runs survive the daemon (SPEC §2, issue 2 §7): re-attach, settle from result.json, `lost`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use sidejob_tests::{
+    pids_mentioning, pids_running, process_alive, signal, unique_sleep, wait_until, Daemon,
+};
+
+fn run_dir(r: &Value) -> PathBuf {
+    Path::new(r["output_path"].as_str().expect("output_path"))
+        .parent()
+        .expect("run dir")
+        .to_path_buf()
+}
+
+/// The supervisor's pid, from `supervisor.pid` in the run directory (once it has written it).
+fn supervisor_pid(run_dir: &Path) -> i32 {
+    let file = run_dir.join("supervisor.pid");
+    assert!(
+        wait_until(Duration::from_secs(10), || std::fs::read_to_string(&file)
+            .is_ok_and(|s| s.ends_with('\n'))),
+        "no supervisor.pid in {}",
+        run_dir.display()
+    );
+    std::fs::read_to_string(&file)
+        .expect("supervisor.pid")
+        .split_whitespace()
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("a pid")
+}
+
+#[test]
+fn a_detached_run_survives_a_daemon_kill_and_settles_after_restart() {
+    let mut d = Daemon::start();
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let r = c.bash(&s, "sleep 2; echo done", json!({"background": true}));
+    let id = r["task_id"].as_str().expect("id").to_owned();
+    // The run is under way before the daemon dies.
+    supervisor_pid(&run_dir(&r));
+    d.kill9();
+    d.restart();
+    let mut c = d.client();
+    let t = c.wait_settled(&id);
+    assert_eq!(t["state"], "succeeded", "{t}");
+    assert_eq!(t["exit_code"], 0);
+    assert!(c.output(&id).contains("done"));
+}
+
+#[test]
+fn a_run_that_finished_while_the_daemon_was_down_is_settled_from_result_json() {
+    let mut d = Daemon::start();
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let r = c.bash(
+        &s,
+        "sleep 0.3; echo fin; exit 6",
+        json!({"background": true}),
+    );
+    let id = r["task_id"].as_str().expect("id").to_owned();
+    let dir = run_dir(&r);
+    supervisor_pid(&dir);
+    d.kill9();
+    assert!(
+        wait_until(Duration::from_secs(10), || dir.join("result.json").exists()),
+        "the supervisor did not finish the run without the daemon"
+    );
+    d.restart();
+    let mut c = d.client();
+    let t = c.task(&id);
+    assert_eq!(t["state"], "failed", "settled at start-up: {t}");
+    assert_eq!(t["reason"], "exit_code");
+    assert_eq!(t["exit_code"], 6);
+    assert_eq!(t["delivery"], "pending", "nobody has received it yet: {t}");
+    assert_eq!(c.output(&id), "fin\n");
+}
+
+#[test]
+fn a_supervisor_killed_while_the_daemon_is_down_settles_as_lost() {
+    let mut d = Daemon::start();
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let mark = unique_sleep();
+    let r = c.bash(&s, &format!("sleep {mark}"), json!({"background": true}));
+    let id = r["task_id"].as_str().expect("id").to_owned();
+    let pid = supervisor_pid(&run_dir(&r));
+    assert!(wait_until(Duration::from_secs(10), || pids_running(
+        &format!("sleep {mark}")
+    )
+    .len()
+        == 1));
+    d.kill9();
+    signal(pid, libc::SIGKILL);
+    assert!(
+        wait_until(Duration::from_secs(10), || !process_alive(pid)
+            && pids_mentioning(&mark).is_empty()),
+        "killing the supervisor must take the run with it: {:?}",
+        pids_mentioning(&mark)
+    );
+    d.restart();
+    let mut c = d.client();
+    let t = c.task(&id);
+    assert_eq!(t["state"], "failed", "{t}");
+    assert_eq!(t["reason"], "lost", "{t}");
+    let listed = c.ok("task.list", json!({"session_id": s, "states": ["running"]}));
+    assert_eq!(
+        listed["tasks"],
+        json!([]),
+        "no running row survives a restart: {listed}"
+    );
+}
+
+#[test]
+fn killing_the_supervisor_kills_the_whole_run_and_settles_it_lost() {
+    let d = Daemon::start();
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let mark = unique_sleep();
+    let r = c.bash(
+        &s,
+        &format!("setsid sleep {mark} & (sleep {mark} &); sleep {mark}"),
+        json!({"background": true}),
+    );
+    let id = r["task_id"].as_str().expect("id").to_owned();
+    let pid = supervisor_pid(&run_dir(&r));
+    assert!(wait_until(Duration::from_secs(10), || pids_running(
+        &format!("sleep {mark}")
+    )
+    .len()
+        == 3));
+    signal(pid, libc::SIGKILL);
+    let t = c.wait_settled(&id);
+    assert_eq!(t["state"], "failed", "{t}");
+    assert_eq!(t["reason"], "lost", "{t}");
+    assert!(
+        wait_until(Duration::from_secs(5), || pids_mentioning(&mark).is_empty()),
+        "the run outlived its supervisor: {:?}",
+        pids_mentioning(&mark)
+    );
+}
+
+#[test]
+fn a_run_keeps_writing_output_while_the_daemon_is_down() {
+    let mut d = Daemon::start();
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let r = c.bash(
+        &s,
+        "for i in 1 2 3 4 5; do echo line$i; sleep 0.2; done",
+        json!({"background": true}),
+    );
+    let id = r["task_id"].as_str().expect("id").to_owned();
+    let dir = run_dir(&r);
+    supervisor_pid(&dir);
+    d.kill9();
+    assert!(wait_until(Duration::from_secs(10), || dir
+        .join("result.json")
+        .exists()));
+    d.restart();
+    let mut c = d.client();
+    let t = c.wait_settled(&id);
+    assert_eq!(t["state"], "succeeded", "{t}");
+    assert_eq!(c.output(&id), "line1\nline2\nline3\nline4\nline5\n");
+}
+
+#[test]
+fn a_yielded_call_whose_daemon_died_can_still_be_waited_on() {
+    let mut d = Daemon::start();
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let r = c.bash(&s, "sleep 1.5; echo waited", json!({"yield_after_ms": 200}));
+    assert_eq!(r["status"], "running", "{r}");
+    let id = r["task_id"].as_str().expect("id").to_owned();
+    d.kill9();
+    d.restart();
+    let mut c = d.client();
+    let t = c.wait_settled(&id);
+    assert_eq!(t["state"], "succeeded", "{t}");
+    assert_eq!(t["delivery"], "wait", "{t}");
+    assert_eq!(c.output(&id), "waited\n");
+}

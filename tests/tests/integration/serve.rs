@@ -1,0 +1,124 @@
+//! `sidejob serve` (issue 2 §2): the socket, stale sockets, a second daemon, SIGTERM.
+
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::process::{Command, Stdio};
+
+use serde_json::json;
+use sidejob_tests::{sidejob_bin, Daemon};
+
+#[test]
+fn the_socket_is_created_with_mode_0660() {
+    let d = Daemon::start();
+    let meta = std::fs::metadata(&d.socket).expect("socket");
+    assert!(meta.file_type().is_socket());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o660);
+    let mut c = d.client();
+    let init = c.ok("initialize", json!({"protocol_version": 1}));
+    assert_eq!(init["protocol_version"], 1);
+    assert_eq!(init["server"]["name"], "sidejob");
+}
+
+#[test]
+fn a_stale_socket_file_is_replaced() {
+    let mut d = Daemon::prepare("");
+    std::fs::create_dir_all(d.socket.parent().expect("dir")).expect("socket dir");
+    // A socket file whose listener is gone: what a crashed daemon leaves.
+    drop(std::os::unix::net::UnixListener::bind(&d.socket).expect("bind"));
+    assert!(d.socket.exists());
+    assert!(std::os::unix::net::UnixStream::connect(&d.socket).is_err());
+    d.launch();
+    let mut c = d.client();
+    assert_eq!(c.ok("initialize", json!({}))["protocol_version"], 1);
+}
+
+#[test]
+fn a_second_daemon_on_a_live_socket_exits_1_with_a_clear_message() {
+    let d = Daemon::start();
+    let other_state = d.root.path().join("other-state");
+    let o = Command::new(sidejob_bin())
+        .arg("serve")
+        .arg("--socket")
+        .arg(&d.socket)
+        .arg("--state-dir")
+        .arg(&other_state)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run a second serve");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("already listening") && stderr.contains(&d.socket.display().to_string()),
+        "the error should say a daemon is already listening on the socket: {stderr}"
+    );
+    // The first daemon is unharmed and still owns its socket.
+    let mut c = d.client();
+    assert_eq!(c.ok("initialize", json!({}))["protocol_version"], 1);
+}
+
+#[test]
+fn a_second_daemon_on_the_same_state_directory_exits_1() {
+    let d = Daemon::start();
+    let other_socket = d.root.path().join("run/second.sock");
+    let o = Command::new(sidejob_bin())
+        .arg("serve")
+        .arg("--socket")
+        .arg(&other_socket)
+        .arg("--state-dir")
+        .arg(&d.state_dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run a second serve");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("state directory"), "{stderr}");
+    let mut c = d.client();
+    assert_eq!(c.ok("initialize", json!({}))["protocol_version"], 1);
+}
+
+#[test]
+fn sigterm_stops_the_daemon_and_leaves_runs_to_settle() {
+    let mut d = Daemon::start();
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let r = c.bash(&s, "sleep 1; echo after", json!({"background": true}));
+    let id = r["task_id"].as_str().expect("id").to_owned();
+    let run_dir = std::path::Path::new(r["output_path"].as_str().expect("path"))
+        .parent()
+        .expect("run dir")
+        .to_path_buf();
+    drop(c);
+    assert_eq!(d.terminate(), Some(0), "SIGTERM is a clean stop");
+    assert!(d.state_dir.join("sidejob.db").exists());
+    assert!(run_dir.join("plan.json").exists(), "the run's files stay");
+    assert!(
+        std::os::unix::net::UnixStream::connect(&d.socket).is_err(),
+        "nobody listens any more"
+    );
+    d.launch();
+    let mut c = d.client();
+    let t = c.wait_settled(&id);
+    assert_eq!(t["state"], "succeeded", "{t}");
+    assert_eq!(c.output(&id), "after\n");
+}
+
+#[test]
+fn a_bad_config_file_is_refused_with_its_line() {
+    let d = Daemon::prepare("max_running = 4\nno_such_key = 1\n");
+    let o = Command::new(sidejob_bin())
+        .arg("serve")
+        .arg("--socket")
+        .arg(&d.socket)
+        .arg("--state-dir")
+        .arg(&d.state_dir)
+        .arg("--config")
+        .arg(d.config_path().expect("config"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("run serve");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("line 2") && stderr.contains("no_such_key"),
+        "{stderr}"
+    );
+}

@@ -1,0 +1,137 @@
+//! Sessions and concurrency (SPEC §3, §4): closing cancels, bounds queue, status shows it.
+
+use std::time::Duration;
+
+use serde_json::json;
+use sidejob_tests::{pids_running, unique_sleep, wait_until, Daemon};
+
+#[test]
+fn closing_a_session_cancels_its_live_tasks() {
+    let d = Daemon::start_with_config("cancel_grace_ms = 300\n");
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let mark = unique_sleep();
+    let r = c.bash(&s, &format!("sleep {mark}"), json!({"background": true}));
+    let id = r["task_id"].as_str().expect("id").to_owned();
+    assert!(wait_until(Duration::from_secs(10), || pids_running(
+        &format!("sleep {mark}")
+    )
+    .len()
+        == 1));
+    let closed = c.ok("session.close", json!({"session_id": s}));
+    assert_eq!(closed["closed"], true);
+    assert_eq!(closed["canceled_tasks"], json!([id]), "{closed}");
+    let t = c.wait_settled(&id);
+    assert_eq!(t["state"], "canceled", "{t}");
+    assert!(pids_running(&format!("sleep {mark}")).is_empty());
+}
+
+#[test]
+fn closing_a_parent_session_cancels_its_childrens_tasks() {
+    let d = Daemon::start_with_config("cancel_grace_ms = 300\n");
+    let mut c = d.client();
+    let parent = d.open_session(&mut c);
+    let child = c.ok(
+        "session.open",
+        json!({"workspace": d.workspace, "parent_session_id": parent}),
+    )["session_id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let r = c.bash(&child, "sleep 30", json!({"background": true}));
+    let id = r["task_id"].as_str().expect("id").to_owned();
+    c.ok("session.close", json!({"session_id": parent}));
+    let t = c.wait_settled(&id);
+    assert_eq!(t["state"], "canceled", "{t}");
+    let (code, kind) = c.err(
+        "tool.call",
+        json!({"session_id": child, "tool": "bash", "args": {"command": "true"}}),
+    );
+    assert_eq!(
+        (code, kind.as_str()),
+        (-32005, "invalid_state"),
+        "the child is closed too"
+    );
+}
+
+#[test]
+fn a_closed_session_can_be_reopened() {
+    let d = Daemon::start();
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    c.ok("session.close", json!({"session_id": s}));
+    let again = c.ok(
+        "session.open",
+        json!({"session_id": s, "workspace": d.workspace}),
+    );
+    assert_eq!(again["session_id"], s.as_str());
+    let r = c.bash(&s, "echo back", json!({}));
+    assert_eq!(r["output"], "back\n");
+}
+
+#[test]
+fn calls_above_the_concurrency_bound_wait_as_queued() {
+    let d = Daemon::start_with_config("max_running = 1\n");
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let first = c.bash(&s, "sleep 30", json!({"background": true}));
+    let second = c.bash(&s, "echo second", json!({"background": true}));
+    let first = first["task_id"].as_str().expect("id").to_owned();
+    let second = second["task_id"].as_str().expect("id").to_owned();
+    let t = c.wait_for(&second, 300);
+    assert_eq!(t["state"], "queued", "{t}");
+    let st = c.ok("session.status", json!({"session_id": s}));
+    assert_eq!(st["queued"], 1, "{st}");
+    assert_eq!(st["running"], 1, "{st}");
+    assert_eq!(st["active"], true);
+    c.ok("task.cancel", json!({"task_id": first, "grace_ms": 100}));
+    let t = c.wait_settled(&second);
+    assert_eq!(t["state"], "succeeded", "{t}");
+    assert_eq!(c.output(&second), "second\n");
+    let st = c.ok("session.status", json!({"session_id": s}));
+    assert_eq!(
+        (st["queued"].as_u64(), st["running"].as_u64()),
+        (Some(0), Some(0)),
+        "{st}"
+    );
+}
+
+#[test]
+fn canceling_a_queued_task_cancels_it_at_once() {
+    let d = Daemon::start_with_config("max_running = 1\n");
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let first = c.bash(&s, "sleep 30", json!({"background": true}));
+    let queued = c.bash(&s, "echo never", json!({"background": true}));
+    let queued = queued["task_id"].as_str().expect("id").to_owned();
+    assert_eq!(c.task(&queued)["state"], "queued");
+    let res = c.ok("task.cancel", json!({"task_id": queued}));
+    assert_eq!(res["result"], "canceled", "{res}");
+    assert_eq!(c.task(&queued)["state"], "canceled");
+    c.ok(
+        "task.cancel",
+        json!({"task_id": first["task_id"], "grace_ms": 100}),
+    );
+    // The canceled queued task never runs.
+    let t = c.wait_settled(&queued);
+    assert_eq!(t["state"], "canceled");
+    assert_eq!(c.output(&queued), "");
+}
+
+#[test]
+fn a_session_outlives_the_connection_that_opened_it() {
+    let d = Daemon::start();
+    let s = {
+        let mut c = d.client();
+        d.open_session(&mut c)
+    };
+    let mut c = d.client();
+    let r = c.bash(&s, "echo later", json!({}));
+    assert_eq!(r["output"], "later\n");
+    let list = c.ok("session.list", json!({}));
+    assert!(list["sessions"]
+        .as_array()
+        .expect("sessions")
+        .iter()
+        .any(|x| x["session_id"] == s.as_str()));
+}
