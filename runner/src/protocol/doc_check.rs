@@ -28,7 +28,8 @@ fn sections(doc: &str) -> Vec<(String, Vec<Value>)> {
             block.clear();
         } else if in_block && line.trim() == "```" {
             in_block = false;
-            let v: Value = serde_json::from_str(&block).unwrap_or_else(|e| panic!("bad JSON in docs ({e}):\n{block}"));
+            let v: Value = serde_json::from_str(&block)
+                .unwrap_or_else(|e| panic!("bad JSON in docs ({e}):\n{block}"));
             if let Some(last) = out.last_mut() {
                 last.1.push(v);
             }
@@ -42,13 +43,20 @@ fn sections(doc: &str) -> Vec<(String, Vec<Value>)> {
 
 /// Parses `v` as `T` and checks it serialises back to the same JSON.
 fn same<T: DeserializeOwned + Serialize>(what: &str, v: &Value) {
-    let parsed: T = serde_json::from_value(v.clone()).unwrap_or_else(|e| panic!("{what}: {e}\n{v}"));
+    let parsed: T =
+        serde_json::from_value(v.clone()).unwrap_or_else(|e| panic!("{what}: {e}\n{v}"));
     let back = serde_json::to_value(&parsed).expect("serialise");
-    assert_eq!(&back, v, "{what}: the documented JSON and the wire type differ");
+    assert_eq!(
+        &back, v,
+        "{what}: the documented JSON and the wire type differ"
+    );
 }
 
 fn params<T: DeserializeOwned>(what: &str, v: &Value) {
-    let p = v.get("params").cloned().unwrap_or(Value::Object(Default::default()));
+    let p = v
+        .get("params")
+        .cloned()
+        .unwrap_or(Value::Object(Default::default()));
     if let Err(e) = serde_json::from_value::<T>(p) {
         panic!("{what}: documented params do not parse: {e}\n{v}");
     }
@@ -56,9 +64,14 @@ fn params<T: DeserializeOwned>(what: &str, v: &Value) {
 
 fn check(method: &str, req: &Value, reply: &Value) {
     assert_eq!(req["jsonrpc"], "2.0", "{method}: request");
-    assert_eq!(req["method"], method, "{method}: request names another method");
+    assert_eq!(
+        req["method"], method,
+        "{method}: request names another method"
+    );
     assert_eq!(reply["id"], req["id"], "{method}: reply id");
-    let result = reply.get("result").unwrap_or_else(|| panic!("{method}: reply has no result"));
+    let result = reply
+        .get("result")
+        .unwrap_or_else(|| panic!("{method}: reply has no result"));
     let what = format!("{method} result");
     match method {
         "initialize" => {
@@ -120,9 +133,16 @@ fn every_method_is_documented_with_a_request_and_reply_that_match_the_wire_types
     let doc = doc();
     let secs = sections(&doc);
     let documented: Vec<&str> = secs.iter().map(|(m, _)| m.as_str()).collect();
-    assert_eq!(documented, METHODS, "docs/protocol.md must document every method, in METHODS order");
+    assert_eq!(
+        documented, METHODS,
+        "docs/protocol.md must document every method, in METHODS order"
+    );
     for (method, blocks) in &secs {
-        assert!(!blocks.is_empty() && blocks.len() % 2 == 0, "{method}: needs request/reply pairs, found {} blocks", blocks.len());
+        assert!(
+            !blocks.is_empty() && blocks.len() % 2 == 0,
+            "{method}: needs request/reply pairs, found {} blocks",
+            blocks.len()
+        );
         for pair in blocks.chunks(2) {
             check(method, &pair[0], &pair[1]);
         }
@@ -145,6 +165,9 @@ fn documented_errors_use_the_specified_codes() {
     ] {
         assert_eq!(kind.code(), code);
         let row = format!("| {code} | `{}` |", kind.name());
-        assert!(doc.contains(&row), "docs/protocol.md lacks the error row {row}");
+        assert!(
+            doc.contains(&row),
+            "docs/protocol.md lacks the error row {row}"
+        );
     }
 }
