@@ -8,6 +8,7 @@ mod cli;
 mod delivery;
 mod isolation;
 mod output;
+mod protocol;
 mod protocol_errors;
 mod registry;
 mod restart;

@@ -195,3 +195,26 @@ fn invalid_utf8_output_is_replaced_not_refused() {
     assert_eq!(p["data"], "a\u{FFFD}b");
     assert_eq!(p["size"], 3);
 }
+
+#[test]
+fn a_long_inline_answer_is_cut_but_output_log_has_all_of_it() {
+    let d = Daemon::start_with_config("inline_output_bytes = 200\n");
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let r = c.bash(&s, "echo FIRST; seq 1 1000; echo LAST", json!({}));
+    assert_eq!(r["status"], "completed", "{r}");
+    assert_eq!(r["output_truncated"], true, "{r}");
+    let inline = r["output"].as_str().expect("output");
+    assert!(
+        inline.starts_with("FIRST\n") && inline.ends_with("LAST\n"),
+        "{inline}"
+    );
+    assert!(inline.len() < 600, "{} bytes inline", inline.len());
+    let full = c.output(r["task_id"].as_str().expect("id"));
+    assert!(full.starts_with("FIRST\n1\n2\n") && full.ends_with("999\n1000\nLAST\n"));
+    let t = c.task(r["task_id"].as_str().expect("id"));
+    assert_eq!(
+        t["output_truncated"], false,
+        "output.log itself is whole: {t}"
+    );
+}

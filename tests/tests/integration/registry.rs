@@ -149,7 +149,10 @@ fn task_list_shows_live_tasks_and_the_25_most_recent_terminal_ones() {
             "{recent} is one of the 25 most recent"
         );
     }
-    let running = c.ok("task.list", json!({"session_id": s, "states": ["running"]}));
+    let running = c.ok(
+        "task.list",
+        json!({"session_id": s, "states": ["queued", "running"]}),
+    );
     assert_eq!(
         running["tasks"].as_array().map(Vec::len),
         Some(2),

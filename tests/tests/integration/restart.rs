@@ -182,3 +182,75 @@ fn a_yielded_call_whose_daemon_died_can_still_be_waited_on() {
     assert_eq!(t["delivery"], "wait", "{t}");
     assert_eq!(c.output(&id), "waited\n");
 }
+
+#[test]
+fn a_foreground_call_cut_off_by_a_daemon_crash_settles_after_restart_and_stays_pending() {
+    let mut d = Daemon::start();
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let mut caller = d.client();
+    caller.send_value(&json!({"jsonrpc": "2.0", "id": 1, "method": "tool.call",
+        "params": {"session_id": s, "tool": "bash", "args": {"command": "echo begun; sleep 1; echo ended"},
+                   "yield_after_ms": 60_000}}));
+    let mut id = String::new();
+    assert!(wait_until(Duration::from_secs(10), || {
+        let list = c.ok("task.list", json!({"session_id": s}));
+        id = list["tasks"][0]["task_id"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned();
+        list["tasks"][0]["state"] == "running"
+    }));
+    d.kill9();
+    assert!(
+        caller.read_message().is_none(),
+        "the caller's connection ends with the daemon"
+    );
+    d.restart();
+    let mut c = d.client();
+    let mut t = Value::Null;
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            t = c.task(&id);
+            t["state"] == "succeeded"
+        }),
+        "{t}"
+    );
+    assert_eq!(
+        t["delivery"], "pending",
+        "the caller never got it, so a wake must: {t}"
+    );
+    assert_eq!(c.output(&id), "begun\nended\n");
+}
+
+#[test]
+fn a_task_queued_when_the_daemon_died_runs_after_restart() {
+    let mut d = Daemon::start_with_config("max_running = 1\n");
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let first = c.bash(&s, "sleep 30", json!({"background": true}));
+    let first = first["task_id"].as_str().expect("id").to_owned();
+    assert!(wait_until(Duration::from_secs(10), || c.task(&first)
+        ["state"]
+        == "running"));
+    let second = c.bash(&s, "echo queued-then-run", json!({"background": true}));
+    let second = second["task_id"].as_str().expect("id").to_owned();
+    assert_eq!(c.task(&second)["state"], "queued");
+    d.kill9();
+    d.restart();
+    let mut c = d.client();
+    assert_eq!(c.task(&first)["state"], "running", "re-attached");
+    assert_eq!(
+        c.task(&second)["state"],
+        "queued",
+        "still bounded by max_running"
+    );
+    let res = c.ok("task.cancel", json!({"task_id": first, "grace_ms": 100}));
+    assert_eq!(
+        res["result"], "canceled",
+        "a re-attached run can be canceled: {res}"
+    );
+    let t = c.wait_settled(&second);
+    assert_eq!(t["state"], "succeeded", "{t}");
+    assert_eq!(c.output(&second), "queued-then-run\n");
+}

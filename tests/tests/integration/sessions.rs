@@ -3,7 +3,19 @@
 use std::time::Duration;
 
 use serde_json::json;
-use sidejob_tests::{pids_running, unique_sleep, wait_until, Daemon};
+use sidejob_tests::{pids_running, unique_sleep, wait_until, Client, Daemon};
+
+/// Waits until the task's supervisor has started (state `running`).
+fn wait_running(c: &mut Client, id: &str) {
+    let mut t = serde_json::Value::Null;
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            t = c.task(id);
+            t["state"] == "running"
+        }),
+        "{t}"
+    );
+}
 
 #[test]
 fn closing_a_session_cancels_its_live_tasks() {
@@ -75,8 +87,9 @@ fn calls_above_the_concurrency_bound_wait_as_queued() {
     let mut c = d.client();
     let s = d.open_session(&mut c);
     let first = c.bash(&s, "sleep 30", json!({"background": true}));
-    let second = c.bash(&s, "echo second", json!({"background": true}));
     let first = first["task_id"].as_str().expect("id").to_owned();
+    wait_running(&mut c, &first);
+    let second = c.bash(&s, "echo second", json!({"background": true}));
     let second = second["task_id"].as_str().expect("id").to_owned();
     let t = c.wait_for(&second, 300);
     assert_eq!(t["state"], "queued", "{t}");
@@ -102,6 +115,7 @@ fn canceling_a_queued_task_cancels_it_at_once() {
     let mut c = d.client();
     let s = d.open_session(&mut c);
     let first = c.bash(&s, "sleep 30", json!({"background": true}));
+    wait_running(&mut c, first["task_id"].as_str().expect("id"));
     let queued = c.bash(&s, "echo never", json!({"background": true}));
     let queued = queued["task_id"].as_str().expect("id").to_owned();
     assert_eq!(c.task(&queued)["state"], "queued");
@@ -134,4 +148,80 @@ fn a_session_outlives_the_connection_that_opened_it() {
         .expect("sessions")
         .iter()
         .any(|x| x["session_id"] == s.as_str()));
+}
+
+#[test]
+fn queued_calls_start_in_the_order_they_were_made() {
+    let d = Daemon::start_with_config("max_running = 1\n");
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let ids: Vec<String> = (0..6)
+        .map(|i| {
+            let r = c.bash(
+                &s,
+                &format!("echo {i}; sleep 0.05"),
+                json!({"background": true}),
+            );
+            r["task_id"].as_str().expect("id").to_owned()
+        })
+        .collect();
+    let mut started = Vec::new();
+    for id in &ids {
+        let t = c.wait_settled(id);
+        assert_eq!(t["state"], "succeeded", "{t}");
+        started.push((
+            t["started_at"].as_str().expect("started_at").to_owned(),
+            id.clone(),
+        ));
+    }
+    let mut by_start = started.clone();
+    by_start.sort();
+    assert_eq!(
+        by_start.iter().map(|(_, id)| id).collect::<Vec<_>>(),
+        ids.iter().collect::<Vec<_>>(),
+        "a queue runs first come, first served: {started:?}"
+    );
+}
+
+#[test]
+fn session_open_is_idempotent_for_the_same_workspace_and_refuses_another() {
+    let d = Daemon::start();
+    let mut c = d.client();
+    let a = c.ok(
+        "session.open",
+        json!({"session_id": "same", "workspace": d.workspace}),
+    );
+    let b = c.ok(
+        "session.open",
+        json!({"session_id": "same", "workspace": d.workspace}),
+    );
+    assert_eq!(a, b);
+    let other = d.root.path().join("other-ws");
+    std::fs::create_dir_all(&other).expect("dir");
+    let (code, kind) = c.err(
+        "session.open",
+        json!({"session_id": "same", "workspace": other}),
+    );
+    assert_eq!((code, kind.as_str()), (-32602, "invalid_params"));
+}
+
+#[test]
+fn session_open_refuses_bad_workspaces_and_a_session_dir_inside_the_workspace() {
+    let d = Daemon::start();
+    let mut c = d.client();
+    for ws in [json!("relative/dir"), json!("/no/such/dir"), json!(42)] {
+        let (code, kind) = c.err("session.open", json!({"workspace": ws}));
+        assert_eq!((code, kind.as_str()), (-32602, "invalid_params"), "{ws}");
+    }
+    let inside = d.workspace.join("sessions-here");
+    let (code, kind) = c.err(
+        "session.open",
+        json!({"workspace": d.workspace, "session_dir": inside}),
+    );
+    assert_eq!((code, kind.as_str()), (-32602, "invalid_params"));
+    let (code, kind) = c.err(
+        "session.open",
+        json!({"workspace": d.workspace, "profile": "no-such-profile"}),
+    );
+    assert_eq!((code, kind.as_str()), (-32602, "invalid_params"));
 }
