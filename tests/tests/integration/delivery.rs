@@ -232,3 +232,26 @@ fn a_result_whose_caller_hung_up_stays_pending() {
         "nobody received it inline, so it is left for a wait or a wake: {t}"
     );
 }
+
+#[test]
+fn a_hundred_detached_runs_all_settle_with_their_own_results() {
+    let d = Daemon::start();
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let ids: Vec<String> = (0..100)
+        .map(|i| {
+            let r = c.bash(
+                &s,
+                &format!("sleep 0.3; exit {}", i % 7),
+                json!({"background": true}),
+            );
+            assert_eq!(r["status"], "running");
+            r["task_id"].as_str().expect("id").to_owned()
+        })
+        .collect();
+    for (i, id) in ids.iter().enumerate() {
+        let t = c.wait_settled(id);
+        assert_eq!(t["exit_code"], i % 7, "{t}");
+        assert_eq!(t["delivery"], "wait");
+    }
+}

@@ -218,3 +218,26 @@ fn a_long_inline_answer_is_cut_but_output_log_has_all_of_it() {
         "output.log itself is whole: {t}"
     );
 }
+
+#[test]
+fn task_output_of_a_queued_task_is_empty_and_not_eof() {
+    let d = Daemon::start_with_config("max_running = 1\n");
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let first = c.bash(&s, "sleep 30", json!({"background": true}));
+    let mut t = Value::Null;
+    assert!(sidejob_tests::wait_until(Duration::from_secs(10), || {
+        t = c.task(first["task_id"].as_str().unwrap_or(""));
+        t["state"] == "running"
+    }));
+    let queued = c.bash(&s, "echo later", json!({"background": true}));
+    let p = c.ok("task.output", json!({"task_id": queued["task_id"]}));
+    assert_eq!(
+        p,
+        json!({"data": "", "offset": 0, "next_offset": 0, "size": 0, "eof": false, "truncated": false})
+    );
+    c.ok(
+        "task.cancel",
+        json!({"task_id": first["task_id"], "grace_ms": 100}),
+    );
+}

@@ -254,3 +254,94 @@ fn a_task_queued_when_the_daemon_died_runs_after_restart() {
     assert_eq!(t["state"], "succeeded", "{t}");
     assert_eq!(c.output(&second), "queued-then-run\n");
 }
+
+#[test]
+fn a_reused_pid_is_never_mistaken_for_the_supervisor() {
+    let mut d = Daemon::start();
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let mark = unique_sleep();
+    let r = c.bash(&s, &format!("sleep {mark}"), json!({"background": true}));
+    let id = r["task_id"].as_str().expect("id").to_owned();
+    let dir = run_dir(&r);
+    let pid = supervisor_pid(&dir);
+    d.kill9();
+    signal(pid, libc::SIGKILL);
+    assert!(wait_until(Duration::from_secs(10), || !process_alive(pid)));
+    // Another process now holds a pid the registry (and supervisor.pid) points at.
+    let mut impostor = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .expect("spawn impostor");
+    let impostor_pid = impostor.id() as i32;
+    let db = rusqlite::Connection::open(d.state_dir.join("sidejob.db")).expect("db");
+    db.execute(
+        "UPDATE tasks SET supervisor_pid = ?1 WHERE task_id = ?2",
+        rusqlite::params![impostor_pid, id],
+    )
+    .expect("point the row at the impostor");
+    drop(db);
+    let recorded = std::fs::read_to_string(dir.join("supervisor.pid")).expect("pid file");
+    let start = recorded
+        .split_whitespace()
+        .nth(1)
+        .expect("start time")
+        .to_owned();
+    std::fs::write(
+        dir.join("supervisor.pid"),
+        format!("{impostor_pid} {start}\n"),
+    )
+    .expect("pid file");
+    d.restart();
+    let mut c = d.client();
+    let t = c.task(&id);
+    assert_eq!(t["state"], "failed", "{t}");
+    assert_eq!(t["reason"], "lost", "{t}");
+    assert!(
+        process_alive(impostor_pid),
+        "the daemon must not touch the impostor"
+    );
+    let _ = impostor.kill();
+    let _ = impostor.wait();
+}
+
+#[test]
+fn the_event_log_still_rebuilds_the_registry_after_recovery() {
+    let mut d = Daemon::start();
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let lost = c.bash(&s, "sleep 30", json!({"background": true}));
+    let finished = c.bash(&s, "sleep 0.2; echo x", json!({"background": true}));
+    let alive = c.bash(&s, "sleep 1", json!({"background": true}));
+    let lost_pid = supervisor_pid(&run_dir(&lost));
+    let fin_dir = run_dir(&finished);
+    supervisor_pid(&fin_dir);
+    supervisor_pid(&run_dir(&alive));
+    d.kill9();
+    signal(lost_pid, libc::SIGKILL);
+    assert!(wait_until(Duration::from_secs(10), || !process_alive(
+        lost_pid
+    ) && fin_dir
+        .join("result.json")
+        .exists()));
+    d.restart();
+    let mut c = d.client();
+    c.wait_settled(alive["task_id"].as_str().expect("id"));
+    assert_eq!(
+        c.task(lost["task_id"].as_str().expect("id"))["reason"],
+        "lost"
+    );
+    assert_eq!(d.terminate(), Some(0));
+    let o = std::process::Command::new(sidejob_tests::sidejob_bin())
+        .args(["replay", "--check", "--state-dir"])
+        .arg(&d.state_dir)
+        .output()
+        .expect("replay");
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}

@@ -122,3 +122,72 @@ fn a_bad_config_file_is_refused_with_its_line() {
         "{stderr}"
     );
 }
+
+#[test]
+fn sigint_stops_the_daemon_cleanly_too() {
+    let mut d = Daemon::start();
+    // Once a request has been answered the daemon is fully up.
+    d.client().ok("initialize", json!({}));
+    sidejob_tests::signal(d.pid() as i32, libc::SIGINT);
+    // terminate() sends SIGTERM to an already-stopping daemon and reaps it.
+    assert_eq!(d.terminate(), Some(0));
+}
+
+#[test]
+fn a_sigterm_as_soon_as_the_socket_accepts_is_a_clean_stop() {
+    // Daemon::start returns as soon as the socket accepts a connection: a service manager
+    // may send SIGTERM from that moment on, and it must already be handled.
+    let mut d = Daemon::start();
+    assert_eq!(
+        d.terminate(),
+        Some(0),
+        "killed by the signal instead of stopping"
+    );
+}
+
+#[test]
+fn the_daemon_does_not_leak_descriptors_across_runs() {
+    let d = Daemon::start();
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{}/fd", d.pid()))
+            .expect("fd dir")
+            .count()
+    };
+    // Warm up: the database, the runtime and the connection are open by now.
+    c.bash(&s, "true", json!({}));
+    c.bash(&s, "true", json!({"stdin": "pipe", "background": true}));
+    let before = fds();
+    for i in 0..40 {
+        match i % 4 {
+            0 => {
+                c.bash(&s, "echo x", json!({}));
+            }
+            1 => {
+                let r = c.bash(&s, "cat", json!({"stdin": "pipe", "background": true}));
+                c.ok(
+                    "task.message",
+                    json!({"task_id": r["task_id"], "data": "y", "eof": true}),
+                );
+                c.wait_settled(r["task_id"].as_str().expect("id"));
+            }
+            2 => {
+                let r = c.bash(&s, "sleep 30", json!({"background": true}));
+                c.ok(
+                    "task.cancel",
+                    json!({"task_id": r["task_id"], "grace_ms": 100}),
+                );
+            }
+            _ => {
+                let r = c.bash(&s, "sleep 0.1", json!({"yield_after_ms": 0}));
+                c.wait_settled(r["task_id"].as_str().expect("id"));
+            }
+        }
+    }
+    let after = fds();
+    assert!(
+        after <= before + 2,
+        "the daemon holds {after} descriptors after 40 runs, {before} before"
+    );
+}
