@@ -138,3 +138,31 @@ fn task_message_never_blocks_on_a_command_that_does_not_read() {
     assert_eq!(other["output"], "free\n");
     c.ok("task.cancel", json!({"task_id": id, "grace_ms": 100}));
 }
+
+#[test]
+fn a_message_to_a_queued_task_reaches_it_when_it_starts() {
+    let d = Daemon::start_with_config("max_running = 1\n");
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let first = c.bash(&s, "sleep 30", json!({"background": true}));
+    let first = first["task_id"].as_str().expect("id").to_owned();
+    assert!(sidejob_tests::wait_until(Duration::from_secs(10), || c
+        .task(&first)["state"]
+        == "running"));
+    let r = c.bash(&s, "cat", json!({"background": true, "stdin": "pipe"}));
+    let id = r["task_id"].as_str().expect("id").to_owned();
+    assert_eq!(c.task(&id)["state"], "queued");
+    // A host may write as soon as tool.call answers, whether or not the run has started.
+    let m = c.call(
+        "task.message",
+        json!({"task_id": id, "data": "queued-input\n", "eof": true}),
+    );
+    assert!(
+        m.is_ok(),
+        "a piped stdin accepts messages while queued: {m:?}"
+    );
+    c.ok("task.cancel", json!({"task_id": first, "grace_ms": 100}));
+    let t = c.wait_settled(&id);
+    assert_eq!(t["state"], "succeeded", "{t}");
+    assert_eq!(c.output(&id), "queued-input\n");
+}
