@@ -2,6 +2,8 @@
 
 mod client;
 mod commands;
+mod doctor;
+pub mod exec;
 
 pub use client::{Client, ClientError};
 
@@ -112,6 +114,40 @@ enum Command {
         #[arg(default_value = "{}")]
         params: String,
     },
+    /// Run one command in the sandbox, without a daemon (for CI): output to the terminal,
+    /// the command's exit code passed through (128+N on signal N, 124 on timeout, 125 when
+    /// the sandbox cannot be built)
+    #[command(
+        after_help = "Examples:\n  sidejob exec -- make test\n  sidejob exec --profile ci --timeout 30m -- ./build.sh\n  \
+                  sidejob exec --profile ./my-profile.toml --env TOKEN=x --json -- cargo test"
+    )]
+    Exec {
+        /// A profile name (read-only, workspace-write, ci, network, or one from the profile
+        /// directory) or a profile file [default: workspace-write]
+        #[arg(long, value_name = "NAME|FILE")]
+        profile: Option<String>,
+        /// The directory the command may write [default: the current directory]
+        #[arg(long, value_name = "DIR")]
+        workspace: Option<PathBuf>,
+        /// Stop the command after this long (e.g. 90s, 10m); exit code 124
+        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        timeout: Option<std::time::Duration>,
+        /// Set a variable in the command's environment (repeatable); nothing else of yours
+        /// is passed but what the profile allows
+        #[arg(long = "env", value_name = "K=V")]
+        env: Vec<String>,
+        /// Print result.json at the end
+        #[arg(long)]
+        json: bool,
+        /// The command and its arguments
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Show which sandbox layers this host can apply, and why a missing one is missing
+    Doctor {
+        #[arg(long)]
+        json: bool,
+    },
     /// (internal) Supervise one run; started by the daemon
     #[command(hide = true)]
     Supervise { run_dir: PathBuf },
@@ -123,6 +159,28 @@ pub fn main() -> i32 {
     // The supervisor must stay single-threaded: dispatch to it before anything else runs.
     if let Command::Supervise { run_dir } = &cli.command {
         return crate::supervisor::main(run_dir);
+    }
+    // So must `exec` and `doctor`, which run the supervisor in this process.
+    match cli.command {
+        Command::Exec {
+            profile,
+            workspace,
+            timeout,
+            env,
+            json,
+            command,
+        } => {
+            return exec::exec(exec::ExecArgs {
+                profile,
+                workspace,
+                timeout,
+                env,
+                json,
+                command,
+            })
+        }
+        Command::Doctor { json } => return doctor::doctor(json),
+        _ => {}
     }
     let socket = cli
         .socket
@@ -159,7 +217,7 @@ pub fn main() -> i32 {
             state_dir,
         } => commands::replay(state_dir),
         Command::Rpc { method, params } => commands::rpc(&socket, &method, &params),
-        Command::Supervise { .. } => Ok(0),
+        Command::Supervise { .. } | Command::Exec { .. } | Command::Doctor { .. } => Ok(0),
     };
     match result {
         Ok(code) => code,

@@ -47,6 +47,9 @@ pub enum ExecError {
     InvalidState(String),
     #[error("{0}")]
     LimitExceeded(String),
+    /// The profile needs a sandbox layer this host lacks.
+    #[error("{0}")]
+    SandboxUnavailable(String),
     #[error("{step} {path}: {source}")]
     Io {
         step: &'static str,
@@ -283,10 +286,18 @@ impl Executor {
         let tool_plan = tool
             .plan(&req.args, &ctx)
             .map_err(|e| ExecError::InvalidParams(e.0))?;
-        let profile = req
-            .profile
-            .clone()
-            .unwrap_or_else(|| req.session.profile.clone());
+        // The session's profile, or the narrower one the call names, resolved for this run.
+        let sb = sandbox::for_call(
+            &req.session.profile,
+            req.profile.as_deref(),
+            &workspace,
+            Path::new(&req.session.session_dir),
+        )
+        .map_err(|e| match e {
+            sandbox::CallSandboxError::Invalid(m) => ExecError::InvalidParams(m),
+            sandbox::CallSandboxError::Unavailable(m) => ExecError::SandboxUnavailable(m),
+        })?;
+        let profile = sb.profile.clone();
 
         let run_dir = Path::new(&req.session.session_dir)
             .join(".background")
@@ -297,13 +308,20 @@ impl Executor {
             source,
         })?;
         // Root runs other users' commands as those users, never as root.
-        let (uid, gid) = if sys::getuid() == 0 && req.owner_uid != 0 {
-            (Some(req.owner_uid), Some(req.owner_gid))
-        } else {
-            (None, None)
+        let (uid, gid) = match sb.run_as {
+            sandbox::RunAs::Ids { uid, gid } => (Some(uid), Some(gid)),
+            sandbox::RunAs::Caller if sys::getuid() == 0 && req.owner_uid != 0 => {
+                (Some(req.owner_uid), Some(req.owner_gid))
+            }
+            sandbox::RunAs::Caller => (None, None),
         };
-        let mut env = sandbox::base_env(&req.session.workspace, &task_id, &req.session.session_id);
+        let mut env = sb.env;
+        env.push(("SIDEJOB_TASK_ID".into(), task_id.clone()));
+        env.push(("SIDEJOB_SESSION_ID".into(), req.session.session_id.clone()));
         env.extend(tool_plan.env);
+        let cap = sb.timeout_ms.map_or(self.cfg.detached_cap_ms, |t| {
+            t.min(self.cfg.detached_cap_ms)
+        });
         let plan = LaunchPlan {
             task_id: task_id.clone(),
             session_id: req.session.session_id.clone(),
@@ -315,12 +333,14 @@ impl Executor {
             run_dir: run_dir.clone(),
             uid,
             gid,
-            timeout_ms: Some(req.timeout_ms.map_or(self.cfg.detached_cap_ms, |t| {
-                t.min(self.cfg.detached_cap_ms)
-            })),
-            kill_grace_ms: self.cfg.cancel_grace_ms,
-            max_output_bytes: self.cfg.max_output_bytes,
+            timeout_ms: Some(req.timeout_ms.map_or(cap, |t| t.min(cap))),
+            kill_grace_ms: sb.kill_grace_ms.unwrap_or(self.cfg.cancel_grace_ms),
+            max_output_bytes: sb.max_output_bytes.map_or(self.cfg.max_output_bytes, |m| {
+                m.min(self.cfg.max_output_bytes)
+            }),
             tee_stdout: false,
+            bridge_socket: None,
+            sandbox: sb.sandbox,
         };
         let plan_bytes = serde_json::to_vec_pretty(&plan)
             .map_err(|e| ExecError::InvalidParams(e.to_string()))?;

@@ -1,17 +1,25 @@
-//! What a run is allowed to do, as data: the launch plan the daemon writes into the run
-//! directory and the supervisor carries out. Pure: nothing here touches the system.
-//!
-//! The sandbox issue extends [`LaunchPlan`] with the profile's layers (mount view, landlock,
-//! seccomp, limits); the supervisor applies whatever the plan names, in one place.
+//! What a run is allowed to do, as data (SPEC §9): profiles ([`profile`]), where they come
+//! from ([`catalog`]), how one becomes the sandbox part of a launch plan ([`resolve`]), and
+//! the launch plan the daemon (or `sidejob exec`) writes and the supervisor carries out.
+//! Pure: nothing here touches the system; [`linux`] applies a plan.
+
+pub mod catalog;
+pub mod linux;
+pub mod profile;
+pub mod resolve;
 
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+pub use catalog::{Catalog, CatalogError};
+pub use profile::{Limits, Network, Profile, ProfileError, RunAs};
+pub use resolve::{MountSpec, SandboxPlan};
+
 /// The tail of the output kept once `max_output_bytes` is reached (SPEC §4).
 pub const OUTPUT_TAIL_BYTES: u64 = 1024 * 1024;
 
-/// The profiles shipped in `sandbox-profiles/`.
+/// The profiles shipped in `sandbox-profiles/` (compiled in; see [`Catalog`]).
 pub const SHIPPED_PROFILES: &[&str] = &["read-only", "workspace-write", "ci", "network"];
 
 /// Everything the supervisor needs to start, watch and settle one run.
@@ -41,6 +49,13 @@ pub struct LaunchPlan {
     /// Also copy the output to the supervisor's stdout (`sidejob exec`).
     #[serde(default)]
     pub tee_stdout: bool,
+    /// The run's bridge socket (SPEC §10), exported as `SIDEJOB_BRIDGE`; the sandbox must make
+    /// this path reachable inside the run's view.
+    #[serde(default)]
+    pub bridge_socket: Option<PathBuf>,
+    /// The sandbox the command runs in. Required: a plan without one is refused rather
+    /// than run unconfined.
+    pub sandbox: SandboxPlan,
 }
 
 impl LaunchPlan {
@@ -105,4 +120,95 @@ mod tests {
             None
         );
     }
+}
+
+/// Why a call's sandbox cannot be built.
+#[derive(Debug, thiserror::Error)]
+pub enum CallSandboxError {
+    /// An unknown or invalid profile, or one wider than the session's.
+    #[error("{0}")]
+    Invalid(String),
+    /// The profile needs a layer this host lacks (`sandbox_unavailable`, -32003).
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// The sandbox side of one daemon call, ready to go into its [`LaunchPlan`].
+#[derive(Debug, Clone)]
+pub struct CallSandbox {
+    pub profile: String,
+    pub sandbox: SandboxPlan,
+    /// The scrubbed environment (the daemon passes nothing of its own).
+    pub env: Vec<(String, String)>,
+    pub run_as: RunAs,
+    pub timeout_ms: Option<u64>,
+    pub kill_grace_ms: Option<u64>,
+    pub max_output_bytes: Option<u64>,
+}
+
+/// Loads a profile by name and checks that this host can enforce it.
+pub fn check_profile(catalog: &Catalog, name: &str) -> Result<Profile, CallSandboxError> {
+    let profile = catalog
+        .get(name)
+        .map_err(|e| CallSandboxError::Invalid(e.to_string()))?;
+    let probe = resolve::resolve(
+        &profile,
+        &resolve::Context {
+            workspace: std::path::Path::new("/"),
+            session_dir: None,
+            home: None,
+            caller_env: &[],
+        },
+    )
+    .map_err(CallSandboxError::Invalid)?;
+    let missing = linux::Availability::cached().missing(&probe.sandbox);
+    if !missing.is_empty() && !profile.best_effort {
+        return Err(CallSandboxError::Unavailable(format!(
+            "profile {name:?} needs sandbox layers this host lacks: {}; use a profile with best_effort = true to run without them",
+            linux::describe_missing(&missing)
+        )));
+    }
+    Ok(profile)
+}
+
+/// Resolves the session's profile, or the narrower one a call names, for a daemon run.
+pub fn for_call(
+    session_profile: &str,
+    call_profile: Option<&str>,
+    workspace: &std::path::Path,
+    session_dir: &std::path::Path,
+) -> Result<CallSandbox, CallSandboxError> {
+    let catalog = Catalog::new(Catalog::default_dir());
+    let session = check_profile(&catalog, session_profile)?;
+    let profile = match call_profile {
+        Some(name) if name != session.name => {
+            let p = check_profile(&catalog, name)?;
+            p.check_narrows(&session).map_err(|m| {
+                CallSandboxError::Invalid(format!(
+                    "{m}; a call may only narrow its session's profile"
+                ))
+            })?;
+            p
+        }
+        _ => session,
+    };
+    let r = resolve::resolve(
+        &profile,
+        &resolve::Context {
+            workspace,
+            session_dir: Some(session_dir),
+            home: None,
+            caller_env: &[],
+        },
+    )
+    .map_err(CallSandboxError::Invalid)?;
+    Ok(CallSandbox {
+        profile: profile.name.clone(),
+        sandbox: r.sandbox,
+        env: r.env,
+        run_as: profile.run_as,
+        timeout_ms: r.timeout_ms,
+        kill_grace_ms: r.kill_grace_ms,
+        max_output_bytes: profile.limits.output,
+    })
 }

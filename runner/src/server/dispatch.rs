@@ -11,7 +11,6 @@ use crate::executor::{page, CallRequest, ExecError};
 use crate::ids;
 use crate::protocol::*;
 use crate::registry::{RegistryError, TaskRow};
-use crate::sandbox::SHIPPED_PROFILES;
 use crate::session::{self, SessionError};
 
 /// The longest `task.wait` honoured.
@@ -39,6 +38,7 @@ impl From<SessionError> for RpcError {
             SessionError::InvalidParams(_) => ErrorKind::InvalidParams,
             SessionError::PermissionDenied(_) => ErrorKind::PermissionDenied,
             SessionError::NotFound(_) => ErrorKind::NotFound,
+            SessionError::SandboxUnavailable(_) => ErrorKind::SandboxUnavailable,
             SessionError::Dir { .. } | SessionError::Registry(_) => ErrorKind::Internal,
         };
         RpcError::new(kind, e.to_string())
@@ -51,6 +51,7 @@ impl From<ExecError> for RpcError {
             ExecError::InvalidParams(_) => ErrorKind::InvalidParams,
             ExecError::InvalidState(_) => ErrorKind::InvalidState,
             ExecError::LimitExceeded(_) => ErrorKind::LimitExceeded,
+            ExecError::SandboxUnavailable(_) => ErrorKind::SandboxUnavailable,
             ExecError::Io { .. } | ExecError::Registry(_) => ErrorKind::Internal,
         };
         RpcError::new(kind, e.to_string())
@@ -190,17 +191,6 @@ pub async fn dispatch(
                     format!("session {} is closed", p.session_id),
                 )
                 .with_hint("open it again with session.open"));
-            }
-            if let Some(profile) = &p.profile {
-                if !SHIPPED_PROFILES.contains(&profile.as_str()) {
-                    return Err(RpcError::new(
-                        ErrorKind::InvalidParams,
-                        format!(
-                            "unknown profile {profile:?}; known: {}",
-                            SHIPPED_PROFILES.join(", ")
-                        ),
-                    ));
-                }
             }
             let req = CallRequest {
                 owner_uid: peer.uid,

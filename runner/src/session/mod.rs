@@ -6,7 +6,7 @@ use crate::config::Config;
 use crate::ids;
 use crate::protocol::{SessionOpenParams, SessionOpenResult};
 use crate::registry::{Registry, RegistryError, SessionRow};
-use crate::sandbox::SHIPPED_PROFILES;
+use crate::sandbox;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
@@ -16,6 +16,9 @@ pub enum SessionError {
     PermissionDenied(String),
     #[error("session {0} not found")]
     NotFound(String),
+    /// The profile needs a sandbox layer this host lacks.
+    #[error("{0}")]
+    SandboxUnavailable(String),
     #[error("cannot create session directory {path}: {source}")]
     Dir {
         path: PathBuf,
@@ -67,12 +70,16 @@ pub fn open(
     }
     let workspace = absolute_dir("workspace", &p.workspace)?;
     let profile = p.profile.unwrap_or_else(|| cfg.default_profile.clone());
-    if !SHIPPED_PROFILES.contains(&profile.as_str()) {
-        return Err(SessionError::InvalidParams(format!(
-            "unknown profile {profile:?}; known: {}",
-            SHIPPED_PROFILES.join(", ")
-        )));
-    }
+    // Known, valid and enforceable on this host: a session never starts with a profile its
+    // runs would be refused under.
+    sandbox::check_profile(
+        &sandbox::Catalog::new(sandbox::Catalog::default_dir()),
+        &profile,
+    )
+    .map_err(|e| match e {
+        sandbox::CallSandboxError::Invalid(m) => SessionError::InvalidParams(m),
+        sandbox::CallSandboxError::Unavailable(m) => SessionError::SandboxUnavailable(m),
+    })?;
     if let Some(parent) = &p.parent_session_id {
         get_for(registry, uid, parent)?;
     }

@@ -3,20 +3,10 @@
 //! Runs in a child forked from the (single-threaded) supervisor, so allocation is safe here.
 //! Nothing in this file returns: each path ends in `exec` or `_exit`.
 
-use std::ffi::CString;
 use std::os::fd::{AsRawFd, OwnedFd};
 
-use crate::sys::{self, Exit, Fork, SigSet};
-
-/// The command, ready to exec (strings converted before forking).
-pub struct Command {
-    pub program: CString,
-    pub argv: Vec<CString>,
-    pub envp: Vec<CString>,
-    pub cwd: std::path::PathBuf,
-    pub uid: Option<u32>,
-    pub gid: Option<u32>,
-}
+use crate::sandbox::linux::{self, Command, Prepared};
+use crate::sys::{self, Exit, SigSet};
 
 /// Descriptors the init and the command inherit from the supervisor.
 pub struct Pipes {
@@ -31,9 +21,10 @@ pub struct Pipes {
     pub lifeline: OwnedFd,
 }
 
-/// The run's init: starts the command, reaps everything, forwards SIGTERM to the whole
-/// namespace, and when the command exits, kills what it left behind and reports.
-pub fn run(cmd: &Command, pipes: Pipes) -> ! {
+/// The run's init: builds the sandbox and starts the command in it ([`linux::launch`]),
+/// reaps everything, forwards SIGTERM to the whole namespace, and when the command exits,
+/// kills what it left behind and reports.
+pub fn run(cmd: &Command, sandbox: &Prepared, pipes: Pipes) -> ! {
     // If the supervisor dies, so does the run: init's death takes the namespace with it. The
     // parent is outside this namespace (getppid() says 0), so the lifeline tells whether the
     // supervisor died before the death signal was armed.
@@ -56,13 +47,10 @@ pub fn run(cmd: &Command, pipes: Pipes) -> ! {
         let _ = sys::install_noop_handler(sig);
     }
 
-    // SAFETY: this process is a fork of the single-threaded supervisor and is itself
-    // single-threaded.
-    let child = match unsafe { sys::fork() } {
-        Ok(Fork::Child) => exec_command(cmd, &pipes),
-        Ok(Fork::Parent(pid)) => pid,
+    let child = match linux::launch(sandbox, cmd, &pipes.output, &pipes.exec_error) {
+        Ok(pid) => pid,
         Err(e) => {
-            sys::write_all_fd(&pipes.exec_error, format!("fork: {e}").as_bytes());
+            sys::write_all_fd(&pipes.status, format!("error sandbox: {e}").as_bytes());
             sys::exit_now(1);
         }
     };
@@ -111,35 +99,4 @@ pub fn run(cmd: &Command, pipes: Pipes) -> ! {
     };
     sys::write_all_fd(&status, report.as_bytes());
     sys::exit_now(0)
-}
-
-/// The command's side of the fork: its own session, output to the pipe, the plan's uid, exec.
-fn exec_command(cmd: &Command, pipes: &Pipes) -> ! {
-    let fail = |step: &str, e: std::io::Error| -> ! {
-        sys::write_all_fd(&pipes.exec_error, format!("{step}: {e}").as_bytes());
-        sys::exit_now(127)
-    };
-    let _ = SigSet::all().unblock();
-    sys::reset_signal_dispositions();
-    if let Err(e) = sys::setsid() {
-        fail("setsid", e);
-    }
-    let out = pipes.output.as_raw_fd();
-    if let Err(e) = sys::dup2(out, 1).and_then(|_| sys::dup2(out, 2)) {
-        fail("redirect output", e);
-    }
-    if let Err(e) = std::env::set_current_dir(&cmd.cwd) {
-        fail(&format!("chdir {}", cmd.cwd.display()), e);
-    }
-    if let (Some(uid), Some(gid)) = (cmd.uid, cmd.gid) {
-        if let Err(e) = sys::drop_to(uid, gid) {
-            fail(&format!("switch to uid {uid} gid {gid}"), e);
-        }
-    }
-    // Nothing beyond stdio crosses into the command.
-    if let Err(e) = sys::cloexec_from(3) {
-        fail("close inherited descriptors", e);
-    }
-    let err = sys::execve(&cmd.program, &cmd.argv, &cmd.envp);
-    fail(&format!("exec {}", cmd.program.to_string_lossy()), err)
 }

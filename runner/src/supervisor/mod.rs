@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 pub use result::RunResult;
 
 use crate::protocol::{FailReason, TaskState};
+use crate::sandbox::linux::{self, PrepareError};
 use crate::sandbox::{resolve_program, LaunchPlan, OUTPUT_TAIL_BYTES};
 use crate::sys::{self, Exit, Fork, SigSet};
 
@@ -71,12 +72,16 @@ pub enum SuperviseError {
     },
     #[error("pid namespace unavailable: {0}")]
     PidNamespace(io::Error),
+    #[error(transparent)]
+    Sandbox(#[from] PrepareError),
 }
 
 impl SuperviseError {
-    fn reason(&self) -> FailReason {
+    pub fn reason(&self) -> FailReason {
         match self {
-            SuperviseError::PidNamespace(_) => FailReason::SandboxError,
+            SuperviseError::PidNamespace(_) | SuperviseError::Sandbox(_) => {
+                FailReason::SandboxError
+            }
             SuperviseError::Plan { .. }
             | SuperviseError::Output { .. }
             | SuperviseError::NotFound(_)
@@ -162,12 +167,16 @@ pub fn supervise(plan: &LaunchPlan, started: SystemTime) -> Result<RunResult, Su
     );
 
     let cmd = prepare_command(plan)?;
+    // Checks the plan against this host, creates the run's cgroup, compiles the filters:
+    // everything that can fail or allocate happens here, before any fork.
+    let sandbox = linux::prepare(plan)?;
     let (out_r, out_w) = sys::pipe().map_err(setup("output pipe"))?;
     let (err_r, err_w) = sys::pipe().map_err(setup("exec error pipe"))?;
     let (status_r, status_w) = sys::pipe().map_err(setup("status pipe"))?;
     let (lifeline_r, lifeline_w) = sys::pipe().map_err(setup("lifeline pipe"))?;
 
     let mut layers = enter_pid_namespace()?;
+    layers.extend(sandbox.layers.iter().cloned());
     layers.sort();
 
     // SAFETY: the supervisor is single-threaded (no tokio, no helper threads).
@@ -176,6 +185,7 @@ pub fn supervise(plan: &LaunchPlan, started: SystemTime) -> Result<RunResult, Su
             drop((out_r, err_r, status_r, sigfd, lifeline_w));
             init::run(
                 &cmd,
+                &sandbox,
                 init::Pipes {
                     output: out_w,
                     exec_error: err_w,
@@ -201,6 +211,7 @@ pub fn supervise(plan: &LaunchPlan, started: SystemTime) -> Result<RunResult, Su
     let mut init_exit: Option<Exit> = None;
     let mut drain_until: Option<Instant> = None;
     let mut out_open = true;
+    let mut status_open = true;
     let mut status_buf = Vec::new();
     let mut buf = vec![0u8; 64 * 1024];
 
@@ -236,10 +247,17 @@ pub fn supervise(plan: &LaunchPlan, started: SystemTime) -> Result<RunResult, Su
             })
             .unwrap_or(-1);
 
-        let mut fds = vec![sigfd.as_raw_fd(), status_r.as_raw_fd()];
-        if out_open {
-            fds.push(out_r.as_raw_fd());
-        }
+        // poll(2) ignores negative descriptors: a closed pipe is left out without shifting
+        // the others' positions.
+        let fds = [
+            sigfd.as_raw_fd(),
+            if status_open {
+                status_r.as_raw_fd()
+            } else {
+                -1
+            },
+            if out_open { out_r.as_raw_fd() } else { -1 },
+        ];
         let ready = sys::poll_readable(&fds, timeout).map_err(setup("poll"))?;
 
         if out_open && ready[2] {
@@ -266,8 +284,8 @@ pub fn supervise(plan: &LaunchPlan, started: SystemTime) -> Result<RunResult, Su
                 }
             }
         }
-        if ready[1] {
-            read_available(&status_r, &mut status_buf);
+        if ready[1] && read_available(&status_r, &mut status_buf) {
+            status_open = false;
         }
         if ready[0] {
             while let Ok(Some(sig)) = sys::read_signalfd(&sigfd) {
@@ -324,6 +342,12 @@ pub fn supervise(plan: &LaunchPlan, started: SystemTime) -> Result<RunResult, Su
     if output_truncated {
         result.violations.push("output_cap".into());
     }
+    if let Some(cg) = &sandbox.cgroup {
+        result
+            .violations
+            .extend(cg.violations().into_iter().map(String::from));
+        cg.remove();
+    }
     let status = String::from_utf8_lossy(&status_buf).into_owned();
     let mut words = status.split_whitespace();
     let ended_how = match (
@@ -340,9 +364,22 @@ pub fn supervise(plan: &LaunchPlan, started: SystemTime) -> Result<RunResult, Su
         Some(Exit::Signal(s)) => result.signal = Some(s),
         None => {}
     }
+    // Rlimit kills: the signal itself, or a shell's 128+N for a child it lost that way.
+    let killed_by =
+        |sig: i32| ended_how == Some(Exit::Signal(sig)) || ended_how == Some(Exit::Code(128 + sig));
+    if killed_by(libc::SIGXFSZ) {
+        result.violations.push("file_size".into());
+    }
+    if killed_by(libc::SIGXCPU) && !result.violations.iter().any(|v| v == "cpu_limit") {
+        result.violations.push("cpu_limit".into());
+    }
 
     if !exec_error.is_empty() {
-        result.reason = Some(FailReason::SpawnError);
+        result.reason = Some(if exec_error.starts_with(b"sandbox ") {
+            FailReason::SandboxError
+        } else {
+            FailReason::SpawnError
+        });
         result.exit_code = None;
         result.error = Some(String::from_utf8_lossy(&exec_error).into_owned());
     } else if let Some(reason) = stop {
@@ -398,7 +435,7 @@ fn enter_pid_namespace() -> Result<Vec<String>, SuperviseError> {
 }
 
 /// Converts the plan's command into exec-ready strings before any fork.
-fn prepare_command(plan: &LaunchPlan) -> Result<init::Command, SuperviseError> {
+fn prepare_command(plan: &LaunchPlan) -> Result<linux::Command, SuperviseError> {
     let cstr = |s: &str| CString::new(s).map_err(|_| SuperviseError::Nul(s.to_owned()));
     let argv0 = plan
         .argv
@@ -412,7 +449,7 @@ fn prepare_command(plan: &LaunchPlan) -> Result<init::Command, SuperviseError> {
         .unwrap_or("/usr/bin:/bin");
     let program =
         resolve_program(argv0, path_var).ok_or_else(|| SuperviseError::NotFound(argv0.clone()))?;
-    Ok(init::Command {
+    Ok(linux::Command {
         program: cstr(&program.to_string_lossy())?,
         argv: plan
             .argv
@@ -430,13 +467,15 @@ fn prepare_command(plan: &LaunchPlan) -> Result<init::Command, SuperviseError> {
     })
 }
 
-fn read_available(fd: &OwnedFd, out: &mut Vec<u8>) {
+/// Reads what a non-blocking pipe holds; true once its writers are all gone.
+fn read_available(fd: &OwnedFd, out: &mut Vec<u8>) -> bool {
     let mut buf = [0u8; 4096];
-    while let Ok(n) = sys::read_fd(fd, &mut buf) {
-        if n == 0 {
-            break;
+    loop {
+        match sys::read_fd(fd, &mut buf) {
+            Ok(0) => return true,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(_) => return false,
         }
-        out.extend_from_slice(&buf[..n]);
     }
 }
 

@@ -4,6 +4,8 @@
 //! Every wrapper returns `io::Result` with the OS error; callers add the step and the path.
 #![allow(unsafe_code)]
 
+pub mod sandbox;
+
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};

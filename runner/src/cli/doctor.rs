@@ -1,0 +1,188 @@
+//! `sidejob doctor`: which sandbox layers this host can apply, and why not, plus a live
+//! check that runs `/bin/true` under the default profile through the real supervisor.
+
+use std::time::{Instant, SystemTime};
+
+use serde_json::json;
+
+use crate::protocol::TaskState;
+use crate::sandbox::linux::Availability;
+use crate::sandbox::resolve::{self, Context};
+use crate::sandbox::{Catalog, LaunchPlan};
+
+/// Runs `sidejob doctor`; returns 0 when every layer the default profile needs is here.
+pub fn doctor(json_out: bool) -> i32 {
+    let a = Availability::probe();
+    let layers = a.report();
+    let catalog = Catalog::new(Catalog::default_dir());
+    let mut profiles = Vec::new();
+    for name in catalog.names() {
+        let status = match catalog.get(&name) {
+            Err(e) => json!({"name": name, "usable": false, "detail": e.to_string()}),
+            Ok(p) => {
+                let r = resolve::resolve(
+                    &p,
+                    &Context {
+                        workspace: std::path::Path::new("/"),
+                        session_dir: None,
+                        home: None,
+                        caller_env: &[],
+                    },
+                );
+                match r {
+                    Err(e) => json!({"name": name, "usable": false, "detail": e}),
+                    Ok(r) => {
+                        let missing = a.missing(&r.sandbox);
+                        let usable = missing.is_empty() || p.best_effort;
+                        let detail = if missing.is_empty() {
+                            "all layers available".to_owned()
+                        } else {
+                            format!(
+                                "{}: {}",
+                                if p.best_effort {
+                                    "best effort without"
+                                } else {
+                                    "refused, missing"
+                                },
+                                crate::sandbox::linux::describe_missing(&missing)
+                            )
+                        };
+                        json!({"name": name, "usable": usable, "detail": detail})
+                    }
+                }
+            }
+        };
+        profiles.push(status);
+    }
+    let trial = trial_run();
+    let ok = profiles
+        .iter()
+        .any(|p| p["name"] == "workspace-write" && p["usable"] == true)
+        && trial["ok"] == true;
+    if json_out {
+        let out = json!({
+            "kernel": a.kernel,
+            "root": a.root,
+            "landlock_abi": a.landlock_abi.as_ref().ok(),
+            "cgroup": match &a.cgroup {
+                Ok(h) => json!({"version": match h.version {
+                    crate::sandbox::linux::cgroup::Version::V1 => "v1",
+                    crate::sandbox::linux::cgroup::Version::V2 => "v2",
+                }, "controllers": h.bases.iter().map(|(c, b)| json!({"controller": c.name(), "dir": b})).collect::<Vec<_>>()}),
+                Err(e) => json!({"error": e}),
+            },
+            "layers": layers,
+            "profiles": profiles,
+            "trial": trial,
+            "ok": ok,
+        });
+        println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+    } else {
+        println!(
+            "kernel {}, {}",
+            a.kernel,
+            if a.root {
+                "running as root"
+            } else {
+                "not root"
+            }
+        );
+        println!(
+            "landlock: {}",
+            match &a.landlock_abi {
+                Ok(v) => format!("ABI {v}"),
+                Err(e) => e.clone(),
+            }
+        );
+        println!();
+        let width = layers.iter().map(|l| l.layer.len()).max().unwrap_or(10);
+        for l in &layers {
+            println!(
+                "  {:width$}  {:7}  {}",
+                l.layer,
+                if l.active { "active" } else { "MISSING" },
+                l.detail
+            );
+        }
+        println!("\nprofiles:");
+        for p in &profiles {
+            println!(
+                "  {:16} {:9} {}",
+                p["name"].as_str().unwrap_or(""),
+                if p["usable"] == true {
+                    "usable"
+                } else {
+                    "REFUSED"
+                },
+                p["detail"].as_str().unwrap_or("")
+            );
+        }
+        println!(
+            "\ntrial: /bin/true under workspace-write: {}",
+            trial["detail"].as_str().unwrap_or("")
+        );
+    }
+    if ok {
+        0
+    } else {
+        1
+    }
+}
+
+/// `/bin/true` under the default profile, through the supervisor, in a scratch workspace.
+fn trial_run() -> serde_json::Value {
+    let catalog = Catalog::new(Catalog::default_dir());
+    let run = || -> Result<String, String> {
+        let profile = catalog.get("workspace-write").map_err(|e| e.to_string())?;
+        let base = std::env::temp_dir().join(format!("sidejob-doctor-{}", std::process::id()));
+        let ws = base.join("workspace");
+        let run_dir = base.join("run");
+        std::fs::create_dir_all(&ws).map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(&run_dir).map_err(|e| e.to_string())?;
+        let r = resolve::resolve(
+            &profile,
+            &Context {
+                workspace: &ws,
+                session_dir: None,
+                home: None,
+                caller_env: &[],
+            },
+        )?;
+        let plan = LaunchPlan {
+            task_id: crate::ids::ulid(),
+            session_id: "doctor".into(),
+            tool: "doctor".into(),
+            profile: profile.name.clone(),
+            argv: vec!["/bin/true".into()],
+            env: r.env,
+            cwd: ws.clone(),
+            run_dir,
+            uid: None,
+            gid: None,
+            timeout_ms: Some(10_000),
+            kill_grace_ms: 1_000,
+            max_output_bytes: 1 << 20,
+            tee_stdout: false,
+            bridge_socket: None,
+            sandbox: r.sandbox,
+        };
+        let t = Instant::now();
+        let res = crate::supervisor::supervise(&plan, SystemTime::now());
+        let ms = t.elapsed().as_secs_f64() * 1000.0;
+        let _ = std::fs::remove_dir_all(&base);
+        match res {
+            Ok(r) if r.state == TaskState::Succeeded => Ok(format!(
+                "ok in {ms:.1} ms with {}",
+                r.sandbox_layers.join(", ")
+            )),
+            Ok(r) => Err(r
+                .error
+                .unwrap_or_else(|| format!("{:?} {:?}", r.state, r.reason))),
+            Err(e) => Err(e.to_string()),
+        }
+    };
+    match run() {
+        Ok(d) => json!({"ok": true, "detail": d}),
+        Err(e) => json!({"ok": false, "detail": format!("failed: {e}")}),
+    }
+}

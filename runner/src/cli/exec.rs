@@ -1,0 +1,190 @@
+//! `sidejob exec`: one command in the sandbox, no daemon, through the same supervisor code
+//! the daemon's runs use (called in-process: this process is still single-threaded).
+//! The output goes to the terminal; the exit code is the command's (128+N when signal N
+//! ended it, 124 on timeout, 125 when the sandbox could not be built, 126/127 when the
+//! command could not be run).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use crate::protocol::{FailReason, TaskState};
+use crate::sandbox::resolve::{self, Context};
+use crate::sandbox::{Catalog, LaunchPlan, RunAs};
+use crate::supervisor::{self, RunResult};
+
+/// Exit code when the sandbox cannot be built (as `env`, `timeout` and container runtimes use).
+pub const EXIT_SANDBOX: i32 = 125;
+pub const EXIT_TIMEOUT: i32 = 124;
+
+pub struct ExecArgs {
+    pub profile: Option<String>,
+    pub workspace: Option<PathBuf>,
+    pub timeout: Option<Duration>,
+    pub env: Vec<String>,
+    pub json: bool,
+    pub command: Vec<String>,
+}
+
+fn fail(msg: impl std::fmt::Display, hint: Option<&str>) -> i32 {
+    eprintln!("sidejob exec: {msg}");
+    if let Some(h) = hint {
+        eprintln!("  hint: {h}");
+    }
+    EXIT_SANDBOX
+}
+
+/// A private directory for the run's files (output.log; it is also where the sandbox's root
+/// is staged in the run's own mount namespace). `/dev/shm` when usable: nothing there
+/// needs to survive the run, so it need not touch a disk.
+fn make_run_dir() -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let name = format!("sidejob-exec-{}-{}", std::process::id(), crate::ids::ulid());
+    let shm = Path::new("/dev/shm");
+    let base = if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    let dir = base.join(name);
+    std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+    Ok(dir)
+}
+
+/// Runs `sidejob exec`; returns the process exit code.
+pub fn exec(a: ExecArgs) -> i32 {
+    let catalog = Catalog::new(Catalog::default_dir());
+    let profile = match catalog.get_or_file(a.profile.as_deref().unwrap_or("workspace-write")) {
+        Ok(p) => p,
+        Err(e) => return fail(e, None),
+    };
+    let workspace = match a
+        .workspace
+        .clone()
+        .map_or_else(std::env::current_dir, Ok)
+        .and_then(|w| w.canonicalize())
+    {
+        Ok(w) if w.is_dir() => w,
+        Ok(w) => {
+            return fail(
+                format!("workspace {} is not a directory", w.display()),
+                None,
+            )
+        }
+        Err(e) => return fail(format!("workspace: {e}"), None),
+    };
+    let caller_env: Vec<(String, String)> = std::env::vars().collect();
+    let home = std::env::var_os("HOME").map(PathBuf::from);
+    let resolved = match resolve::resolve(
+        &profile,
+        &Context {
+            workspace: &workspace,
+            session_dir: None,
+            home: home.as_deref(),
+            caller_env: &caller_env,
+        },
+    ) {
+        Ok(r) => r,
+        Err(e) => return fail(format!("profile {}: {e}", profile.name), None),
+    };
+    let mut env = resolved.env;
+    for kv in &a.env {
+        let Some((k, v)) = kv.split_once('=') else {
+            return fail(format!("--env {kv:?}: expected NAME=VALUE"), None);
+        };
+        env.retain(|(name, _)| name != k);
+        env.push((k.to_owned(), v.to_owned()));
+    }
+    // Stay in the current directory when it is inside the workspace, like a shell would.
+    let cwd = std::env::current_dir()
+        .ok()
+        .and_then(|d| d.canonicalize().ok())
+        .filter(|d| d.starts_with(&workspace))
+        .unwrap_or_else(|| workspace.clone());
+    let (uid, gid) = match profile.run_as {
+        RunAs::Ids { uid, gid } => (Some(uid), Some(gid)),
+        RunAs::Caller => (None, None),
+    };
+    let run_dir = match make_run_dir() {
+        Ok(d) => d,
+        Err(e) => return fail(format!("cannot create a run directory: {e}"), None),
+    };
+    let timeout_ms = a
+        .timeout
+        .map(|d| d.as_millis() as u64)
+        .or(resolved.timeout_ms);
+    let plan = LaunchPlan {
+        task_id: crate::ids::ulid(),
+        session_id: "exec".into(),
+        tool: "exec".into(),
+        profile: profile.name.clone(),
+        argv: a.command.clone(),
+        env,
+        cwd,
+        run_dir: run_dir.clone(),
+        uid,
+        gid,
+        timeout_ms,
+        kill_grace_ms: resolved.kill_grace_ms.unwrap_or(5_000),
+        max_output_bytes: profile.limits.output.unwrap_or(64 << 20),
+        tee_stdout: true,
+        bridge_socket: None,
+        sandbox: resolved.sandbox,
+    };
+    let started = SystemTime::now();
+    let result = match supervisor::supervise(&plan, started) {
+        Ok(r) => r,
+        Err(e) => {
+            let reason = e.reason();
+            supervisor::failed_result(&plan, started, reason, e.to_string())
+        }
+    };
+    let _ = std::fs::remove_dir_all(&run_dir);
+    let code = exit_code(&result);
+    if a.json {
+        let mut shown = result.clone();
+        // The run directory is gone; the output went to the terminal.
+        shown.output_path = String::new();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&shown).unwrap_or_default()
+        );
+    } else if let Some(err) = &result.error {
+        let hint = match result.reason {
+            Some(FailReason::SandboxError) => Some(
+                "`sidejob doctor` shows which sandbox layers this host has; a profile with best_effort = true runs without the missing ones",
+            ),
+            _ => None,
+        };
+        eprintln!("sidejob exec: {err}");
+        if let Some(h) = hint {
+            eprintln!("  hint: {h}");
+        }
+    }
+    if !result.violations.is_empty() && !a.json {
+        eprintln!("sidejob exec: limits hit: {}", result.violations.join(", "));
+    }
+    code
+}
+
+/// The exit code `sidejob exec` passes through for a result.
+pub fn exit_code(r: &RunResult) -> i32 {
+    match (r.state, r.reason) {
+        (TaskState::Succeeded, _) => 0,
+        (_, Some(FailReason::Timeout)) => EXIT_TIMEOUT,
+        (_, Some(FailReason::SandboxError)) => EXIT_SANDBOX,
+        (_, Some(FailReason::SpawnError)) => {
+            let e = r.error.as_deref().unwrap_or("");
+            if e.contains("not found") || e.contains("No such file") {
+                127
+            } else {
+                126
+            }
+        }
+        (TaskState::Canceled, _) => 128 + libc::SIGINT,
+        _ => match (r.exit_code, r.signal) {
+            (Some(c), _) => c,
+            (None, Some(s)) => 128 + s,
+            (None, None) => 1,
+        },
+    }
+}

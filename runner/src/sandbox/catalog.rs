@@ -1,0 +1,186 @@
+//! Where profiles come from: the shipped ones are compiled in (so `sidejob serve` and
+//! `sidejob exec` need no configuration), and a profile directory on disk, if there is one,
+//! overrides them by name and adds its own.
+
+use std::path::{Path, PathBuf};
+
+use super::profile::{self, Profile, ProfileError};
+
+/// The shipped profiles, compiled in from `sandbox-profiles/`.
+const SHIPPED: &[(&str, &str)] = &[
+    (
+        "read-only",
+        include_str!("../../../sandbox-profiles/read-only.toml"),
+    ),
+    (
+        "workspace-write",
+        include_str!("../../../sandbox-profiles/workspace-write.toml"),
+    ),
+    ("ci", include_str!("../../../sandbox-profiles/ci.toml")),
+    (
+        "network",
+        include_str!("../../../sandbox-profiles/network.toml"),
+    ),
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogError {
+    #[error("unknown profile {name:?}; known: {}", known.join(", "))]
+    Unknown { name: String, known: Vec<String> },
+    #[error("invalid profile name {0:?}: use letters, digits, '-' and '_'")]
+    BadName(String),
+    #[error("cannot read profile {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid profile {0}")]
+    Invalid(#[from] ProfileError),
+}
+
+/// The profiles a daemon or `sidejob exec` can use.
+#[derive(Debug, Clone, Default)]
+pub struct Catalog {
+    dir: Option<PathBuf>,
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+impl Catalog {
+    /// `dir`: the on-disk profile directory, if any (it need not exist).
+    pub fn new(dir: Option<PathBuf>) -> Catalog {
+        Catalog { dir }
+    }
+
+    /// The profile directory used when none is configured: `$SIDEJOB_PROFILES_DIR`, else
+    /// `/etc/sidejob/sandbox-profiles` for root, else
+    /// `$XDG_CONFIG_HOME/sidejob/sandbox-profiles` (or `~/.config/...`).
+    pub fn default_dir() -> Option<PathBuf> {
+        if let Some(p) = std::env::var_os("SIDEJOB_PROFILES_DIR").filter(|p| !p.is_empty()) {
+            return Some(PathBuf::from(p));
+        }
+        if crate::sys::getuid() == 0 {
+            return Some(PathBuf::from("/etc/sidejob/sandbox-profiles"));
+        }
+        let config = std::env::var_os("XDG_CONFIG_HOME")
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
+        Some(config.join("sidejob/sandbox-profiles"))
+    }
+
+    /// A profile by name: the on-disk file first, then the shipped one.
+    pub fn get(&self, name: &str) -> Result<Profile, CatalogError> {
+        if !valid_name(name) {
+            return Err(CatalogError::BadName(name.into()));
+        }
+        if let Some(dir) = &self.dir {
+            let path = dir.join(format!("{name}.toml"));
+            match std::fs::read_to_string(&path) {
+                Ok(text) => return Ok(profile::load(name, &path.display().to_string(), &text)?),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(source) => return Err(CatalogError::Read { path, source }),
+            }
+        }
+        match SHIPPED.iter().find(|(n, _)| *n == name) {
+            Some((n, text)) => Ok(profile::load(
+                n,
+                &format!("sandbox-profiles/{n}.toml"),
+                text,
+            )?),
+            None => Err(CatalogError::Unknown {
+                name: name.into(),
+                known: self.names(),
+            }),
+        }
+    }
+
+    /// A profile from a file (`sidejob exec --profile ./mine.toml`); named after the file.
+    pub fn load_file(path: &Path) -> Result<Profile, CatalogError> {
+        let text = std::fs::read_to_string(path).map_err(|source| CatalogError::Read {
+            path: path.into(),
+            source,
+        })?;
+        let name = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "custom".into());
+        Ok(profile::load(&name, &path.display().to_string(), &text)?)
+    }
+
+    /// A name, or a path when the argument has a '/' or ends in `.toml`.
+    pub fn get_or_file(&self, name_or_path: &str) -> Result<Profile, CatalogError> {
+        if name_or_path.contains('/') || name_or_path.ends_with(".toml") {
+            Self::load_file(Path::new(name_or_path))
+        } else {
+            self.get(name_or_path)
+        }
+    }
+
+    /// Every profile name, shipped and on disk, sorted.
+    pub fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = SHIPPED.iter().map(|(n, _)| (*n).to_owned()).collect();
+        if let Some(Ok(entries)) = self.dir.as_ref().map(std::fs::read_dir) {
+            for e in entries.flatten() {
+                let file = e.file_name().to_string_lossy().into_owned();
+                if let Some(n) = file.strip_suffix(".toml").filter(|n| valid_name(n)) {
+                    if !names.iter().any(|x| x == n) {
+                        names.push(n.to_owned());
+                    }
+                }
+            }
+        }
+        names.sort();
+        names
+    }
+
+    /// The shipped profiles' names and texts (for `sidejob doctor` and tests).
+    pub fn shipped() -> &'static [(&'static str, &'static str)] {
+        SHIPPED
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_shipped_profile_loads() {
+        let c = Catalog::new(None);
+        for (name, _) in Catalog::shipped() {
+            let p = c.get(name).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(&p.name, name);
+        }
+        assert!(matches!(c.get("nope"), Err(CatalogError::Unknown { .. })));
+        assert!(matches!(c.get("../etc"), Err(CatalogError::BadName(_))));
+    }
+
+    #[test]
+    fn shipped_profiles_only_narrow_what_they_claim() {
+        let c = Catalog::new(None);
+        let ww = c.get("workspace-write").unwrap();
+        c.get("read-only").unwrap().check_narrows(&ww).unwrap();
+        assert!(c.get("network").unwrap().check_narrows(&ww).is_err());
+    }
+
+    #[test]
+    fn an_on_disk_profile_overrides_and_adds() {
+        let dir = std::env::temp_dir().join(format!("sidejob-catalog-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("ci.toml"), "description = \"mine\"\n").unwrap();
+        std::fs::write(dir.join("extra.toml"), "network = \"loopback\"\n").unwrap();
+        std::fs::write(dir.join("broken.toml"), "[limits]\npids = -1\n").unwrap();
+        let c = Catalog::new(Some(dir.clone()));
+        assert_eq!(c.get("ci").unwrap().description, "mine");
+        assert!(c.names().contains(&"extra".to_owned()));
+        let e = c.get("broken").unwrap_err().to_string();
+        assert!(e.contains("broken.toml:2: limits.pids"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,403 @@
+//! Cgroup limits for memory, pids and CPU: cgroup v2 when the controllers are delegated to
+//! the cgroup we run in, else cgroup v1, else unavailable. Detected from
+//! `/proc/self/mountinfo` and `/proc/self/cgroup`, never assumed.
+//!
+//! We only ever create `<our cgroup>/sidejob/<task>-<supervisor pid>` and remove it when the
+//! run ends; a supervisor that was killed leaves an empty directory that the next run sweeps
+//! (its pid no longer exists).
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::sandbox::profile::Limits;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Controller {
+    Memory,
+    Pids,
+    Cpu,
+}
+
+impl Controller {
+    pub fn name(self) -> &'static str {
+        match self {
+            Controller::Memory => "memory",
+            Controller::Pids => "pids",
+            Controller::Cpu => "cpu",
+        }
+    }
+
+    pub const ALL: [Controller; 3] = [Controller::Memory, Controller::Pids, Controller::Cpu];
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Version {
+    V1,
+    V2,
+}
+
+/// Where each controller we can use lives: the `sidejob` directory under our own cgroup.
+#[derive(Debug, Clone)]
+pub struct Hierarchy {
+    pub version: Version,
+    /// `(controller, <mount>/<our cgroup>/sidejob)`; for v2 all share one directory.
+    pub bases: Vec<(Controller, PathBuf)>,
+}
+
+/// The controllers a set of limits needs.
+pub fn needed(limits: &Limits) -> Vec<Controller> {
+    let mut v = Vec::new();
+    if limits.memory.is_some() {
+        v.push(Controller::Memory);
+    }
+    if limits.pids.is_some() {
+        v.push(Controller::Pids);
+    }
+    if limits.cpu_millicores.is_some() {
+        v.push(Controller::Cpu);
+    }
+    v
+}
+
+struct MountLine {
+    root: String,
+    point: String,
+    fstype: String,
+    super_opts: String,
+}
+
+fn mounts() -> Vec<MountLine> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let (pre, post) = l.split_once(" - ")?;
+            let pre: Vec<&str> = pre.split(' ').collect();
+            let mut post = post.split(' ');
+            Some(MountLine {
+                root: unescape(pre.get(3)?),
+                point: unescape(pre.get(4)?),
+                fstype: post.next()?.to_owned(),
+                super_opts: post.nth(1).unwrap_or("").to_owned(),
+            })
+        })
+        .filter(|m| m.fstype == "cgroup" || m.fstype == "cgroup2")
+        .collect()
+}
+
+fn unescape(s: &str) -> String {
+    s.replace("\\040", " ")
+        .replace("\\011", "\t")
+        .replace("\\134", "\\")
+}
+
+/// Our cgroup path in the hierarchy whose controller list is `key` ("" for v2).
+fn own_path(cgroup_file: &str, wanted: &str) -> Option<String> {
+    cgroup_file.lines().find_map(|l| {
+        let mut parts = l.splitn(3, ':');
+        let (_, ctrls, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let matches = if wanted.is_empty() {
+            ctrls.is_empty()
+        } else {
+            ctrls.split(',').any(|c| c == wanted)
+        };
+        matches.then(|| path.to_owned())
+    })
+}
+
+fn join_under(mount: &MountLine, own: &str) -> PathBuf {
+    // The mount may expose a subtree (root != "/"): strip it from our path.
+    let rel = own
+        .strip_prefix(mount.root.trim_end_matches('/'))
+        .unwrap_or(own)
+        .trim_start_matches('/');
+    let base = Path::new(&mount.point);
+    if rel.is_empty() {
+        base.to_path_buf()
+    } else {
+        base.join(rel)
+    }
+}
+
+fn words(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Finds where `want` can be limited: v2 if every one of them is delegated to our cgroup
+/// (listed in its `cgroup.subtree_control`), else v1 if each has a v1 hierarchy.
+pub fn detect(want: &[Controller]) -> Result<Hierarchy, String> {
+    let cgroup_file = std::fs::read_to_string("/proc/self/cgroup")
+        .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
+    let mounts = mounts();
+    let mut why = Vec::new();
+
+    match (
+        mounts.iter().find(|m| m.fstype == "cgroup2"),
+        own_path(&cgroup_file, ""),
+    ) {
+        (Some(m), Some(own)) => {
+            let dir = join_under(m, &own);
+            let delegated = words(&dir.join("cgroup.subtree_control"));
+            let missing: Vec<&str> = want
+                .iter()
+                .map(|c| c.name())
+                .filter(|c| !delegated.iter().any(|d| d == c))
+                .collect();
+            if missing.is_empty() {
+                let base = dir.join("sidejob");
+                return Ok(Hierarchy {
+                    version: Version::V2,
+                    bases: want.iter().map(|c| (*c, base.clone())).collect(),
+                });
+            }
+            why.push(format!(
+                "cgroup v2 at {} does not delegate {} (cgroup.subtree_control: {:?})",
+                dir.display(),
+                missing.join(", "),
+                delegated.join(" ")
+            ));
+        }
+        _ => why.push("no cgroup v2 hierarchy".into()),
+    }
+
+    let mut bases = Vec::new();
+    for c in want {
+        let m = mounts
+            .iter()
+            .find(|m| m.fstype == "cgroup" && m.super_opts.split(',').any(|o| o == c.name()));
+        match (m, own_path(&cgroup_file, c.name())) {
+            (Some(m), Some(own)) => bases.push((*c, join_under(m, &own).join("sidejob"))),
+            _ => {
+                why.push(format!("no cgroup v1 hierarchy for {}", c.name()));
+                return Err(why.join("; "));
+            }
+        }
+    }
+    Ok(Hierarchy {
+        version: Version::V1,
+        bases,
+    })
+}
+
+/// The cgroup of one run.
+#[derive(Debug)]
+pub struct RunCgroup {
+    pub version: Version,
+    pub dirs: Vec<(Controller, PathBuf)>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("cgroup {step} {path}: {source}")]
+pub struct CgroupError {
+    pub step: &'static str,
+    pub path: PathBuf,
+    pub source: io::Error,
+}
+
+fn write(path: PathBuf, value: &str, step: &'static str) -> Result<(), CgroupError> {
+    std::fs::write(&path, value).map_err(|source| CgroupError { step, path, source })
+}
+
+/// Removes `sidejob/<task>-<pid>` directories whose supervisor is gone (left behind by a
+/// supervisor that was killed). A directory still in use is busy and stays.
+fn sweep(base: &Path) {
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.rsplit_once('-'))
+            .and_then(|(_, p)| p.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if crate::sys::kill(pid, 0).is_err_and(|e| e.raw_os_error() == Some(libc::ESRCH)) {
+            let _ = std::fs::remove_dir(e.path());
+        }
+    }
+}
+
+/// Creates the run's cgroup(s) and writes the limits. The processes join later (the run's
+/// init writes itself into `cgroup.procs` before it starts anything).
+pub fn create(h: &Hierarchy, task_id: &str, limits: &Limits) -> Result<RunCgroup, CgroupError> {
+    let name = format!("{task_id}-{}", crate::sys::getpid());
+    let mut run = RunCgroup {
+        version: h.version,
+        dirs: Vec::new(),
+    };
+    let mut made: Vec<PathBuf> = Vec::new();
+    for (c, base) in &h.bases {
+        let dir = base.join(&name);
+        if !made.contains(&dir) {
+            if !base.exists() {
+                std::fs::create_dir_all(base).map_err(|source| CgroupError {
+                    step: "create",
+                    path: base.clone(),
+                    source,
+                })?;
+            } else {
+                sweep(base);
+            }
+            if h.version == Version::V2 {
+                let ctrls: Vec<String> = h
+                    .bases
+                    .iter()
+                    .map(|(c, _)| format!("+{}", c.name()))
+                    .collect();
+                write(
+                    base.join("cgroup.subtree_control"),
+                    &ctrls.join(" "),
+                    "enable controllers",
+                )?;
+            }
+            std::fs::create_dir(&dir).map_err(|source| CgroupError {
+                step: "create",
+                path: dir.clone(),
+                source,
+            })?;
+            made.push(dir.clone());
+        }
+        run.dirs.push((*c, dir));
+    }
+    if let Err(e) = run.write_limits(limits) {
+        run.remove();
+        return Err(e);
+    }
+    Ok(run)
+}
+
+impl RunCgroup {
+    fn dir(&self, c: Controller) -> Option<&Path> {
+        self.dirs
+            .iter()
+            .find(|(x, _)| *x == c)
+            .map(|(_, d)| d.as_path())
+    }
+
+    fn write_limits(&self, l: &Limits) -> Result<(), CgroupError> {
+        let v2 = self.version == Version::V2;
+        if let (Some(mem), Some(d)) = (l.memory, self.dir(Controller::Memory)) {
+            if v2 {
+                write(d.join("memory.max"), &mem.to_string(), "memory limit")?;
+                // Swap would let the run exceed its memory limit on the host's disk.
+                let _ = std::fs::write(d.join("memory.swap.max"), "0");
+            } else {
+                write(
+                    d.join("memory.limit_in_bytes"),
+                    &mem.to_string(),
+                    "memory limit",
+                )?;
+                let memsw = d.join("memory.memsw.limit_in_bytes");
+                if memsw.exists() {
+                    write(memsw, &mem.to_string(), "memory+swap limit")?;
+                }
+            }
+        }
+        if let (Some(p), Some(d)) = (l.pids, self.dir(Controller::Pids)) {
+            write(d.join("pids.max"), &p.to_string(), "pids limit")?;
+        }
+        if let (Some(m), Some(d)) = (l.cpu_millicores, self.dir(Controller::Cpu)) {
+            let period = 100_000u64;
+            let quota = (m * period / 1000).max(1000);
+            if v2 {
+                write(d.join("cpu.max"), &format!("{quota} {period}"), "cpu limit")?;
+            } else {
+                write(
+                    d.join("cpu.cfs_period_us"),
+                    &period.to_string(),
+                    "cpu period",
+                )?;
+                write(d.join("cpu.cfs_quota_us"), &quota.to_string(), "cpu limit")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The `cgroup.procs` files the run's init writes itself into.
+    pub fn procs_files(&self) -> Vec<PathBuf> {
+        let mut v: Vec<PathBuf> = self
+            .dirs
+            .iter()
+            .map(|(_, d)| d.join("cgroup.procs"))
+            .collect();
+        v.dedup();
+        v
+    }
+
+    fn counter(&self, c: Controller, file: &str, key: &str) -> u64 {
+        let Some(d) = self.dir(c) else { return 0 };
+        std::fs::read_to_string(d.join(file))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(' ')?;
+                (k == key).then(|| v.trim().parse().ok()).flatten()
+            })
+            .unwrap_or(0)
+    }
+
+    /// Which limits the run ran into, from the kernel's own counters.
+    pub fn violations(&self) -> Vec<&'static str> {
+        let v2 = self.version == Version::V2;
+        let mut out = Vec::new();
+        let oom = if v2 {
+            self.counter(Controller::Memory, "memory.events", "oom_kill")
+        } else {
+            self.counter(Controller::Memory, "memory.oom_control", "oom_kill")
+        };
+        if oom > 0 {
+            out.push("oom_kill");
+        }
+        let pids_max = self.counter(Controller::Pids, "pids.events", "max");
+        if pids_max > 0 {
+            out.push("pids_limit");
+        }
+        if self.counter(Controller::Cpu, "cpu.stat", "nr_throttled") > 0 {
+            out.push("cpu_limit");
+        }
+        out
+    }
+
+    /// Removes the run's directories (every process of the run is gone by now).
+    pub fn remove(&self) {
+        for (_, d) in &self.dirs {
+            for _ in 0..20 {
+                match std::fs::remove_dir(d) {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+                    // EBUSY while the last exiting task is still being released.
+                    Err(_) => std::thread::sleep(std::time::Duration::from_millis(1)),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_paths_are_found_per_controller() {
+        let f = "9:name=systemd:/\n4:memory:/a/b\n2:cpu,cpuacct:/c\n0::/d\n";
+        assert_eq!(own_path(f, "memory").as_deref(), Some("/a/b"));
+        assert_eq!(own_path(f, "cpu").as_deref(), Some("/c"));
+        assert_eq!(own_path(f, "").as_deref(), Some("/d"));
+        assert_eq!(own_path(f, "pids"), None);
+        let m = MountLine {
+            root: "/a".into(),
+            point: "/sys/fs/cgroup/memory".into(),
+            fstype: "cgroup".into(),
+            super_opts: "rw,memory".into(),
+        };
+        assert_eq!(
+            join_under(&m, "/a/b"),
+            PathBuf::from("/sys/fs/cgroup/memory/b")
+        );
+    }
+}

@@ -1,0 +1,614 @@
+//! Applies a [`SandboxPlan`] on Linux (SPEC §9). The supervisor calls [`prepare`] (checks
+//! what this host offers, creates the cgroup, compiles the seccomp filter — everything that
+//! may allocate or fail early) and the run's init calls [`launch`], the one linear function
+//! that builds the sandbox and starts the command in it.
+
+pub mod cgroup;
+pub mod landlock;
+pub mod seccomp;
+pub mod view;
+
+use std::ffi::{CString, OsStr};
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use serde::Serialize;
+
+use crate::sandbox::profile::Network;
+use crate::sandbox::{LaunchPlan, SandboxPlan};
+use crate::sys::{self, sandbox as ssys, SigSet};
+
+/// A step of [`launch`] that failed: which step, on which path, and the OS error.
+#[derive(Debug, thiserror::Error)]
+#[error("{step}{}: {source}", path.as_ref().map(|p| format!(" {}", p.display())).unwrap_or_default())]
+pub struct LaunchError {
+    pub step: &'static str,
+    pub path: Option<PathBuf>,
+    pub source: io::Error,
+}
+
+fn step(step: &'static str) -> impl FnOnce(io::Error) -> LaunchError {
+    move |source| LaunchError {
+        step,
+        path: None,
+        source,
+    }
+}
+
+/// The command, ready to exec (strings converted before any fork).
+pub struct Command {
+    pub program: CString,
+    pub argv: Vec<CString>,
+    pub envp: Vec<CString>,
+    pub cwd: PathBuf,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+}
+
+// ---- what this host offers ------------------------------------------------------------------
+
+/// One layer as `sidejob doctor` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct LayerStatus {
+    pub layer: &'static str,
+    pub active: bool,
+    pub detail: String,
+}
+
+/// What the kernel and our privileges allow, probed without forking (the daemon calls this).
+#[derive(Debug, Clone)]
+pub struct Availability {
+    pub kernel: String,
+    pub root: bool,
+    /// Needed for every namespace when not root.
+    pub user_namespaces: Result<(), String>,
+    pub landlock_abi: Result<u32, String>,
+    pub seccomp: bool,
+    pub memfd_noexec: bool,
+    /// Where memory, pids and cpu can be limited (all three).
+    pub cgroup: Result<cgroup::Hierarchy, String>,
+}
+
+fn read_trim(path: &str) -> Option<String> {
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|s| s.trim().to_owned())
+}
+
+impl Availability {
+    pub fn probe() -> Availability {
+        let root = sys::getuid() == 0;
+        let user_namespaces = if root {
+            Ok(())
+        } else if read_trim("/proc/sys/user/max_user_namespaces").as_deref() == Some("0") {
+            Err("user.max_user_namespaces is 0".into())
+        } else if read_trim("/proc/sys/kernel/unprivileged_userns_clone").as_deref() == Some("0") {
+            Err("kernel.unprivileged_userns_clone is 0".into())
+        } else {
+            Ok(())
+        };
+        let landlock_abi = match ssys::landlock_abi() {
+            Ok(v) => Ok(v),
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+                Err("landlock is built in but disabled at boot (lsm=)".into())
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
+                Err("the kernel has no landlock".into())
+            }
+            Err(e) => Err(format!("landlock probe: {e}")),
+        };
+        let cgroup = cgroup::detect(&cgroup::Controller::ALL).and_then(|h| {
+            if root {
+                return Ok(h);
+            }
+            // Unprivileged: only a cgroup delegated to us (owned by our uid) is writable.
+            let ours = h.bases.iter().all(|(_, b)| {
+                let parent = b.parent().unwrap_or(b);
+                std::fs::metadata(parent)
+                    .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == sys::getuid())
+                    .unwrap_or(false)
+            });
+            if ours {
+                Ok(h)
+            } else {
+                Err("the cgroup we run in is not delegated to our uid".into())
+            }
+        });
+        Availability {
+            kernel: read_trim("/proc/sys/kernel/osrelease").unwrap_or_else(|| "unknown".into()),
+            root,
+            user_namespaces,
+            landlock_abi,
+            seccomp: ssys::seccomp_available(),
+            memfd_noexec: Path::new("/proc/sys/vm/memfd_noexec").exists(),
+            cgroup,
+        }
+    }
+
+    /// Probed once per process.
+    pub fn cached() -> &'static Availability {
+        static CELL: OnceLock<Availability> = OnceLock::new();
+        CELL.get_or_init(Availability::probe)
+    }
+
+    /// Every layer with whether this host can apply it, and why not.
+    pub fn report(&self) -> Vec<LayerStatus> {
+        let mut v = Vec::new();
+        let mut push = |layer, active, detail: String| {
+            v.push(LayerStatus {
+                layer,
+                active,
+                detail,
+            })
+        };
+        let ns = match &self.user_namespaces {
+            Ok(()) if self.root => Ok("running as root".to_owned()),
+            Ok(()) => Ok("through a user namespace (not root)".to_owned()),
+            Err(e) => Err(e.clone()),
+        };
+        if !self.root {
+            push(
+                "user_namespace",
+                ns.is_ok(),
+                ns.clone().unwrap_or_else(|e| e),
+            );
+        }
+        for layer in [
+            "pid_namespace",
+            "mount_namespace",
+            "ipc_namespace",
+            "uts_namespace",
+            "net_namespace",
+            "mount_view",
+        ] {
+            push(layer, ns.is_ok(), ns.clone().unwrap_or_else(|e| e));
+        }
+        match &self.landlock_abi {
+            Ok(abi) => {
+                let (active, missing) = landlock::coverage(*abi, Network::None);
+                for l in active {
+                    push(l, true, format!("landlock ABI {abi}"));
+                }
+                for (l, why) in missing {
+                    push(l, false, why);
+                }
+            }
+            Err(e) => {
+                for l in ["landlock_fs", "landlock_net", "landlock_scope"] {
+                    push(l, false, e.clone());
+                }
+            }
+        }
+        push(
+            "seccomp",
+            self.seccomp,
+            if self.seccomp {
+                "filter mode, with an architecture check".into()
+            } else {
+                "the kernel has no seccomp".into()
+            },
+        );
+        push("no_new_privs", true, "always available".into());
+        push(
+            "capabilities",
+            true,
+            "bounding, ambient, effective, permitted and inheritable sets emptied".into(),
+        );
+        push(
+            "uid",
+            true,
+            if self.root {
+                "runs as the caller's uid".into()
+            } else {
+                "runs as our own uid".into()
+            },
+        );
+        push(
+            "rlimits",
+            true,
+            "open files, file size, CPU time, no core dumps".into(),
+        );
+        push(
+            "memfd_noexec",
+            self.memfd_noexec,
+            if self.memfd_noexec {
+                "executable memfds refused in the run's PID namespace".into()
+            } else {
+                "vm.memfd_noexec needs Linux 6.3".into()
+            },
+        );
+        for c in cgroup::Controller::ALL {
+            let layer = cgroup_layer(c);
+            match &self.cgroup {
+                Ok(h) => {
+                    let base = h
+                        .bases
+                        .iter()
+                        .find(|(x, _)| *x == c)
+                        .map(|(_, b)| b.display().to_string())
+                        .unwrap_or_default();
+                    push(
+                        layer,
+                        true,
+                        format!(
+                            "cgroup {} at {base}",
+                            match h.version {
+                                cgroup::Version::V1 => "v1",
+                                cgroup::Version::V2 => "v2",
+                            }
+                        ),
+                    );
+                }
+                Err(e) => push(layer, false, e.clone()),
+            }
+        }
+        push("env", true, "allow-list from the profile".into());
+        v
+    }
+
+    /// The layers `plan` needs that this host cannot give it, with the reason.
+    pub fn missing(&self, plan: &SandboxPlan) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        if let Err(e) = &self.user_namespaces {
+            out.push(("mount_namespace", e.clone()));
+        }
+        match &self.landlock_abi {
+            Ok(abi) => out.extend(landlock::coverage(*abi, plan.network).1),
+            Err(e) => out.push(("landlock_fs", e.clone())),
+        }
+        if !self.seccomp {
+            out.push(("seccomp", "the kernel has no seccomp".into()));
+        }
+        let want = cgroup::needed(&plan.limits);
+        if !want.is_empty() {
+            match cgroup::detect(&want) {
+                Ok(_) if self.cgroup.is_ok() || self.root => {}
+                Ok(_) => out.push((
+                    cgroup_layer(want[0]),
+                    self.cgroup.as_ref().err().cloned().unwrap_or_default(),
+                )),
+                Err(e) => {
+                    for c in want {
+                        out.push((cgroup_layer(c), e.clone()));
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+fn cgroup_layer(c: cgroup::Controller) -> &'static str {
+    match c {
+        cgroup::Controller::Memory => "cgroup_memory",
+        cgroup::Controller::Pids => "cgroup_pids",
+        cgroup::Controller::Cpu => "cgroup_cpu",
+    }
+}
+
+/// Formats missing layers for an error message.
+pub fn describe_missing(missing: &[(&'static str, String)]) -> String {
+    missing
+        .iter()
+        .map(|(l, why)| format!("{l} ({why})"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+// ---- the supervisor's half ------------------------------------------------------------------
+
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    #[error("sandbox unavailable: {}", describe_missing(.0))]
+    Unavailable(Vec<(&'static str, String)>),
+    #[error(transparent)]
+    Cgroup(#[from] cgroup::CgroupError),
+}
+
+/// Everything [`launch`] needs, computed by the supervisor before it forks.
+pub struct Prepared {
+    /// The layers the run will have, for `result.json`.
+    pub layers: Vec<String>,
+    pub cgroup: Option<cgroup::RunCgroup>,
+    plan: SandboxPlan,
+    staging: PathBuf,
+    tmp_options: CString,
+    pinned: Vec<PathBuf>,
+    landlock: Option<(u32, Vec<landlock::PathRule>)>,
+    seccomp: Option<Vec<libc::sock_filter>>,
+    rlimits: Vec<(libc::__rlimit_resource_t, u64, u64)>,
+    last_cap: u32,
+}
+
+/// Checks the plan against this host, creates the cgroup and compiles the filters.
+pub fn prepare(plan: &LaunchPlan) -> Result<Prepared, PrepareError> {
+    let mut sb = plan.sandbox.clone();
+    // The run's bridge socket is the one socket of the host the run may reach (SPEC §10).
+    if let Some(bridge) = &plan.bridge_socket {
+        sb.mounts.push(crate::sandbox::MountSpec {
+            source: Some(bridge.clone()),
+            target: bridge.clone(),
+            exec: false,
+            write: true,
+            required: true,
+        });
+    }
+    let sb = &sb;
+    let avail = Availability::cached();
+    let missing = avail.missing(sb);
+    if !missing.is_empty() && !sb.best_effort {
+        return Err(PrepareError::Unavailable(missing));
+    }
+    let lacks = |layer: &str| missing.iter().any(|(l, _)| *l == layer);
+    let mut layers: Vec<String> = [
+        "mount_namespace",
+        "ipc_namespace",
+        "uts_namespace",
+        "mount_view",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    if sb.network != Network::Host {
+        layers.push("net_namespace".into());
+    }
+
+    let landlock = match avail.landlock_abi {
+        Ok(abi) if !lacks("landlock_fs") || sb.best_effort => {
+            let (active, _) = landlock::coverage(abi, sb.network);
+            layers.extend(active.iter().map(|l| l.to_string()));
+            let mounts: Vec<(PathBuf, bool, bool)> = sb
+                .mounts
+                .iter()
+                .map(|m| (m.target.clone(), m.exec, m.write))
+                .collect();
+            Some((abi, landlock::rules_for(&mounts)))
+        }
+        _ => None,
+    };
+    let seccomp = avail.seccomp.then(|| seccomp::build(sb.network));
+    if seccomp.is_some() {
+        layers.push("seccomp".into());
+    }
+    if avail.memfd_noexec {
+        layers.push("memfd_noexec".into());
+    }
+    layers.extend(["no_new_privs", "capabilities", "rlimits", "env"].map(String::from));
+    if plan.uid.is_some() {
+        layers.push("uid".into());
+    }
+
+    let want = cgroup::needed(&sb.limits);
+    let cgroup = if want.is_empty() {
+        None
+    } else {
+        match cgroup::detect(&want) {
+            Ok(h) => {
+                let run = cgroup::create(&h, &plan.task_id, &sb.limits)?;
+                layers.extend(want.iter().map(|c| cgroup_layer(*c).to_string()));
+                Some(run)
+            }
+            // Only reachable when best-effort: `missing` named it otherwise.
+            Err(_) => None,
+        }
+    };
+
+    let mut rlimits = vec![(libc::RLIMIT_CORE, 0, 0)];
+    let l = &sb.limits;
+    if let Some(n) = l.open_files {
+        rlimits.push((libc::RLIMIT_NOFILE, n, n));
+    }
+    if let Some(n) = l.file_size {
+        rlimits.push((libc::RLIMIT_FSIZE, n, n));
+    }
+    if let Some(s) = l.cpu_time_s {
+        // SIGXCPU at the soft limit (reported as `cpu_limit`), SIGKILL a second later.
+        rlimits.push((libc::RLIMIT_CPU, s, s + 1));
+    }
+
+    // The private /tmp is as large as the memory limit, if there is one (its pages are
+    // charged to the run's memory cgroup either way).
+    let tmp_options = match l.memory {
+        Some(m) => format!("mode=1777,size={m}"),
+        None => "mode=1777".into(),
+    };
+    let mut pinned: Vec<PathBuf> = Vec::new();
+    for p in &sb.protected {
+        // The top directory below the workspace (e.g. `.git`) of a nested protected path.
+        let Some(ws) = sb
+            .mounts
+            .iter()
+            .find(|m| m.write && p.starts_with(&m.target))
+            .map(|m| &m.target)
+        else {
+            continue;
+        };
+        let rel = p.strip_prefix(ws).unwrap_or(p);
+        if rel.components().count() > 1 {
+            if let Some(first) = rel.components().next() {
+                let pin = ws.join(first);
+                if !pinned.contains(&pin) {
+                    pinned.push(pin);
+                }
+            }
+        }
+    }
+    layers.sort();
+    layers.dedup();
+    Ok(Prepared {
+        layers,
+        cgroup,
+        plan: sb.clone(),
+        staging: plan.run_dir.clone(),
+        tmp_options: CString::new(tmp_options).unwrap_or_default(),
+        pinned,
+        landlock,
+        seccomp,
+        rlimits,
+        last_cap: ssys::last_cap(),
+    })
+}
+
+// ---- the init's half: the launch --------------------------------------------------------------
+
+/// Builds the sandbox and starts the command in it. Runs in the run's init (PID 1 of the
+/// PID namespace the supervisor created), which stays outside the confinement so it can
+/// reap and stop everything; returns the command's pid. The order of the steps matters and
+/// each says why it comes where it does.
+pub fn launch(
+    p: &Prepared,
+    cmd: &Command,
+    output: &OwnedFd,
+    exec_error: &OwnedFd,
+) -> Result<i32, LaunchError> {
+    // 1. Non-dumpable: init's memory holds the caller's environment (it is a fork of the
+    //    supervisor), and a non-dumpable process's /proc entries are closed to the run.
+    ssys::set_dumpable(false).map_err(step("set non-dumpable"))?;
+
+    // 2. Join the cgroup first, while the host's /sys/fs/cgroup is still in view: every
+    //    process forked from here on (the command and all its descendants) is limited.
+    if let Some(cg) = &p.cgroup {
+        for procs in cg.procs_files() {
+            std::fs::write(&procs, "0").map_err(|source| LaunchError {
+                step: "join cgroup",
+                path: Some(procs.clone()),
+                source,
+            })?;
+        }
+    }
+
+    // 3. The remaining namespaces. The supervisor already made us PID 1 of a new PID
+    //    namespace; mount, IPC, UTS and network are unshared here, not in the supervisor, so
+    //    the supervisor keeps the host's view to write output.log and result.json.
+    let mut flags = libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
+    if p.plan.network != Network::Host {
+        flags |= libc::CLONE_NEWNET;
+    }
+    sys::unshare(flags).map_err(step("unshare mount, ipc, uts and network namespaces"))?;
+    // 4. Loopback needs `lo` up in the new network namespace; `none` leaves it down.
+    if p.plan.network == Network::Loopback {
+        ssys::loopback_up().map_err(step("bring lo up"))?;
+    }
+    ssys::sethostname("sidejob").map_err(step("sethostname"))?;
+
+    // 5. Nothing mounted from here on may propagate back to the host.
+    ssys::mount(
+        None,
+        Path::new("/"),
+        None,
+        libc::MS_REC | libc::MS_PRIVATE,
+        None,
+    )
+    .map_err(step("make mounts private"))?;
+    // 6. Open every profile path before anything is mounted over the host's tree (the
+    //    staging directory may lie above some of them).
+    let sources = view::open_sources(&p.plan.mounts)?;
+    // 7. The minimal root view: an empty tmpfs, the profile's paths, a fresh /proc for this
+    //    PID namespace, a minimal /dev, and the protected paths read-only on top.
+    view::mount_root(&p.staging)?;
+    view::mount_sources(&p.staging, &sources, &p.tmp_options)?;
+    drop(sources);
+    view::mount_proc(&p.staging)?;
+    view::mount_dev(&p.staging)?;
+    view::protect(&p.staging, &p.pinned, &p.plan.protected)?;
+    // 8. Make it the root; the host's tree is detached and unreachable from here on.
+    view::pivot(&p.staging)?;
+
+    // 9. The command. Init stays here to reap and to stop what the command leaves behind.
+    // SAFETY: the init is single-threaded (a fork of the single-threaded supervisor).
+    match unsafe { sys::fork() }.map_err(step("fork the command"))? {
+        sys::Fork::Parent(pid) => Ok(pid),
+        sys::Fork::Child => confine_and_exec(p, cmd, output, exec_error),
+    }
+}
+
+/// The command's side: confinement that applies to the process itself, then exec. Never
+/// returns; a failure is written to the exec-error pipe.
+fn confine_and_exec(p: &Prepared, cmd: &Command, output: &OwnedFd, exec_error: &OwnedFd) -> ! {
+    let fail = |what: &str, e: &dyn std::fmt::Display| -> ! {
+        sys::write_all_fd(exec_error, format!("sandbox {what}: {e}").as_bytes());
+        sys::exit_now(127)
+    };
+    // a. Default signal handling, its own session (no terminal to steal), output to the pipe.
+    let _ = SigSet::all().unblock();
+    sys::reset_signal_dispositions();
+    if let Err(e) = sys::setsid() {
+        fail("setsid", &e);
+    }
+    let out = output.as_raw_fd();
+    if let Err(e) = sys::dup2(out, 1).and_then(|_| sys::dup2(out, 2)) {
+        fail("redirect output", &e);
+    }
+    // b. The working directory, resolved inside the view.
+    if let Err(e) = std::env::set_current_dir(&cmd.cwd) {
+        fail(&format!("chdir {}", cmd.cwd.display()), &e);
+    }
+    // c. Resource limits, while we still may (only lowering, but some kernels check).
+    for &(res, soft, hard) in &p.rlimits {
+        if let Err(e) = ssys::setrlimit(res, soft, hard) {
+            fail("setrlimit", &e);
+        }
+    }
+    // d. The landlock ruleset is built now (its rules open paths of the view, which the
+    //    target uid might not be allowed to traverse) and enforced after no_new_privs.
+    let ruleset = match &p.landlock {
+        Some((abi, rules)) => match landlock::ruleset(*abi, rules, p.plan.network) {
+            Ok(rs) => Some(rs),
+            Err((path, e)) => fail(&format!("landlock rule {}", path.display()), &e),
+        },
+        None => None,
+    };
+    // e. Capabilities out of the bounding and ambient sets (needs CAP_SETPCAP, so before the
+    //    uid changes): no later exec, setuid file or file capability can bring one back.
+    if let Err(e) = ssys::drop_bounding_and_ambient_caps(p.last_cap) {
+        fail("drop capabilities", &e);
+    }
+    // f. The run's uid and gid, with no supplementary groups.
+    if let (Some(uid), Some(gid)) = (cmd.uid, cmd.gid) {
+        if let Err(e) = sys::drop_to(uid, gid) {
+            fail(&format!("switch to uid {uid} gid {gid}"), &e);
+        }
+    }
+    // g. Whatever is left (a uid-0 run keeps its sets across setresuid) is emptied.
+    if let Err(e) = ssys::clear_caps() {
+        fail("clear capabilities", &e);
+    }
+    // h. no_new_privs: setuid bits and file capabilities stop working; landlock and seccomp
+    //    require it.
+    if let Err(e) = ssys::set_no_new_privs() {
+        fail("no_new_privs", &e);
+    }
+    // i. Landlock: filesystem, TCP and scoping.
+    if let Some(rs) = ruleset {
+        if let Err(e) = ssys::landlock_restrict_self(&rs) {
+            fail("landlock restrict", &e);
+        }
+    }
+    // j. Seccomp last: from here on only the calls needed to exec remain to be made.
+    if let Some(filter) = &p.seccomp {
+        if let Err(e) = ssys::seccomp_install(filter) {
+            fail("seccomp", &e);
+        }
+    }
+    // k. Nothing beyond stdio crosses into the command (the error pipe closes on exec).
+    if let Err(e) = sys::cloexec_from(3) {
+        fail("close inherited descriptors", &e);
+    }
+    let err = sys::execve(&cmd.program, &cmd.argv, &cmd.envp);
+    sys::write_all_fd(
+        exec_error,
+        format!(
+            "exec {}: {err}",
+            OsStr::from_bytes(cmd.program.as_bytes()).to_string_lossy()
+        )
+        .as_bytes(),
+    );
+    sys::exit_now(if err.kind() == io::ErrorKind::NotFound {
+        127
+    } else {
+        126
+    })
+}

@@ -1,0 +1,538 @@
+//! The seccomp filter, as data: each denied system call with the reason it is denied, compiled
+//! to classic BPF. Everything not listed is allowed; the filesystem, the network and signals
+//! are confined by the mount view, landlock and the namespaces, not here.
+//!
+//! The filter first checks the architecture: a process that switches to another syscall ABI
+//! (i386 through `int 0x80`, or x32 numbers on x86-64) could otherwise reach calls under
+//! numbers this filter never looks at, so it is killed.
+
+use libc::sock_filter;
+
+use crate::sandbox::profile::Network;
+
+/// What the filter does with a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Fails with `EPERM`.
+    Deny,
+    /// Fails with `ENOSYS`, as if the kernel did not have it: callers fall back to an older
+    /// call whose arguments the filter can inspect.
+    NoSys,
+    /// Fails with `EPERM` when the flags argument (arg 0) has any namespace flag.
+    DenyNamespaceFlags,
+    /// `ioctl`: fails with `EPERM` for the terminal-injection requests.
+    DenyTerminalInjection,
+    /// `socket`: fails with `EAFNOSUPPORT` for every family but `AF_UNIX` (network off).
+    UnixOnly,
+}
+
+/// One rule: the call, what happens to it, and why.
+pub struct Rule {
+    pub name: &'static str,
+    pub nr: libc::c_long,
+    pub action: Action,
+    pub why: &'static str,
+}
+
+const fn rule(name: &'static str, nr: libc::c_long, action: Action, why: &'static str) -> Rule {
+    Rule {
+        name,
+        nr,
+        action,
+        why,
+    }
+}
+
+/// Every `CLONE_NEW*` flag: creating namespaces is how most container escapes begin (new
+/// user namespaces hand out capabilities over fresh kernel attack surface).
+pub const NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWNS
+    | libc::CLONE_NEWCGROUP
+    | libc::CLONE_NEWUTS
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUSER
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET
+    | 0x80) as u32; // CLONE_NEWTIME
+
+const TIOCSTI: u32 = 0x5412;
+const TIOCLINUX: u32 = 0x541C;
+
+/// The policy. The order does not matter: every rule matches a distinct call number.
+pub const RULES: &[Rule] = &[
+    rule(
+        "ptrace",
+        libc::SYS_ptrace,
+        Action::Deny,
+        "reads and writes other processes' memory and registers",
+    ),
+    rule(
+        "process_vm_readv",
+        libc::SYS_process_vm_readv,
+        Action::Deny,
+        "reads another process's memory",
+    ),
+    rule(
+        "process_vm_writev",
+        libc::SYS_process_vm_writev,
+        Action::Deny,
+        "writes another process's memory",
+    ),
+    rule(
+        "process_madvise",
+        libc::SYS_process_madvise,
+        Action::Deny,
+        "acts on another process's memory",
+    ),
+    rule(
+        "pidfd_getfd",
+        libc::SYS_pidfd_getfd,
+        Action::Deny,
+        "steals a descriptor from another process",
+    ),
+    rule(
+        "kcmp",
+        libc::SYS_kcmp,
+        Action::Deny,
+        "probes other processes' kernel objects",
+    ),
+    rule(
+        "mount",
+        libc::SYS_mount,
+        Action::Deny,
+        "would change the mount view the sandbox is built from",
+    ),
+    rule(
+        "umount2",
+        libc::SYS_umount2,
+        Action::Deny,
+        "would uncover what the mount view hides",
+    ),
+    rule(
+        "pivot_root",
+        libc::SYS_pivot_root,
+        Action::Deny,
+        "would change the root of the mount view",
+    ),
+    rule(
+        "chroot",
+        libc::SYS_chroot,
+        Action::Deny,
+        "a classic step in escaping a chroot-style view",
+    ),
+    rule(
+        "fsopen",
+        libc::SYS_fsopen,
+        Action::Deny,
+        "new mount API: creates filesystems",
+    ),
+    rule(
+        "fsconfig",
+        libc::SYS_fsconfig,
+        Action::Deny,
+        "new mount API: configures filesystems",
+    ),
+    rule(
+        "fsmount",
+        libc::SYS_fsmount,
+        Action::Deny,
+        "new mount API: creates mounts",
+    ),
+    rule(
+        "fspick",
+        libc::SYS_fspick,
+        Action::Deny,
+        "new mount API: reconfigures existing mounts",
+    ),
+    rule(
+        "open_tree",
+        libc::SYS_open_tree,
+        Action::Deny,
+        "new mount API: clones mounts",
+    ),
+    rule(
+        "move_mount",
+        libc::SYS_move_mount,
+        Action::Deny,
+        "new mount API: attaches mounts",
+    ),
+    rule(
+        "mount_setattr",
+        libc::SYS_mount_setattr,
+        Action::Deny,
+        "new mount API: would make read-only mounts writable",
+    ),
+    rule(
+        "setns",
+        libc::SYS_setns,
+        Action::Deny,
+        "would join another namespace (the host's, through an inherited fd)",
+    ),
+    rule(
+        "unshare",
+        libc::SYS_unshare,
+        Action::DenyNamespaceFlags,
+        "new namespaces expose kernel attack surface; unsharing files or fs state is harmless",
+    ),
+    rule(
+        "clone",
+        libc::SYS_clone,
+        Action::DenyNamespaceFlags,
+        "same as unshare, at process creation",
+    ),
+    rule(
+        "clone3",
+        libc::SYS_clone3,
+        Action::NoSys,
+        "its flags live in memory the filter cannot read; ENOSYS makes libc fall back to clone",
+    ),
+    rule(
+        "kexec_load",
+        libc::SYS_kexec_load,
+        Action::Deny,
+        "replaces the running kernel",
+    ),
+    rule(
+        "kexec_file_load",
+        libc::SYS_kexec_file_load,
+        Action::Deny,
+        "replaces the running kernel",
+    ),
+    rule(
+        "init_module",
+        libc::SYS_init_module,
+        Action::Deny,
+        "loads kernel code",
+    ),
+    rule(
+        "finit_module",
+        libc::SYS_finit_module,
+        Action::Deny,
+        "loads kernel code",
+    ),
+    rule(
+        "delete_module",
+        libc::SYS_delete_module,
+        Action::Deny,
+        "unloads kernel code",
+    ),
+    rule(
+        "bpf",
+        libc::SYS_bpf,
+        Action::Deny,
+        "loads programs into the kernel; a large attack surface",
+    ),
+    rule(
+        "perf_event_open",
+        libc::SYS_perf_event_open,
+        Action::Deny,
+        "observes other processes and the kernel; a large attack surface",
+    ),
+    rule(
+        "userfaultfd",
+        libc::SYS_userfaultfd,
+        Action::Deny,
+        "stalls the kernel at will, the usual way to win kernel races",
+    ),
+    rule(
+        "keyctl",
+        libc::SYS_keyctl,
+        Action::Deny,
+        "kernel keyrings are not namespaced: other users' secrets live there",
+    ),
+    rule(
+        "add_key",
+        libc::SYS_add_key,
+        Action::Deny,
+        "kernel keyrings are not namespaced",
+    ),
+    rule(
+        "request_key",
+        libc::SYS_request_key,
+        Action::Deny,
+        "kernel keyrings are not namespaced",
+    ),
+    rule(
+        "io_uring_setup",
+        libc::SYS_io_uring_setup,
+        Action::Deny,
+        "io_uring runs operations outside the reach of this filter",
+    ),
+    rule(
+        "io_uring_enter",
+        libc::SYS_io_uring_enter,
+        Action::Deny,
+        "io_uring runs operations outside the reach of this filter",
+    ),
+    rule(
+        "io_uring_register",
+        libc::SYS_io_uring_register,
+        Action::Deny,
+        "io_uring runs operations outside the reach of this filter",
+    ),
+    rule(
+        "open_by_handle_at",
+        libc::SYS_open_by_handle_at,
+        Action::Deny,
+        "opens files by handle, around the mount view (the 'shocker' escape)",
+    ),
+    rule(
+        "name_to_handle_at",
+        libc::SYS_name_to_handle_at,
+        Action::Deny,
+        "the other half of open_by_handle_at",
+    ),
+    rule("reboot", libc::SYS_reboot, Action::Deny, "not a build step"),
+    rule(
+        "swapon",
+        libc::SYS_swapon,
+        Action::Deny,
+        "host administration",
+    ),
+    rule(
+        "swapoff",
+        libc::SYS_swapoff,
+        Action::Deny,
+        "host administration",
+    ),
+    rule("acct", libc::SYS_acct, Action::Deny, "host administration"),
+    rule(
+        "quotactl",
+        libc::SYS_quotactl,
+        Action::Deny,
+        "host administration",
+    ),
+    rule("iopl", libc::SYS_iopl, Action::Deny, "raw hardware I/O"),
+    rule("ioperm", libc::SYS_ioperm, Action::Deny, "raw hardware I/O"),
+    rule(
+        "ioctl",
+        libc::SYS_ioctl,
+        Action::DenyTerminalInjection,
+        "TIOCSTI and TIOCLINUX push input into a terminal the caller shares",
+    ),
+];
+
+/// The `socket` rule, added when the profile's network is off.
+pub const SOCKET_RULE: Rule = rule(
+    "socket",
+    libc::SYS_socket,
+    Action::UnixOnly,
+    "network off: only Unix sockets (the mount view decides which of those are reachable)",
+);
+
+#[cfg(target_arch = "x86_64")]
+const AUDIT_ARCH: u32 = 0xC000_003E; // AUDIT_ARCH_X86_64
+#[cfg(target_arch = "aarch64")]
+const AUDIT_ARCH: u32 = 0xC000_00B7; // AUDIT_ARCH_AARCH64
+#[cfg(target_arch = "x86_64")]
+const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+
+const RET_KILL_PROCESS: u32 = 0x8000_0000;
+const RET_ALLOW: u32 = 0x7fff_0000;
+const RET_ERRNO: u32 = 0x0005_0000;
+
+// Offsets into `struct seccomp_data` (little-endian: the low half of an argument comes first).
+const OFF_NR: u32 = 0;
+const OFF_ARCH: u32 = 4;
+const fn off_arg_low(i: u32) -> u32 {
+    16 + 8 * i
+}
+
+fn stmt(code: u32, k: u32) -> sock_filter {
+    sock_filter {
+        code: code as u16,
+        jt: 0,
+        jf: 0,
+        k,
+    }
+}
+
+fn jump(code: u32, k: u32, jt: u8, jf: u8) -> sock_filter {
+    sock_filter {
+        code: code as u16,
+        jt,
+        jf,
+        k,
+    }
+}
+
+const LD_W_ABS: u32 = libc::BPF_LD | libc::BPF_W | libc::BPF_ABS;
+const JEQ_K: u32 = libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K;
+const JGE_K: u32 = libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K;
+const JSET_K: u32 = libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K;
+const RET_K: u32 = libc::BPF_RET | libc::BPF_K;
+
+fn errno(e: i32) -> u32 {
+    RET_ERRNO | (e as u32 & 0xffff)
+}
+
+/// Compiles the policy for a run with this network setting.
+pub fn build(network: Network) -> Vec<sock_filter> {
+    let mut rules: Vec<&Rule> = RULES.iter().collect();
+    match network {
+        Network::None => rules.push(&SOCKET_RULE),
+        Network::Loopback | Network::Host => {}
+    }
+    let mut f = Vec::with_capacity(8 + rules.len() * 4);
+    // Wrong architecture: kill.
+    f.push(stmt(LD_W_ABS, OFF_ARCH));
+    f.push(jump(JEQ_K, AUDIT_ARCH, 1, 0));
+    f.push(stmt(RET_K, RET_KILL_PROCESS));
+    f.push(stmt(LD_W_ABS, OFF_NR));
+    // x32 syscall numbers on x86-64: kill.
+    #[cfg(target_arch = "x86_64")]
+    {
+        f.push(jump(JGE_K, X32_SYSCALL_BIT, 0, 1));
+        f.push(stmt(RET_K, RET_KILL_PROCESS));
+    }
+    for r in rules {
+        let nr = r.nr as u32;
+        match r.action {
+            Action::Deny => {
+                f.push(jump(JEQ_K, nr, 0, 1));
+                f.push(stmt(RET_K, errno(libc::EPERM)));
+            }
+            Action::NoSys => {
+                f.push(jump(JEQ_K, nr, 0, 1));
+                f.push(stmt(RET_K, errno(libc::ENOSYS)));
+            }
+            Action::DenyNamespaceFlags => {
+                // Loading the argument overwrites the call number, so both outcomes return.
+                f.push(jump(JEQ_K, nr, 0, 4));
+                f.push(stmt(LD_W_ABS, off_arg_low(0)));
+                f.push(jump(JSET_K, NAMESPACE_FLAGS, 0, 1));
+                f.push(stmt(RET_K, errno(libc::EPERM)));
+                f.push(stmt(RET_K, RET_ALLOW));
+            }
+            Action::DenyTerminalInjection => {
+                // The kernel truncates the request to 32 bits, so the low half is what counts.
+                f.push(jump(JEQ_K, nr, 0, 5));
+                f.push(stmt(LD_W_ABS, off_arg_low(1)));
+                f.push(jump(JEQ_K, TIOCSTI, 2, 0));
+                f.push(jump(JEQ_K, TIOCLINUX, 1, 0));
+                f.push(stmt(RET_K, RET_ALLOW));
+                f.push(stmt(RET_K, errno(libc::EPERM)));
+            }
+            Action::UnixOnly => {
+                f.push(jump(JEQ_K, nr, 0, 4));
+                f.push(stmt(LD_W_ABS, off_arg_low(0)));
+                f.push(jump(JEQ_K, libc::AF_UNIX as u32, 0, 1));
+                f.push(stmt(RET_K, RET_ALLOW));
+                f.push(stmt(RET_K, errno(libc::EAFNOSUPPORT)));
+            }
+        }
+    }
+    f.push(stmt(RET_K, RET_ALLOW));
+    f
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tiny interpreter for the subset of classic BPF the builder emits, so the policy can
+    /// be checked without installing it.
+    fn run(f: &[sock_filter], arch: u32, nr: u32, args: [u64; 6]) -> u32 {
+        let mut data = Vec::new();
+        data.extend_from_slice(&nr.to_le_bytes());
+        data.extend_from_slice(&arch.to_le_bytes());
+        data.extend_from_slice(&0u64.to_le_bytes());
+        for a in args {
+            data.extend_from_slice(&a.to_le_bytes());
+        }
+        let (mut pc, mut acc) = (0usize, 0u32);
+        loop {
+            let i = f[pc];
+            match i.code as u32 {
+                LD_W_ABS => {
+                    let k = i.k as usize;
+                    acc = u32::from_le_bytes(data[k..k + 4].try_into().unwrap());
+                    pc += 1;
+                }
+                RET_K => return i.k,
+                c => {
+                    let t = match c {
+                        JEQ_K => acc == i.k,
+                        JGE_K => acc >= i.k,
+                        JSET_K => acc & i.k != 0,
+                        _ => panic!("unknown opcode {c:#x}"),
+                    };
+                    pc += 1 + if t { i.jt } else { i.jf } as usize;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_policy_does_what_it_says() {
+        let f = build(Network::None);
+        let call = |nr: libc::c_long, args: [u64; 6]| run(&f, AUDIT_ARCH, nr as u32, args);
+        assert_eq!(call(libc::SYS_read, [0; 6]), RET_ALLOW);
+        assert_eq!(call(libc::SYS_ptrace, [0; 6]), errno(libc::EPERM));
+        assert_eq!(call(libc::SYS_clone3, [0; 6]), errno(libc::ENOSYS));
+        assert_eq!(
+            call(libc::SYS_clone, [libc::SIGCHLD as u64, 0, 0, 0, 0, 0]),
+            RET_ALLOW
+        );
+        assert_eq!(
+            call(libc::SYS_clone, [libc::CLONE_NEWUSER as u64, 0, 0, 0, 0, 0]),
+            errno(libc::EPERM)
+        );
+        assert_eq!(
+            call(libc::SYS_unshare, [libc::CLONE_FILES as u64, 0, 0, 0, 0, 0]),
+            RET_ALLOW
+        );
+        assert_eq!(
+            call(libc::SYS_unshare, [libc::CLONE_NEWNS as u64, 0, 0, 0, 0, 0]),
+            errno(libc::EPERM)
+        );
+        assert_eq!(call(libc::SYS_ioctl, [0, 0x5401, 0, 0, 0, 0]), RET_ALLOW); // TCGETS
+        assert_eq!(
+            call(libc::SYS_ioctl, [0, TIOCSTI as u64 | (1 << 32), 0, 0, 0, 0]),
+            errno(libc::EPERM)
+        );
+        assert_eq!(
+            call(libc::SYS_ioctl, [0, TIOCLINUX as u64, 0, 0, 0, 0]),
+            errno(libc::EPERM)
+        );
+        assert_eq!(
+            call(libc::SYS_socket, [libc::AF_UNIX as u64, 1, 0, 0, 0, 0]),
+            RET_ALLOW
+        );
+        assert_eq!(
+            call(libc::SYS_socket, [libc::AF_INET as u64, 1, 0, 0, 0, 0]),
+            errno(libc::EAFNOSUPPORT)
+        );
+        assert_eq!(
+            call(libc::SYS_socket, [libc::AF_NETLINK as u64, 1, 0, 0, 0, 0]),
+            errno(libc::EAFNOSUPPORT)
+        );
+        assert_eq!(
+            run(&f, 0x4000_0003, libc::SYS_read as u32, [0; 6]),
+            RET_KILL_PROCESS
+        ); // i386
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(
+            call(X32_SYSCALL_BIT as libc::c_long | libc::SYS_read, [0; 6]),
+            RET_KILL_PROCESS
+        );
+        let host = build(Network::Host);
+        assert_eq!(
+            run(
+                &host,
+                AUDIT_ARCH,
+                libc::SYS_socket as u32,
+                [libc::AF_INET as u64, 1, 0, 0, 0, 0]
+            ),
+            RET_ALLOW
+        );
+    }
+
+    #[test]
+    fn every_rule_is_distinct_and_explained() {
+        let mut seen = std::collections::HashSet::new();
+        for r in RULES.iter().chain(std::iter::once(&SOCKET_RULE)) {
+            assert!(seen.insert(r.nr), "{} listed twice", r.name);
+            assert!(!r.why.is_empty());
+        }
+    }
+}

@@ -1,0 +1,371 @@
+//! The pieces of the minimal root view. [`super::launch`] calls them in order; each works in
+//! the run's own mount namespace, on a tmpfs staged at the run directory, before
+//! `pivot_root` makes that tmpfs `/`.
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+
+use super::LaunchError;
+use crate::sandbox::resolve::MountSpec;
+use crate::sys::sandbox::{
+    self as sys, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY,
+};
+
+/// The device nodes of the minimal `/dev`, bound from the host's.
+pub const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
+
+const NOSUID: libc::c_ulong = libc::MS_NOSUID;
+const NODEV: libc::c_ulong = libc::MS_NODEV;
+const NOEXEC: libc::c_ulong = libc::MS_NOEXEC;
+
+fn err<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> LaunchError + 'a {
+    move |source| LaunchError {
+        step,
+        path: Some(path.to_path_buf()),
+        source,
+    }
+}
+
+/// A profile path, opened before anything is mounted over the host's tree.
+pub enum Source {
+    Bind {
+        fd: OwnedFd,
+        dir: bool,
+        target: PathBuf,
+        exec: bool,
+        write: bool,
+    },
+    Symlink {
+        target: PathBuf,
+        link: PathBuf,
+    },
+    Tmpfs {
+        target: PathBuf,
+        exec: bool,
+    },
+}
+
+/// Opens every source. A symlink is recreated in the view rather than followed (its target
+/// is in the view or it dangles); a missing optional path is left out.
+pub fn open_sources(mounts: &[MountSpec]) -> Result<Vec<Source>, LaunchError> {
+    let mut out = Vec::with_capacity(mounts.len());
+    for m in mounts {
+        let Some(src) = &m.source else {
+            out.push(Source::Tmpfs {
+                target: m.target.clone(),
+                exec: m.exec,
+            });
+            continue;
+        };
+        let fd = match sys::open_path(src, true) {
+            Ok(fd) => fd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound && !m.required => continue,
+            Err(e) => return Err(err("open", src)(e)),
+        };
+        let info = sys::fstat(&fd).map_err(err("stat", src))?;
+        if info.is_symlink() {
+            let link = std::fs::read_link(src).map_err(err("readlink", src))?;
+            out.push(Source::Symlink {
+                target: m.target.clone(),
+                link,
+            });
+            continue;
+        }
+        // Bind the real path: no symlink on the way is followed while the view is built.
+        out.push(Source::Bind {
+            fd,
+            dir: info.is_dir(),
+            target: m.target.clone(),
+            exec: m.exec,
+            write: m.write,
+        });
+    }
+    Ok(out)
+}
+
+/// `staging` + an absolute `target`.
+pub fn in_view(staging: &Path, target: &Path) -> PathBuf {
+    staging.join(target.strip_prefix("/").unwrap_or(target))
+}
+
+fn make_file(path: &Path) -> Result<(), LaunchError> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(err("mkdir", parent))?;
+    }
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map(drop)
+        .map_err(err("create mount point", path))
+}
+
+fn tmpfs(target: &Path, flags: libc::c_ulong, data: &CStr) -> Result<(), LaunchError> {
+    std::fs::create_dir_all(target).map_err(err("mkdir", target))?;
+    sys::mount(
+        Some(Path::new("tmpfs")),
+        target,
+        Some(c"tmpfs"),
+        flags,
+        Some(data),
+    )
+    .map_err(err("mount tmpfs", target))
+}
+
+/// A bind mount of `src` at `dst` with the given attributes on it and every mount below.
+fn bind(src: &Path, dst: &Path, set: u64) -> Result<(), LaunchError> {
+    sys::mount(Some(src), dst, None, libc::MS_BIND | libc::MS_REC, None)
+        .map_err(err("bind", dst))?;
+    sys::mount_setattr_path(dst, set, 0).map_err(err("set mount attributes", dst))
+}
+
+/// The new root: an empty tmpfs (read-only once the view is complete).
+pub fn mount_root(staging: &Path) -> Result<(), LaunchError> {
+    tmpfs(staging, NOSUID | NODEV, c"mode=0755,size=1m,nr_inodes=4096")
+}
+
+/// Every profile path, parents first (the list is sorted that way), then the symlinks.
+pub fn mount_sources(
+    staging: &Path,
+    sources: &[Source],
+    tmp_options: &CStr,
+) -> Result<(), LaunchError> {
+    for s in sources {
+        match s {
+            Source::Bind {
+                fd,
+                dir,
+                target,
+                exec,
+                write,
+            } => {
+                let dst = in_view(staging, target);
+                if *dir {
+                    std::fs::create_dir_all(&dst).map_err(err("mkdir", &dst))?;
+                } else {
+                    make_file(&dst)?;
+                }
+                let mut set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+                if !write {
+                    set |= MOUNT_ATTR_RDONLY;
+                }
+                if !exec {
+                    set |= MOUNT_ATTR_NOEXEC;
+                }
+                bind(&sys::fd_path(fd), &dst, set)?;
+            }
+            Source::Tmpfs { target, exec } => {
+                let dst = in_view(staging, target);
+                let mut flags = NOSUID | NODEV;
+                if !exec {
+                    flags |= NOEXEC;
+                }
+                tmpfs(&dst, flags, tmp_options)?;
+            }
+            Source::Symlink { .. } => {}
+        }
+    }
+    for s in sources {
+        if let Source::Symlink { target, link } = s {
+            let dst = in_view(staging, target);
+            // A real path already mounted there wins (e.g. /lib64 listed as a dir elsewhere).
+            if dst.symlink_metadata().is_ok() {
+                continue;
+            }
+            if let Some(parent) = dst.parent() {
+                std::fs::create_dir_all(parent).map_err(err("mkdir", parent))?;
+            }
+            std::os::unix::fs::symlink(link, &dst).map_err(err("symlink", &dst))?;
+        }
+    }
+    Ok(())
+}
+
+/// A fresh `/proc` for the run's PID namespace (it shows only the run's processes), with
+/// `/proc/sys` and `/proc/sysrq-trigger` read-only. Before `/proc/sys` is locked,
+/// `vm.memfd_noexec = 2` makes this PID namespace refuse executable memfds (fileless exec).
+pub fn mount_proc(staging: &Path) -> Result<bool, LaunchError> {
+    let proc_dir = staging.join("proc");
+    std::fs::create_dir_all(&proc_dir).map_err(err("mkdir", &proc_dir))?;
+    sys::mount(
+        Some(Path::new("proc")),
+        &proc_dir,
+        Some(c"proc"),
+        NOSUID | NODEV | NOEXEC,
+        None,
+    )
+    .map_err(err("mount proc", &proc_dir))?;
+    let memfd_noexec = std::fs::write(proc_dir.join("sys/vm/memfd_noexec"), "2").is_ok();
+    for p in ["sys", "sysrq-trigger"] {
+        let path = proc_dir.join(p);
+        if path.exists() {
+            bind(
+                &path,
+                &path,
+                MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
+            )?;
+        }
+    }
+    Ok(memfd_noexec)
+}
+
+/// A minimal `/dev`: the harmless character devices, a private devpts instance and a
+/// private shm.
+pub fn mount_dev(staging: &Path) -> Result<(), LaunchError> {
+    let dev = staging.join("dev");
+    tmpfs(&dev, NOSUID | NOEXEC, c"mode=0755,size=64k,nr_inodes=64")?;
+    for d in DEVICES {
+        let host = Path::new("/dev").join(d);
+        if !host.exists() {
+            continue;
+        }
+        let dst = dev.join(d);
+        make_file(&dst)?;
+        bind(&host, &dst, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC)?;
+    }
+    let pts = dev.join("pts");
+    std::fs::create_dir_all(&pts).map_err(err("mkdir", &pts))?;
+    sys::mount(
+        Some(Path::new("devpts")),
+        &pts,
+        Some(c"devpts"),
+        NOSUID | NOEXEC,
+        Some(c"newinstance,ptmxmode=0666,mode=0620"),
+    )
+    .map_err(err("mount devpts", &pts))?;
+    tmpfs(
+        &dev.join("shm"),
+        NOSUID | NODEV | NOEXEC,
+        c"mode=1777,size=64m",
+    )?;
+    for (name, link) in [
+        ("ptmx", "pts/ptmx"),
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        let dst = dev.join(name);
+        std::os::unix::fs::symlink(link, &dst).map_err(err("symlink", &dst))?;
+    }
+    Ok(())
+}
+
+fn refuse(path: &Path, why: &str) -> LaunchError {
+    LaunchError {
+        step: "protect",
+        path: Some(path.to_path_buf()),
+        source: io::Error::new(io::ErrorKind::PermissionDenied, why.to_owned()),
+    }
+}
+
+/// Checks a protected directory's contents: a hard-linked file could be written through its
+/// other name, and a symlink could point at a writable file.
+fn check_tree(dir: &Path, depth: u32) -> Result<(), LaunchError> {
+    let entries = std::fs::read_dir(dir).map_err(err("read", dir))?;
+    for e in entries.flatten() {
+        let path = e.path();
+        let meta = path.symlink_metadata().map_err(err("stat", &path))?;
+        if meta.file_type().is_symlink() {
+            return Err(refuse(
+                &path,
+                "a protected directory holds a symlink; remove it or replace it with the file",
+            ));
+        }
+        if meta.is_file() && std::os::unix::fs::MetadataExt::nlink(&meta) > 1 {
+            return Err(refuse(
+                &path,
+                "a protected file has other hard links that would stay writable",
+            ));
+        }
+        if meta.is_dir() && depth < 4 {
+            check_tree(&path, depth + 1)?;
+        }
+    }
+    Ok(())
+}
+
+/// Keeps `protected` read-only inside the writable workspace, and makes each `pinned`
+/// directory (e.g. `.git`) a mount point so it cannot be renamed or replaced as a whole.
+/// Works on descriptors opened without following symlinks, so what is checked is what is
+/// mounted over: a symlink or hard link swapped in before launch is refused, and a rename
+/// or link during the run fails (a mount point cannot be renamed, and links do not cross
+/// mounts).
+pub fn protect(
+    staging: &Path,
+    pinned: &[PathBuf],
+    protected: &[PathBuf],
+) -> Result<(), LaunchError> {
+    for p in pinned {
+        let path = in_view(staging, p);
+        let fd = match sys::open_path(&path, true) {
+            Ok(fd) => fd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(err("open", &path)(e)),
+        };
+        let info = sys::fstat(&fd).map_err(err("stat", &path))?;
+        if info.is_symlink() {
+            return Err(refuse(
+                &path,
+                "the directory holding protected paths is a symlink",
+            ));
+        }
+        let tree = sys::open_tree_clone(&fd).map_err(err("clone mount", &path))?;
+        sys::move_mount(&tree, &fd).map_err(err("pin", &path))?;
+    }
+    for p in protected {
+        let path = in_view(staging, p);
+        let fd = match sys::open_path(&path, true) {
+            Ok(fd) => fd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(err("open", &path)(e)),
+        };
+        let info = sys::fstat(&fd).map_err(err("stat", &path))?;
+        if info.is_symlink() {
+            return Err(refuse(&path, "a protected path is a symlink"));
+        }
+        if std::fs::canonicalize(&path).ok().as_deref() != Some(path.as_path()) {
+            return Err(refuse(&path, "a protected path passes through a symlink"));
+        }
+        if info.is_file() && info.nlink > 1 {
+            return Err(refuse(
+                &path,
+                "a protected file has other hard links that would stay writable",
+            ));
+        }
+        if info.is_dir() {
+            check_tree(&path, 0)?;
+        }
+        let tree = sys::open_tree_clone(&fd).map_err(err("clone mount", &path))?;
+        sys::mount_setattr(
+            &tree,
+            MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+            0,
+        )
+        .map_err(err("make read-only", &path))?;
+        sys::move_mount(&tree, &fd).map_err(err("mount read-only", &path))?;
+    }
+    Ok(())
+}
+
+/// Makes the staged tmpfs the root and detaches the host's tree from this namespace.
+pub fn pivot(staging: &Path) -> Result<(), LaunchError> {
+    std::env::set_current_dir(staging).map_err(err("chdir", staging))?;
+    // pivot_root(".", ".") stacks the old root on top of the new one; detaching "." then
+    // removes the old root and leaves the new one.
+    sys::pivot_root(Path::new("."), Path::new(".")).map_err(err("pivot_root", staging))?;
+    sys::umount_detach(Path::new(".")).map_err(err("detach the host root", staging))?;
+    std::env::set_current_dir("/").map_err(err("chdir", Path::new("/")))?;
+    // Nothing may be created at the top of the view from now on.
+    sys::mount(
+        None,
+        Path::new("/"),
+        None,
+        libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | NOSUID | NODEV,
+        None,
+    )
+    .map_err(err("make the root read-only", Path::new("/")))
+}

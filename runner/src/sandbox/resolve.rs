@@ -1,0 +1,234 @@
+//! Profile → plan: placeholders replaced by the run's real paths, paths merged into one list
+//! of mounts, the environment built from the allow-list and the fixed values. Pure.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::profile::{Limits, Network, Profile};
+
+/// One path of the mount view.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MountSpec {
+    /// The host path; `None` is a fresh, empty tmpfs (the run's private `/tmp`).
+    pub source: Option<PathBuf>,
+    /// Where it appears in the view (the same path as on the host, except `/tmp`).
+    pub target: PathBuf,
+    pub exec: bool,
+    pub write: bool,
+    /// A required path that is missing fails the run; others are left out of the view.
+    pub required: bool,
+}
+
+/// The sandbox part of a launch plan: what the supervisor builds for the run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxPlan {
+    pub mounts: Vec<MountSpec>,
+    /// Absolute paths (inside the workspace) mounted read-only over the writable workspace.
+    pub protected: Vec<PathBuf>,
+    pub network: Network,
+    pub limits: Limits,
+    pub best_effort: bool,
+}
+
+/// The run-specific values placeholders stand for.
+pub struct Context<'a> {
+    pub workspace: &'a Path,
+    pub session_dir: Option<&'a Path>,
+    pub home: Option<&'a Path>,
+    /// The caller's environment, filtered through the profile's allow-list.
+    pub caller_env: &'a [(String, String)],
+}
+
+/// What resolution yields besides the sandbox itself.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resolved {
+    pub sandbox: SandboxPlan,
+    pub env: Vec<(String, String)>,
+    pub timeout_ms: Option<u64>,
+    pub kill_grace_ms: Option<u64>,
+}
+
+/// Where the run's private tmp appears inside the view.
+pub const VIEW_TMP: &str = "/tmp";
+
+enum Target {
+    Host(PathBuf),
+    Tmp,
+    Skip,
+}
+
+fn substitute(path: &str, ctx: &Context) -> Result<Target, String> {
+    let (base, rest) = match path.find('}') {
+        Some(end) if path.starts_with('{') => {
+            (&path[..=end], path[end + 1..].trim_start_matches('/'))
+        }
+        _ => return Ok(Target::Host(PathBuf::from(path))),
+    };
+    let join = |root: &Path| {
+        if rest.is_empty() {
+            root.to_path_buf()
+        } else {
+            root.join(rest)
+        }
+    };
+    Ok(match base {
+        "{workspace}" => Target::Host(join(ctx.workspace)),
+        "{session_dir}" => match ctx.session_dir {
+            Some(d) => Target::Host(join(d)),
+            None => Target::Skip,
+        },
+        "{home}" => match ctx.home {
+            Some(h) => Target::Host(join(h)),
+            None => Target::Skip,
+        },
+        // The private tmp is one fresh tmpfs; paths below it need no mount of their own.
+        "{tmp}" => Target::Tmp,
+        other => return Err(format!("unknown placeholder {other}")),
+    })
+}
+
+/// Replaces placeholders in an environment value.
+fn substitute_value(value: &str, ctx: &Context) -> String {
+    let mut v = value.replace("{workspace}", &ctx.workspace.to_string_lossy());
+    v = v.replace("{tmp}", VIEW_TMP);
+    if let Some(d) = ctx.session_dir {
+        v = v.replace("{session_dir}", &d.to_string_lossy());
+    }
+    if let Some(h) = ctx.home {
+        v = v.replace("{home}", &h.to_string_lossy());
+    }
+    v
+}
+
+fn env_allowed(name: &str, allow: &[String]) -> bool {
+    allow.iter().any(|a| match a.strip_suffix('*') {
+        Some(prefix) => name.starts_with(prefix),
+        None => a == name,
+    })
+}
+
+pub fn resolve(profile: &Profile, ctx: &Context) -> Result<Resolved, String> {
+    let mut mounts: Vec<MountSpec> = Vec::new();
+    let mut add = |path: &str, exec: bool, write: bool| -> Result<(), String> {
+        let (source, target, required) = match substitute(path, ctx)? {
+            Target::Skip => return Ok(()),
+            Target::Tmp => (None, PathBuf::from(VIEW_TMP), false),
+            Target::Host(p) => {
+                let required = path == "{workspace}";
+                (Some(p.clone()), p, required)
+            }
+        };
+        match mounts
+            .iter_mut()
+            .find(|m| m.target == target && m.source == source)
+        {
+            Some(m) => {
+                m.exec |= exec;
+                m.write |= write;
+            }
+            None => mounts.push(MountSpec {
+                source,
+                target,
+                exec,
+                write,
+                required,
+            }),
+        }
+        Ok(())
+    };
+    for p in &profile.readable {
+        add(p, false, false)?;
+    }
+    for p in &profile.executable {
+        add(p, true, false)?;
+    }
+    for p in &profile.writable {
+        add(p, false, true)?;
+    }
+    // Parents before children, so a child mount lands on top of its parent's.
+    mounts.sort_by_key(|m| m.target.components().count());
+
+    let protected = profile
+        .protected
+        .iter()
+        .map(|rel| ctx.workspace.join(rel))
+        .collect();
+
+    // Fixed values first; an allowed variable the caller sets replaces its fixed default.
+    let mut env: Vec<(String, String)> = profile
+        .env_set
+        .iter()
+        .map(|(k, v)| (k.clone(), substitute_value(v, ctx)))
+        .collect();
+    for (k, v) in ctx.caller_env {
+        if env_allowed(k, &profile.env_allow) {
+            env.retain(|(name, _)| name != k);
+            env.push((k.clone(), v.clone()));
+        }
+    }
+
+    Ok(Resolved {
+        sandbox: SandboxPlan {
+            mounts,
+            protected,
+            network: profile.network,
+            limits: profile.limits,
+            best_effort: profile.best_effort,
+        },
+        env,
+        timeout_ms: profile.timeout_ms,
+        kill_grace_ms: profile.kill_grace_ms,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sandbox::profile::load;
+
+    #[test]
+    fn placeholders_resolve_and_paths_merge() {
+        let p = load(
+            "t",
+            "t.toml",
+            "[paths]\nreadable=[\"/usr\", \"{home}/.cargo\", \"{session_dir}\"]\nexecutable=[\"/usr\", \"{workspace}\", \"{tmp}\"]\nwritable=[\"{workspace}\", \"{tmp}\"]\nprotected=[\".git/hooks\"]\n[env]\nallow=[\"TERM\", \"LC_*\"]\nset={HOME=\"{workspace}\", TMPDIR=\"{tmp}\"}\n",
+        )
+        .unwrap();
+        let caller = vec![
+            ("TERM".to_owned(), "xterm".to_owned()),
+            ("LC_ALL".to_owned(), "C".to_owned()),
+            ("SECRET".to_owned(), "x".to_owned()),
+            ("HOME".to_owned(), "/root".to_owned()),
+        ];
+        let r = resolve(
+            &p,
+            &Context {
+                workspace: Path::new("/w"),
+                session_dir: None,
+                home: None,
+                caller_env: &caller,
+            },
+        )
+        .unwrap();
+        let targets: Vec<_> = r
+            .sandbox
+            .mounts
+            .iter()
+            .map(|m| m.target.display().to_string())
+            .collect();
+        assert_eq!(targets, vec!["/usr", "/w", "/tmp"]);
+        let w = &r.sandbox.mounts[1];
+        assert!(w.write && w.exec && w.required);
+        assert!(r.sandbox.mounts[2].source.is_none());
+        assert_eq!(r.sandbox.protected, vec![PathBuf::from("/w/.git/hooks")]);
+        let env: std::collections::HashMap<_, _> = r.env.into_iter().collect();
+        assert_eq!(env.get("TERM").map(String::as_str), Some("xterm"));
+        assert_eq!(env.get("LC_ALL").map(String::as_str), Some("C"));
+        assert_eq!(env.get("HOME").map(String::as_str), Some("/w"));
+        assert_eq!(env.get("TMPDIR").map(String::as_str), Some("/tmp"));
+        assert!(!env.contains_key("SECRET"));
+    }
+}
