@@ -164,3 +164,38 @@ fn cli_errors_name_the_problem_and_exit_nonzero() {
         describe(&o)
     );
 }
+
+#[test]
+fn the_cli_finds_the_socket_through_sidejob_socket_and_stays_quiet_off_a_terminal() {
+    let d = Daemon::start();
+    let o = std::process::Command::new(sidejob_tests::sidejob_bin())
+        .args(["call", "--", "echo via-env"])
+        .env("SIDEJOB_SOCKET", &d.socket)
+        .current_dir(&d.workspace)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run");
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    assert_eq!(stdout(&o), "via-env\n");
+    assert_eq!(
+        String::from_utf8_lossy(&o.stderr),
+        "",
+        "no spinner or progress when stderr is not a terminal"
+    );
+}
+
+#[test]
+fn call_reuses_one_session_per_directory() {
+    let d = Daemon::start();
+    let a = call_background(&d, "true");
+    let b = call_background(&d, "true");
+    let mut c = d.client();
+    let (ta, tb) = (c.task(&a), c.task(&b));
+    assert_eq!(ta["session_id"], tb["session_id"]);
+    let o = d.cli(&["call", "--session", "named-one", "--", "true"]);
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    let o = d.cli(&["tasks", "--session", "named-one", "--json"]);
+    let v: Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    assert_eq!(v["tasks"].as_array().map(Vec::len), Some(1), "{v}");
+    assert_eq!(v["tasks"][0]["session_id"], "named-one");
+}

@@ -255,3 +255,67 @@ fn a_hundred_detached_runs_all_settle_with_their_own_results() {
         assert_eq!(t["delivery"], "wait");
     }
 }
+
+/// `task.wait` timeouts that straddle the settle: a wait that answered with a live task did not
+/// receive the result, so the result must stay `pending`; a wait that answered with the settled
+/// task received it, so it is recorded as `wait`.
+#[test]
+fn a_wait_timing_out_as_the_task_settles_never_swallows_the_result() {
+    const THREADS: usize = 4;
+    const CALLS: usize = 50;
+    let d = Daemon::start();
+    let mut setup = d.client();
+    let session = d.open_session(&mut setup);
+    let workers: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let mut c = d.client();
+            let s = session.clone();
+            std::thread::spawn(move || {
+                let mut seen = Vec::new();
+                for i in 0..CALLS {
+                    let ms = 10 + (i * 11 + t * 17) % 80;
+                    let r = c.bash(&s, &format!("sleep 0.{ms:03}"), json!({"background": true}));
+                    let id = r["task_id"].as_str().expect("task_id").to_owned();
+                    let w = c.wait_for(&id, 50);
+                    let got_it = matches!(
+                        w["state"].as_str(),
+                        Some("succeeded" | "failed" | "canceled")
+                    );
+                    seen.push((id, got_it, w));
+                }
+                seen
+            })
+        })
+        .collect();
+    let mut outcomes = (0, 0);
+    for w in workers {
+        for (id, got_it, w) in w.join().expect("worker") {
+            let c = &mut setup;
+            let mut t = Value::Null;
+            assert!(wait_until(Duration::from_secs(20), || {
+                t = c.task(&id);
+                t["state"] == "succeeded"
+            }));
+            if got_it {
+                outcomes.0 += 1;
+                assert_eq!(w["delivery"], "wait", "{w}");
+                assert_eq!(t["delivery"], "wait", "{t}");
+            } else {
+                outcomes.1 += 1;
+                assert_eq!(
+                    t["delivery"], "pending",
+                    "the wait answered {} but the result is recorded as delivered: {t}",
+                    w["state"]
+                );
+            }
+        }
+    }
+    eprintln!(
+        "{} waits received the result, {} timed out first",
+        outcomes.0, outcomes.1
+    );
+    assert!(
+        outcomes.0 > 0 && outcomes.1 > 0,
+        "the waits did not straddle the settle"
+    );
+}

@@ -191,3 +191,95 @@ fn the_daemon_does_not_leak_descriptors_across_runs() {
         "the daemon holds {after} descriptors after 40 runs, {before} before"
     );
 }
+
+/// Kills a daemon started by hand (and its runs) when the test ends, pass or fail.
+struct Reap(std::process::Child, std::path::PathBuf);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+        sidejob_tests::kill_processes_mentioning(&self.1.display().to_string());
+    }
+}
+
+#[test]
+fn an_unprivileged_daemon_needs_no_flags_and_uses_the_xdg_directories() {
+    use std::os::unix::process::CommandExt;
+    if sidejob_tests::skip_unless(
+        sidejob_tests::is_root(),
+        "needs root to start the daemon as another uid",
+    ) {
+        return;
+    }
+    const NOBODY: u32 = 65534;
+    let userns = Command::new("unshare")
+        .args(["--user", "--pid", "--fork", "true"])
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .status()
+        .is_ok_and(|s| s.success());
+    if sidejob_tests::skip_unless(userns, "unprivileged user namespaces are not available") {
+        return;
+    }
+    let root = sidejob_tests::TempDir::new("xdg");
+    let (runtime, state, home, ws) = (
+        root.path().join("runtime"),
+        root.path().join("state"),
+        root.path().join("home"),
+        root.path().join("ws"),
+    );
+    for dir in [&runtime, &state, &home, &ws] {
+        std::fs::create_dir_all(dir).expect("dir");
+        std::os::unix::fs::chown(dir, Some(NOBODY), Some(NOBODY)).expect("chown");
+    }
+    let env = |cmd: &mut Command| {
+        cmd.env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("HOME", &home)
+            .env("XDG_RUNTIME_DIR", &runtime)
+            .env("XDG_STATE_HOME", &state)
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .current_dir(&ws)
+            .stdin(Stdio::null());
+    };
+    let mut serve = Command::new(sidejob_bin());
+    serve.arg("serve");
+    env(&mut serve);
+    let log = std::fs::File::create(root.path().join("daemon.log")).expect("log");
+    let child = serve
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawn serve");
+    let _reap = Reap(child, root.path().to_path_buf());
+    let socket = runtime.join("sidejob/sidejob.sock");
+    assert!(
+        sidejob_tests::wait_until(std::time::Duration::from_secs(20), || {
+            std::os::unix::net::UnixStream::connect(&socket).is_ok()
+        }),
+        "no socket at {}; log:\n{}",
+        socket.display(),
+        std::fs::read_to_string(root.path().join("daemon.log")).unwrap_or_default()
+    );
+    assert!(
+        state.join("sidejob/sidejob.db").exists(),
+        "state under $XDG_STATE_HOME/sidejob"
+    );
+    let mut call = Command::new(sidejob_bin());
+    call.args(["call", "--", "id -u; pwd"]);
+    env(&mut call);
+    let o = call.output().expect("sidejob call");
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        format!("{NOBODY}\n{}\n", ws.canonicalize().expect("ws").display())
+    );
+}

@@ -225,3 +225,17 @@ fn session_open_refuses_bad_workspaces_and_a_session_dir_inside_the_workspace() 
     );
     assert_eq!((code, kind.as_str()), (-32602, "invalid_params"));
 }
+
+#[test]
+fn closing_a_session_without_cancel_lets_its_tasks_finish() {
+    let d = Daemon::start();
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let r = c.bash(&s, "sleep 0.5; echo finished", json!({"background": true}));
+    let id = r["task_id"].as_str().expect("id").to_owned();
+    let closed = c.ok("session.close", json!({"session_id": s, "cancel": false}));
+    assert_eq!(closed["canceled_tasks"], json!([]), "{closed}");
+    let t = c.wait_settled(&id);
+    assert_eq!(t["state"], "succeeded", "{t}");
+    assert_eq!(c.output(&id), "finished\n");
+}
