@@ -1,5 +1,6 @@
 //! sidejob: a privileged process-runner sidecar. See `ARCHITECTURE.md` for the map.
 
+pub mod bridge;
 pub mod cli;
 pub mod config;
 pub mod executor;

@@ -1,23 +1,49 @@
-//! The tools sidejob offers. Tools are planners: they describe themselves and turn a call's
-//! arguments into a launch plan; they never start processes (SPEC §10). The plugin issue loads
-//! them from `.so` files; until then the `bash` tool is built in.
+//! The tools sidejob offers, loaded from plugin libraries (SPEC §10).
+//!
+//! Tools are planners: they describe themselves and turn a call's arguments into a launch plan;
+//! they never start processes. Every `*.so` in the plugin directories is loaded through a
+//! private copy (`loader.rs`), the tools are indexed by name into a [`Catalog`], and the catalog
+//! is swapped atomically when a watched directory changes (`watch.rs`). A task keeps nothing of
+//! the plugin that planned it, so a reload never touches a running task or its delivery.
 
-mod bash;
+mod loader;
+mod watch;
 
+pub use loader::{check_owner_and_mode, LoadError, LoadedPlugin};
+
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
 
 use serde_json::Value;
+use sha2::{Digest, Sha256};
+use sidejob_plugin_api::abi_stable::std_types::RStr;
+use sidejob_plugin_api::json;
+use tracing::{info, warn};
 
+use crate::config::Config;
 use crate::protocol::ToolInfo;
+
+/// File names of the plugins shipped with sidejob, next to the `sidejob` binary.
+const SHIPPED_PREFIX: &str = "libsidejob_plugin_";
 
 /// What a tool needs to know about the call it plans.
 pub struct PlanContext<'a> {
     pub workspace: &'a Path,
     pub session_id: &'a str,
     pub task_id: &'a str,
+    pub session_dir: &'a Path,
+    /// The run's private tmp, where the plan's `files` are written.
+    pub tmp_dir: &'a Path,
+    /// The session's profile.
+    pub profile: &'a str,
+    /// How many sessions lie above the caller's.
+    pub depth: u32,
+    /// Daemon configuration meant for plugins.
+    pub config: &'a Value,
 }
 
-/// A tool's plan for one call.
+/// A tool's plan for one call, checked.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolPlan {
     pub argv: Vec<String>,
@@ -27,6 +53,15 @@ pub struct ToolPlan {
     pub cwd: PathBuf,
     /// One line for task lists.
     pub summary: String,
+    /// Written to the command's stdin, which is then closed.
+    pub stdin: Option<String>,
+    /// Written into the run's private tmp before the run starts.
+    pub files: Vec<json::PlanFile>,
+    /// A narrower profile than the session's.
+    pub profile: Option<String>,
+    pub bridge: bool,
+    pub child_session: bool,
+    pub service: bool,
 }
 
 /// Why a call's arguments were refused; shown to the host as `invalid_params`.
@@ -34,35 +69,345 @@ pub struct ToolPlan {
 #[error("{0}")]
 pub struct PlanError(pub String);
 
-pub trait Planner: Send + Sync {
-    fn describe(&self) -> ToolInfo;
-    fn plan(&self, args: &Value, ctx: &PlanContext) -> Result<ToolPlan, PlanError>;
+/// One tool of one loaded plugin.
+#[derive(Clone)]
+pub struct Tool {
+    info: ToolInfo,
+    plugin: Arc<LoadedPlugin>,
 }
 
-/// Every tool, by name.
-pub struct ToolHost {
-    tools: Vec<Box<dyn Planner>>,
-}
+impl Tool {
+    pub fn describe(&self) -> ToolInfo {
+        self.info.clone()
+    }
 
-impl Default for ToolHost {
-    fn default() -> Self {
-        ToolHost {
-            tools: vec![Box::new(bash::Bash)],
+    /// The plugin file the tool comes from.
+    pub fn source(&self) -> &Path {
+        &self.plugin.source
+    }
+
+    /// Asks the plugin for a plan and checks it.
+    pub fn plan(&self, args: &Value, ctx: &PlanContext) -> Result<ToolPlan, PlanError> {
+        let context = json::PlanContext {
+            session_id: ctx.session_id.into(),
+            task_id: ctx.task_id.into(),
+            workspace: ctx.workspace.display().to_string(),
+            session_dir: ctx.session_dir.display().to_string(),
+            tmp_dir: ctx.tmp_dir.display().to_string(),
+            profile: ctx.profile.into(),
+            depth: ctx.depth,
+            config: ctx.config.clone(),
+        };
+        let context =
+            serde_json::to_string(&context).map_err(|e| PlanError(format!("plan context: {e}")))?;
+        let args = args.to_string();
+        let out = (self.plugin.module.plan())(
+            RStr::from(self.info.name.as_str()),
+            RStr::from(args.as_str()),
+            RStr::from(context.as_str()),
+        )
+        .into_result()
+        .map_err(|e| PlanError(e.into_string()))?;
+        let plan: json::LaunchPlan = serde_json::from_str(out.as_str()).map_err(|e| {
+            PlanError(format!(
+                "the {} plugin returned an invalid plan: {e}",
+                self.plugin.info.name
+            ))
+        })?;
+        check_plan(plan, ctx)
+    }
+
+    /// The plugin's rendering of a finished task, if it has one (errors are logged).
+    pub fn render(&self, input: &json::RenderInput) -> Option<String> {
+        let input = serde_json::to_string(input).ok()?;
+        match (self.plugin.module.render())(RStr::from(input.as_str())).into_result() {
+            Ok(text) if !text.is_empty() => Some(text.into_string()),
+            Ok(_) => None,
+            Err(e) => {
+                warn!(tool = %self.info.name, "render failed: {e}");
+                None
+            }
         }
     }
 }
 
+fn check_plan(plan: json::LaunchPlan, ctx: &PlanContext) -> Result<ToolPlan, PlanError> {
+    if plan.argv.is_empty() || plan.argv[0].is_empty() {
+        return Err(PlanError("the plugin planned an empty command".into()));
+    }
+    let mut env = Vec::new();
+    for (k, v) in plan.env {
+        if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+            return Err(PlanError(format!(
+                "the plugin planned a bad environment variable {k:?}"
+            )));
+        }
+        if k.starts_with("SIDEJOB_") {
+            return Err(PlanError(format!(
+                "plugins may not set {k}: the daemon sets SIDEJOB_* itself"
+            )));
+        }
+        env.push((k, v));
+    }
+    for f in &plan.files {
+        let p = Path::new(&f.path);
+        if f.path.is_empty()
+            || p.is_absolute()
+            || p.components()
+                .any(|c| !matches!(c, std::path::Component::Normal(_)))
+        {
+            return Err(PlanError(format!(
+                "plan file {:?} must be a relative path inside the run's tmp",
+                f.path
+            )));
+        }
+    }
+    // A `profile` is checked by the sandbox (`sandbox::for_call`): it may only narrow the
+    // session's.
+    let summary = plan
+        .summary
+        .unwrap_or_else(|| plan.argv.join(" "))
+        .lines()
+        .next()
+        .unwrap_or("")
+        .chars()
+        .take(160)
+        .collect();
+    Ok(ToolPlan {
+        cwd: resolve_workdir(ctx.workspace, plan.cwd.as_deref())?,
+        argv: plan.argv,
+        env,
+        summary,
+        stdin: plan.stdin,
+        files: plan.files,
+        profile: plan.profile,
+        bridge: plan.bridge,
+        child_session: plan.child_session,
+        service: plan.service,
+    })
+}
+
+/// The tools of every loaded plugin, by name. Replaced as a whole on reload.
+#[derive(Default)]
+struct Catalog {
+    plugins: Vec<Arc<LoadedPlugin>>,
+    tools: BTreeMap<String, Tool>,
+}
+
+/// Where plugins come from.
+#[derive(Debug, Clone)]
+struct SourceDir {
+    path: PathBuf,
+    /// Only `libsidejob_plugin_*.so` (the directory of the `sidejob` binary holds other
+    /// libraries too); otherwise every `*.so`.
+    shipped_only: bool,
+}
+
+/// Every tool, by name; reloads itself when a plugin directory changes.
+pub struct ToolHost {
+    catalog: RwLock<Arc<Catalog>>,
+    dirs: Vec<SourceDir>,
+    copies_dir: PathBuf,
+    /// The one-line reasons of the last (re)load's refusals.
+    errors: Mutex<Vec<String>>,
+    /// Serialises reloads (start-up and the watcher).
+    reloading: Mutex<()>,
+    watcher: Mutex<Option<watch::Watcher>>,
+}
+
 impl ToolHost {
-    pub fn list(&self) -> Vec<ToolInfo> {
-        self.tools.iter().map(|t| t.describe()).collect()
+    /// Loads the shipped plugins and those in `plugin_dirs`, and watches their directories.
+    pub fn start(cfg: &Config) -> Arc<ToolHost> {
+        let mut dirs = Vec::new();
+        if cfg.shipped_plugins {
+            if let Some(exe_dir) = std::env::current_exe()
+                .ok()
+                .and_then(|e| e.parent().map(Path::to_path_buf))
+            {
+                dirs.push(SourceDir {
+                    path: exe_dir.join("../lib/sidejob/plugins"),
+                    shipped_only: false,
+                });
+                dirs.push(SourceDir {
+                    path: exe_dir.clone(),
+                    shipped_only: true,
+                });
+                // In a cargo target directory, `cargo test`/`nextest` leave the plugins they
+                // build as dependencies in deps/ (only `cargo build` copies them up).
+                dirs.push(SourceDir {
+                    path: exe_dir.join("deps"),
+                    shipped_only: true,
+                });
+            }
+        }
+        for d in &cfg.plugin_dirs {
+            dirs.push(SourceDir {
+                path: d.clone(),
+                shipped_only: false,
+            });
+        }
+        let host = Arc::new(ToolHost {
+            catalog: RwLock::new(Arc::new(Catalog::default())),
+            dirs,
+            copies_dir: cfg.state_dir.join("plugins"),
+            errors: Mutex::new(Vec::new()),
+            reloading: Mutex::new(()),
+            watcher: Mutex::new(None),
+        });
+        // Watch first, then load: a file added in between is then seen by both.
+        let watched: Vec<PathBuf> = host
+            .dirs
+            .iter()
+            .filter(|d| d.path.is_dir())
+            .map(|d| d.path.clone())
+            .collect();
+        match watch::Watcher::start(Arc::downgrade(&host), &watched) {
+            Ok(w) => *host.watcher.lock().unwrap_or_else(|e| e.into_inner()) = Some(w),
+            Err(e) => warn!("plugin hot reload is off: cannot watch the plugin directories: {e}"),
+        }
+        host.reload();
+        host
     }
 
-    pub fn get(&self, name: &str) -> Option<&dyn Planner> {
-        self.tools
-            .iter()
-            .find(|t| t.describe().name == name)
-            .map(|b| b.as_ref())
+    fn current(&self) -> Arc<Catalog> {
+        self.catalog
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
+
+    pub fn list(&self) -> Vec<ToolInfo> {
+        self.current()
+            .tools
+            .values()
+            .map(|t| t.info.clone())
+            .collect()
+    }
+
+    pub fn get(&self, name: &str) -> Option<Tool> {
+        self.current().tools.get(name).cloned()
+    }
+
+    /// The refusals of the last (re)load, one line each.
+    pub fn errors(&self) -> Vec<String> {
+        self.errors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The plugin files in the source directories, in load order.
+    fn candidates(&self) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        let mut shipped_names = std::collections::BTreeSet::new();
+        for dir in &self.dirs {
+            let Ok(entries) = std::fs::read_dir(&dir.path) else {
+                continue;
+            };
+            let mut files: Vec<PathBuf> = entries
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| is_candidate(p, dir.shipped_only))
+                // A shipped plugin found next to the binary is not loaded again from deps/.
+                .filter(|p| {
+                    !dir.shipped_only || shipped_names.insert(p.file_name().map(|n| n.to_owned()))
+                })
+                .collect();
+            files.sort();
+            out.extend(files);
+        }
+        out
+    }
+
+    /// Rescans the plugin directories and swaps in the new catalog. A file whose contents are
+    /// unchanged keeps its loaded plugin; a changed file that fails to load keeps the version
+    /// loaded before (and the failure is logged).
+    pub fn reload(&self) {
+        let _serial = self.reloading.lock().unwrap_or_else(|e| e.into_inner());
+        let old = self.current();
+        let mut errors = Vec::new();
+        let mut plugins: Vec<Arc<LoadedPlugin>> = Vec::new();
+        for source in self.candidates() {
+            let previous = old.plugins.iter().find(|p| p.source == source).cloned();
+            if let Some(prev) = &previous {
+                if std::fs::read(&source)
+                    .map(|b| hex(&Sha256::digest(&b)) == prev.sha256)
+                    .unwrap_or(false)
+                {
+                    plugins.push(prev.clone());
+                    continue;
+                }
+            }
+            match loader::load(&source, &self.copies_dir) {
+                Ok(p) => {
+                    info!(plugin = %p.info.name, version = %p.info.version, source = %source.display(), copy = %p.copy.display(),
+                          tools = ?p.tools.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
+                          "{} plugin", if previous.is_some() { "reloaded" } else { "loaded" });
+                    plugins.push(Arc::new(p));
+                }
+                Err(e) => {
+                    warn!("{e}");
+                    let refused = matches!(e, LoadError::Unsafe { .. });
+                    errors.push(e.to_string());
+                    // A file that anyone else could now write is not trusted any more; any
+                    // other failure (a bad build, a half-copied file) keeps what worked.
+                    if let Some(prev) = previous.filter(|_| !refused) {
+                        warn!(source = %source.display(), "keeping the previously loaded version");
+                        plugins.push(prev);
+                    }
+                }
+            }
+        }
+        for gone in old
+            .plugins
+            .iter()
+            .filter(|p| !plugins.iter().any(|n| n.source == p.source))
+        {
+            info!(plugin = %gone.info.name, source = %gone.source.display(), "plugin removed");
+        }
+        let mut tools: BTreeMap<String, Tool> = BTreeMap::new();
+        for p in &plugins {
+            for t in &p.tools {
+                if let Some(first) = tools.get(&t.name) {
+                    let e = LoadError::DuplicateTool {
+                        tool: t.name.clone(),
+                        first: first.plugin.source.clone(),
+                        second: p.source.clone(),
+                    };
+                    warn!("{e}");
+                    errors.push(e.to_string());
+                    continue;
+                }
+                tools.insert(
+                    t.name.clone(),
+                    Tool {
+                        info: t.clone(),
+                        plugin: p.clone(),
+                    },
+                );
+            }
+        }
+        if tools.is_empty() {
+            warn!(dirs = ?self.dirs.iter().map(|d| d.path.display().to_string()).collect::<Vec<_>>(),
+                  "no tools are loaded: build the workspace (cargo build) or set plugin_dirs");
+        }
+        *self.catalog.write().unwrap_or_else(|e| e.into_inner()) =
+            Arc::new(Catalog { plugins, tools });
+        *self.errors.lock().unwrap_or_else(|e| e.into_inner()) = errors;
+    }
+}
+
+fn is_candidate(p: &Path, shipped_only: bool) -> bool {
+    let Some(name) = p.file_name().and_then(|n| n.to_str()) else {
+        return false;
+    };
+    name.ends_with(".so")
+        && !name.starts_with('.')
+        && (!shipped_only || name.starts_with(SHIPPED_PREFIX))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Resolves `workdir` (relative to the workspace, or absolute) and refuses anything that
@@ -92,4 +437,36 @@ pub fn resolve_workdir(workspace: &Path, workdir: Option<&str>) -> Result<PathBu
         )));
     }
     Ok(real)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn workdir_outside_the_workspace_is_refused() {
+        let ws = std::env::temp_dir();
+        let err = resolve_workdir(&ws, Some("../..")).unwrap_err();
+        assert!(err.0.contains("outside the workspace"), "{err}");
+        assert_eq!(resolve_workdir(&ws, None).unwrap(), ws);
+    }
+
+    #[test]
+    fn only_shipped_names_count_next_to_the_binary() {
+        assert!(is_candidate(
+            Path::new("/x/libsidejob_plugin_bash.so"),
+            true
+        ));
+        assert!(!is_candidate(
+            Path::new("/x/libsidejob_testplugin_greet_v1.so"),
+            true
+        ));
+        assert!(is_candidate(
+            Path::new("/x/libsidejob_testplugin_greet_v1.so"),
+            false
+        ));
+        assert!(!is_candidate(Path::new("/x/.tmp.so"), false));
+        assert!(!is_candidate(Path::new("/x/readme.txt"), false));
+    }
 }

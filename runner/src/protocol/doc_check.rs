@@ -124,6 +124,10 @@ fn check(method: &str, req: &Value, reply: &Value) {
             params::<TaskIdParams>(method, req);
             same::<TaskBackgroundResult>(&what, result);
         }
+        "task.answer" => {
+            params::<TaskAnswerParams>(method, req);
+            same::<TaskAnswerResult>(&what, result);
+        }
         other => panic!("docs/protocol.md documents {other}, which the server does not serve"),
     }
 }

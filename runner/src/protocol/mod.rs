@@ -1,8 +1,10 @@
 //! Wire types of the host protocol (SPEC §11): JSON-RPC 2.0 envelopes, error codes, and the
 //! `*Params` / `*Result` shapes of every method. No I/O lives here.
 
+mod input;
 mod types;
 
+pub use input::*;
 pub use types::*;
 
 use serde::{Deserialize, Serialize};
@@ -29,6 +31,7 @@ pub const METHODS: &[&str] = &[
     "task.wait",
     "task.cancel",
     "task.message",
+    "task.answer",
     "task.background",
 ];
 

@@ -322,6 +322,9 @@ pub struct CompletedCall {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+    /// The tool plugin's rendering of the result for the model, when it has one.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub rendered: Option<String>,
 pub struct RunningCall {
     pub task_id: String,
     pub output: String,

@@ -4,6 +4,7 @@
 //! appends its event (the same column patch) in one transaction. The event log is therefore
 //! authoritative, and [`replay`] rebuilds identical rows from it.
 
+mod input;
 mod replay;
 mod rows;
 mod schema;

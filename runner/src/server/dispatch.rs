@@ -289,6 +289,15 @@ pub async fn dispatch(
         other => Err(RpcError::new(
             ErrorKind::MethodNotFound,
             format!("unknown method {other:?}"),
+        "task.answer" => {
+            let p: TaskAnswerParams = params(method, p)?;
+            task_for(d, peer, &p.task_id)?;
+            let state = crate::bridge::answer(&d.executor, &p.task_id, p.answer)?;
+            to_value(TaskAnswerResult {
+                task_id: p.task_id,
+                state,
+            })
+        }
         )
         .with_hint(format!("methods: {}", METHODS.join(", ")))),
     }

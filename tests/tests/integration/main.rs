@@ -3,11 +3,14 @@
 // A test that cannot go on should stop with a message saying why; that is what `expect` does.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
+mod bridge;
 mod cancel;
 mod cli;
+mod code;
 mod delivery;
 mod isolation;
 mod output;
+mod plugins;
 mod protocol;
 mod protocol_errors;
 mod registry;
@@ -17,3 +20,4 @@ mod sessions;
 mod smoke;
 mod stdin;
 mod yielding;
+mod subagent;

@@ -1,0 +1,90 @@
+//! The `subagent` tool: `{prompt, agent?}` runs the configured agent command
+//! (`[subagent] command = [...]` in the daemon config, the prompt appended as the last
+//! argument and in `SIDEJOB_PROMPT`) in a child session of the caller's, with a bridge scoped
+//! to that child session. The daemon waits for the child's non-service background tasks when
+//! the agent exits and hands its services over to the parent session (see `docs/plugins.md`).
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+use sidejob_plugin_api::json::{LaunchPlan, PlanContext, PluginInfo, ToolSpec};
+use sidejob_plugin_api::sdk::Plugin;
+
+/// How many sessions may lie above a subagent's own (the daemon enforces it too).
+const MAX_DEPTH: u32 = 3;
+
+pub struct Subagent;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Args {
+    prompt: String,
+    #[serde(default)]
+    agent: Option<String>,
+}
+
+impl Plugin for Subagent {
+    fn describe() -> PluginInfo {
+        PluginInfo {
+            name: "subagent".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            tools: vec![ToolSpec {
+                name: "subagent".into(),
+                description: "Run the configured agent on a prompt in a child session. Its own tool calls are tasks \
+                              of the child session. It reports back once its background jobs have settled; servers \
+                              it started with service: true are handed over to your session and listed in the result."
+                    .into(),
+                input_schema: json!({
+                    "type": "object",
+                    "properties": {
+                        "prompt": {"type": "string", "minLength": 1},
+                        "agent": {"type": "string", "description": "Which agent, if the configured command knows several (passed as SIDEJOB_AGENT)"}
+                    },
+                    "required": ["prompt"],
+                    "additionalProperties": false
+                }),
+                supports_background: true,
+                default_yield_after_ms: 30_000,
+            }],
+        }
+    }
+
+    fn plan(_tool: &str, args: Value, ctx: PlanContext) -> Result<LaunchPlan, String> {
+        let args: Args =
+            serde_json::from_value(args).map_err(|e| format!("subagent arguments: {e}"))?;
+        if args.prompt.trim().is_empty() {
+            return Err("subagent arguments: prompt is empty".into());
+        }
+        if ctx.depth >= MAX_DEPTH {
+            return Err(format!(
+                "subagents nest at most {MAX_DEPTH} deep; this session is already {} below the host's",
+                ctx.depth
+            ));
+        }
+        let command: Vec<String> = ctx
+            .config
+            .pointer("/subagent/command")
+            .and_then(|c| serde_json::from_value(c.clone()).ok())
+            .unwrap_or_default();
+        if command.is_empty() {
+            return Err("no agent is configured: set [subagent] command = [\"my-agent\", ...] in the daemon's config file".into());
+        }
+        let mut argv = command;
+        argv.push(args.prompt.clone());
+        let mut env: std::collections::BTreeMap<String, String> =
+            [("AGENT_PROMPT".to_string(), args.prompt.clone())].into();
+        if let Some(agent) = args.agent {
+            env.insert("AGENT_NAME".into(), agent);
+        }
+        let first = args.prompt.lines().next().unwrap_or("").trim().to_owned();
+        Ok(LaunchPlan {
+            argv,
+            env,
+            child_session: true,
+            bridge: true,
+            summary: Some(format!("subagent: {first}")),
+            ..LaunchPlan::default()
+        })
+    }
+}
+
+sidejob_plugin_api::export_plugin!(Subagent);

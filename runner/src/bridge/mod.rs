@@ -1,0 +1,525 @@
+//! The bridge (SPEC §10): a per-run Unix socket through which a sandboxed script calls tools
+//! of its own session. It speaks the host protocol (newline-delimited JSON-RPC 2.0) but
+//! serves only [`BRIDGE_METHODS`], and only for the run's session: a task of another session
+//! is refused as if it did not exist, and every other method is `method_not_found`. The socket
+//! (`<bridge dir>/<task_id>.sock`, see [`socket_path`]) is named in the launch plan
+//! (`bridge_socket`, for the sandbox to mount) and exported as `SIDEJOB_BRIDGE`; it is removed
+//! when the run settles. Tasks started through it get the calling task as `parent_task_id`.
+
+mod input;
+pub mod subagent;
+
+pub use input::answer;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{mpsc, watch};
+use tracing::{debug, info_span, warn, Instrument};
+
+use crate::config::Config;
+use crate::executor::{page, CallRequest, ExecError, Executor};
+use crate::ids;
+use crate::plugin_host::ToolPlan;
+use crate::protocol::*;
+use crate::registry::{SessionRow, TaskRow};
+
+/// The longest `task.wait` a bridge honours (a run's own deadline still applies).
+const MAX_WAIT_MS: u64 = 24 * 3600 * 1000;
+
+/// Who a bridge acts for.
+#[derive(Debug, Clone)]
+pub struct Scope {
+    /// The session whose tasks the bridge may see and start.
+    pub session_id: String,
+    /// The task whose run holds the bridge (parent of the tasks it starts).
+    pub caller_task_id: String,
+    /// The session the caller task itself belongs to (differs for a subagent).
+    pub caller_session_id: String,
+    pub owner_uid: u32,
+    pub owner_gid: u32,
+}
+
+/// Where a run's bridge socket lives: `<bridge dir>/<task_id>.sock`. Not in the run
+/// directory, whose path can exceed the 108 bytes a socket address holds.
+pub fn socket_path(task_id: &str) -> std::io::Result<PathBuf> {
+    Ok(bridge_dir()?.join(format!("{task_id}.sock")))
+}
+
+/// `/run/sidejob-bridge` for root, else `$XDG_RUNTIME_DIR/sidejob-bridge`, else
+/// `/tmp/sidejob-bridge-<uid>`; created 0711 (the runs' users must reach their socket) and
+/// refused if it is not ours.
+fn bridge_dir() -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let uid = crate::sys::getuid();
+    let dir = if uid == 0 {
+        PathBuf::from("/run/sidejob-bridge")
+    } else {
+        match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+            Some(d) => PathBuf::from(d).join("sidejob-bridge"),
+            None => PathBuf::from(format!("/tmp/sidejob-bridge-{uid}")),
+        }
+    };
+    match std::fs::create_dir(&dir) {
+        Ok(()) => std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))?,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let meta = std::fs::symlink_metadata(&dir)?;
+    if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o022 != 0 {
+        return Err(std::io::Error::other(format!(
+            "{} is not a directory owned by uid {uid} and writable only by it",
+            dir.display()
+        )));
+    }
+    Ok(dir)
+}
+
+/// The run's private tmp on the host, where a plan's `files` are written.
+pub fn tmp_dir(run_dir: &Path) -> PathBuf {
+    run_dir.join("tmp")
+}
+
+/// The file a plan's `stdin` is written to; the run reads it as its stdin.
+pub fn stdin_path(run_dir: &Path) -> PathBuf {
+    run_dir.join("stdin")
+}
+
+/// Daemon configuration handed to plugins as `context.config`.
+pub fn plugin_config(cfg: &Config) -> Value {
+    json!({ "subagent": cfg.subagent })
+}
+
+/// What a plan's extras add to its launch: files written, a child session opened, a bridge
+/// bound (served once the task is live, see [`Extras::serve`]).
+pub struct Extras {
+    pub env: Vec<(String, String)>,
+    pub bridge_socket: Option<PathBuf>,
+    bridge: Option<(UnixListener, PathBuf, Scope)>,
+}
+
+impl Extras {
+    /// Starts serving the bridge, if the plan has one. Call once the task is live.
+    pub fn serve(self, exec: &Arc<Executor>) {
+        if let Some((listener, path, scope)) = self.bridge {
+            serve(exec, listener, path, scope);
+        }
+    }
+}
+
+/// Carries out the parts of a tool's plan that happen before the run starts.
+pub fn prepare(
+    exec: &Executor,
+    session: &SessionRow,
+    owner: (u32, u32),
+    run_as: (Option<u32>, Option<u32>),
+    task_id: &str,
+    run_dir: &Path,
+    plan: &ToolPlan,
+) -> Result<Extras, ExecError> {
+    let io = |step: &'static str, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ExecError::Io { step, path, source }
+    };
+    let mut env = Vec::new();
+    if !plan.files.is_empty() {
+        let tmp = tmp_dir(run_dir);
+        for f in &plan.files {
+            let path = tmp.join(&f.path);
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir).map_err(io("create plan file directory", dir))?;
+            }
+            std::fs::write(&path, &f.content).map_err(io("write plan file", &path))?;
+            if f.executable {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+                    .map_err(io("make plan file executable", &path))?;
+            }
+        }
+        chown_tree(&tmp, run_as).map_err(io("hand plan files to the run's user", &tmp))?;
+    }
+    if let Some(data) = &plan.stdin {
+        let path = stdin_path(run_dir);
+        std::fs::write(&path, data).map_err(io("write the plan's stdin", &path))?;
+    }
+    let mut scope_session = session.session_id.clone();
+    if plan.child_session {
+        let child = subagent::open_child(
+            exec.registry(),
+            exec.config(),
+            session.owner_uid,
+            session,
+            task_id,
+        )?;
+        env.push(("SIDEJOB_CHILD_SESSION_ID".into(), child.session_id.clone()));
+        scope_session = child.session_id;
+    }
+    let mut bridge = None;
+    let mut bridge_socket = None;
+    if plan.bridge || plan.child_session {
+        let path = socket_path(task_id).map_err(io("prepare bridge directory", run_dir))?;
+        let listener = bind(&path, run_as).map_err(io("bind bridge socket", &path))?;
+        env.push(("SIDEJOB_BRIDGE".into(), path.display().to_string()));
+        bridge_socket = Some(path.clone());
+        bridge = Some((
+            listener,
+            path,
+            Scope {
+                session_id: scope_session,
+                caller_task_id: task_id.into(),
+                caller_session_id: session.session_id.clone(),
+                owner_uid: owner.0,
+                owner_gid: owner.1,
+            },
+        ));
+    }
+    Ok(Extras {
+        env,
+        bridge_socket,
+        bridge,
+    })
+}
+
+/// Hands a tree to the user the run runs as (nothing to do when it runs as the daemon).
+fn chown_tree(path: &Path, (uid, gid): (Option<u32>, Option<u32>)) -> std::io::Result<()> {
+    if uid.is_none() && gid.is_none() {
+        return Ok(());
+    }
+    std::os::unix::fs::chown(path, uid, gid)?;
+    if path.is_dir() {
+        for e in std::fs::read_dir(path)? {
+            chown_tree(&e?.path(), (uid, gid))?;
+        }
+    }
+    Ok(())
+}
+
+/// Binds a bridge socket only the run's user may connect to.
+fn bind(path: &Path, (uid, gid): (Option<u32>, Option<u32>)) -> std::io::Result<UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::fs::remove_file(path);
+    let listener = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    if uid.is_some() || gid.is_some() {
+        std::os::unix::fs::chown(path, uid, gid)?;
+    }
+    Ok(listener)
+}
+
+/// Serves a bound bridge until its run settles, then removes the socket.
+fn serve(exec: &Arc<Executor>, listener: UnixListener, path: PathBuf, scope: Scope) {
+    let exec = exec.clone();
+    let span =
+        info_span!("bridge", task_id = %scope.caller_task_id, session_id = %scope.session_id);
+    tokio::spawn(
+        async move {
+            let Some(mut done) = exec.settled_signal(&scope.caller_task_id) else {
+                let _ = std::fs::remove_file(&path);
+                return;
+            };
+            let scope = Arc::new(scope);
+            loop {
+                tokio::select! {
+                    accepted = listener.accept() => match accepted {
+                        Ok((stream, _)) => {
+                            let (exec, scope) = (exec.clone(), scope.clone());
+                            tokio::spawn(async move { connection(exec, scope, stream).await });
+                        }
+                        Err(e) => {
+                            warn!("bridge accept failed: {e}");
+                            break;
+                        }
+                    },
+                    _ = done.wait_for(|d| *d) => break,
+                }
+            }
+            input::abandon(&scope.caller_task_id);
+            let _ = std::fs::remove_file(&path);
+            debug!("bridge closed");
+        }
+        .instrument(span),
+    );
+}
+
+async fn connection(exec: Arc<Executor>, scope: Arc<Scope>, stream: UnixStream) {
+    let (rd, mut wr) = stream.into_split();
+    let (tx, mut rx) = mpsc::unbounded_channel::<String>();
+    let writer = tokio::spawn(async move {
+        while let Some(mut line) = rx.recv().await {
+            line.push('\n');
+            if wr.write_all(line.as_bytes()).await.is_err() {
+                break;
+            }
+        }
+    });
+    let (closed_tx, closed_rx) = watch::channel(false);
+    let mut reader = BufReader::new(rd);
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        let n = match (&mut reader)
+            .take(MAX_LINE_BYTES as u64 + 1)
+            .read_until(b'\n', &mut buf)
+            .await
+        {
+            Ok(n) => n,
+            Err(_) => break,
+        };
+        if n == 0 {
+            break;
+        }
+        if buf.len() > MAX_LINE_BYTES && buf.last() != Some(&b'\n') {
+            let err = RpcError::new(
+                ErrorKind::InvalidRequest,
+                format!("line exceeds {MAX_LINE_BYTES} bytes"),
+            );
+            let _ = tx.send(encode(&Response::err(Value::Null, err)));
+            break;
+        }
+        if buf.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let (exec, scope, tx, mut closed) =
+            (exec.clone(), scope.clone(), tx.clone(), closed_rx.clone());
+        let line = std::mem::take(&mut buf);
+        tokio::spawn(async move {
+            let closed = async move {
+                let _ = closed.wait_for(|c| *c).await;
+            };
+            if let Some(reply) = handle_line(&exec, &scope, &line, closed).await {
+                let _ = tx.send(reply);
+            }
+        });
+    }
+    let _ = closed_tx.send(true);
+    drop(tx);
+    let _ = writer.await;
+}
+
+fn encode(r: &Response) -> String {
+    serde_json::to_string(r).unwrap_or_else(|e| {
+        format!(r#"{{"jsonrpc":"2.0","id":null,"error":{{"code":-32603,"message":"cannot encode reply: {e}"}}}}"#)
+    })
+}
+
+async fn handle_line(
+    exec: &Arc<Executor>,
+    scope: &Scope,
+    line: &[u8],
+    closed: impl std::future::Future<Output = ()>,
+) -> Option<String> {
+    let value: Value = match serde_json::from_slice(line) {
+        Ok(v @ Value::Object(_)) => v,
+        Ok(_) => {
+            let e = RpcError::new(ErrorKind::InvalidRequest, "a request must be a JSON object");
+            return Some(encode(&Response::err(Value::Null, e)));
+        }
+        Err(e) => {
+            let e = RpcError::new(ErrorKind::ParseError, format!("parse error: {e}"));
+            return Some(encode(&Response::err(Value::Null, e)));
+        }
+    };
+    let has_id = value.get("id").is_some();
+    let req: Request = match serde_json::from_value(value) {
+        Ok(r) => r,
+        Err(e) => {
+            let e = RpcError::new(ErrorKind::InvalidRequest, format!("invalid request: {e}"));
+            return Some(encode(&Response::err(Value::Null, e)));
+        }
+    };
+    let id = req.id.clone().unwrap_or(Value::Null);
+    let Some(Value::String(method)) = req.method else {
+        let e = RpcError::new(ErrorKind::InvalidRequest, "method must be a string");
+        return Some(encode(&Response::err(id, e)));
+    };
+    let params = match req.params {
+        None | Some(Value::Null) => json!({}),
+        Some(p @ Value::Object(_)) => p,
+        Some(_) => {
+            let e = RpcError::new(
+                ErrorKind::InvalidParams,
+                format!("{method}: params must be an object"),
+            );
+            return Some(encode(&Response::err(id, e)));
+        }
+    };
+    let outcome = dispatch(exec, scope, &method, params, closed)
+        .instrument(info_span!("bridge_request", method = %method))
+        .await;
+    if !has_id {
+        return None;
+    }
+    Some(encode(&match outcome {
+        Ok(v) => Response::ok(id, v),
+        Err(e) => Response::err(id, e),
+    }))
+}
+
+fn params<T: DeserializeOwned>(method: &str, p: Value) -> Result<T, RpcError> {
+    serde_json::from_value(p)
+        .map_err(|e| RpcError::new(ErrorKind::InvalidParams, format!("{method}: {e}")))
+}
+
+fn to_value<T: serde::Serialize>(v: T) -> Result<Value, RpcError> {
+    serde_json::to_value(v).map_err(|e| RpcError::new(ErrorKind::Internal, e.to_string()))
+}
+
+/// The same error the control socket would give (see `server/dispatch.rs`).
+fn exec_err(e: ExecError) -> RpcError {
+    e.into()
+}
+
+fn internal(e: impl std::fmt::Display) -> RpcError {
+    RpcError::new(ErrorKind::Internal, e.to_string())
+}
+
+/// A task of the bridge's session; any other task is reported as not found, so a run cannot
+/// even learn whether another session's task exists.
+fn scoped_task(exec: &Executor, scope: &Scope, task_id: &str) -> Result<TaskRow, RpcError> {
+    if !ids::is_valid_task_id(task_id) {
+        return Err(RpcError::new(
+            ErrorKind::InvalidParams,
+            format!("invalid task id {task_id:?}: task ids are 26-character ULIDs"),
+        ));
+    }
+    match exec.registry().get_task(task_id).map_err(internal)? {
+        Some(row) if row.session_id == scope.session_id => Ok(row),
+        _ => Err(RpcError::new(
+            ErrorKind::NotFound,
+            format!("task {task_id} not found in session {}", scope.session_id),
+        )),
+    }
+}
+
+/// Takes a `session_id` the caller may have sent: it must be the bridge's own.
+fn own_session(scope: &Scope, p: &mut Value) -> Result<(), RpcError> {
+    let Some(obj) = p.as_object_mut() else {
+        return Ok(());
+    };
+    match obj.get("session_id").and_then(Value::as_str) {
+        None => {
+            obj.insert("session_id".into(), scope.session_id.clone().into());
+            Ok(())
+        }
+        Some(s) if s == scope.session_id => Ok(()),
+        Some(other) => Err(RpcError::new(
+            ErrorKind::PermissionDenied,
+            format!(
+                "this bridge serves session {} only, not {other}",
+                scope.session_id
+            ),
+        )),
+    }
+}
+
+async fn dispatch(
+    exec: &Arc<Executor>,
+    scope: &Scope,
+    method: &str,
+    mut p: Value,
+    closed: impl std::future::Future<Output = ()>,
+) -> Result<Value, RpcError> {
+    let registry = exec.registry();
+    match method {
+        "tool.call" => {
+            own_session(scope, &mut p)?;
+            let p: ToolCallParams = params(method, p)?;
+            let session = registry
+                .get_session(&scope.session_id)
+                .map_err(internal)?
+                .filter(|s| s.is_open())
+                .ok_or_else(|| {
+                    RpcError::new(
+                        ErrorKind::InvalidState,
+                        format!("session {} is closed", scope.session_id),
+                    )
+                })?;
+            let req = CallRequest {
+                owner_uid: scope.owner_uid,
+                owner_gid: scope.owner_gid,
+                session,
+                tool: p.tool,
+                args: if p.args.is_null() { json!({}) } else { p.args },
+                yield_after_ms: p.yield_after_ms,
+                background: p.background.unwrap_or(false),
+                timeout_ms: p.timeout_ms,
+                stdin: p.stdin.unwrap_or_default(),
+                service: p.service.unwrap_or(false),
+                profile: p.profile,
+                wake: p.wake.unwrap_or_default(),
+                parent_task_id: Some(scope.caller_task_id.clone()),
+                occurrence_key: None,
+            };
+            let result = exec.call(req, closed).await.map_err(exec_err)?;
+            to_value(result)
+        }
+        "task.list" => {
+            own_session(scope, &mut p)?;
+            let p: TaskListParams = params(method, p)?;
+            let tasks = registry
+                .list_tasks(&scope.session_id, 25)
+                .map_err(internal)?
+                .into_iter()
+                .filter(|t| p.states.as_ref().is_none_or(|s| s.contains(&t.state)))
+                .map(|t| t.to_wire())
+                .collect();
+            to_value(TaskListResult { tasks })
+        }
+        "task.get" => {
+            let p: TaskIdParams = params(method, p)?;
+            to_value(scoped_task(exec, scope, &p.task_id)?.to_wire())
+        }
+        "task.output" => {
+            let p: TaskOutputParams = params(method, p)?;
+            let row = scoped_task(exec, scope, &p.task_id)?;
+            let path = PathBuf::from(row.output_path());
+            to_value(page(
+                &path,
+                p.offset,
+                p.max_bytes,
+                p.tail_bytes,
+                row.state.is_terminal(),
+                row.output_truncated.unwrap_or(false),
+            ))
+        }
+        "task.wait" => {
+            let p: TaskWaitParams = params(method, p)?;
+            scoped_task(exec, scope, &p.task_id)?;
+            let timeout = Duration::from_millis(p.timeout_ms.unwrap_or(30_000).min(MAX_WAIT_MS));
+            let row = exec
+                .wait(&p.task_id, timeout)
+                .await
+                .map_err(exec_err)?
+                .ok_or_else(|| {
+                    RpcError::new(ErrorKind::NotFound, format!("task {} not found", p.task_id))
+                })?;
+            to_value(row.to_wire())
+        }
+        "task.cancel" => {
+            let p: TaskCancelParams = params(method, p)?;
+            scoped_task(exec, scope, &p.task_id)?;
+            let result = exec
+                .cancel(&p.task_id, p.grace_ms)
+                .await
+                .map_err(exec_err)?;
+            to_value(TaskCancelResult {
+                task_id: p.task_id,
+                result,
+            })
+        }
+        "task.request_input" => {
+            let p: TaskRequestInputParams = params(method, p)?;
+            input::request(exec, scope, p, closed).await
+        }
+        other => Err(RpcError::new(
+            ErrorKind::MethodNotFound,
+            format!("method {other:?} is not served on the bridge"),
+        )
+        .with_hint(format!("the bridge serves: {}", BRIDGE_METHODS.join(", ")))),
+    }
+}

@@ -1,0 +1,171 @@
+//! Subagents (SPEC §10): a tool whose plan asks for `child_session` runs in a new session
+//! below the caller's (at most [`MAX_DEPTH`] levels deep), with a bridge scoped to it. When
+//! the agent exits, its task waits for the child's background tasks that are not services,
+//! and hands the services over to the parent session, so a subagent that starts a server
+//! still reports back. Cancelling the subagent cancels everything below it.
+
+use std::io::Write;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::json;
+use tracing::{info, warn};
+
+use crate::config::Config;
+use crate::executor::{ExecError, Executor};
+use crate::protocol::SessionOpenParams;
+use crate::registry::{Registry, SessionRow, TaskRow};
+use crate::session;
+use crate::supervisor::CancelRequest;
+
+/// How many sessions may lie above a subagent's child session.
+pub const MAX_DEPTH: u32 = 3;
+
+/// The child session of a subagent task (derived from its id, so it needs no column).
+pub fn child_session_id(task_id: &str) -> String {
+    format!("sub-{}", task_id.to_ascii_lowercase())
+}
+
+/// How many sessions lie above `s`.
+pub fn depth_of(registry: &Registry, s: &SessionRow) -> u32 {
+    let mut depth = 0;
+    let mut parent = s.parent_session_id.clone();
+    while let Some(p) = parent {
+        depth += 1;
+        if depth > 64 {
+            break; // a cycle cannot be made through the protocol; do not loop on a corrupt one
+        }
+        parent = registry
+            .get_session(&p)
+            .ok()
+            .flatten()
+            .and_then(|r| r.parent_session_id);
+    }
+    depth
+}
+
+/// Opens the child session of subagent task `task_id` below `parent`.
+pub fn open_child(
+    registry: &Registry,
+    cfg: &Config,
+    owner_uid: u32,
+    parent: &SessionRow,
+    task_id: &str,
+) -> Result<SessionRow, ExecError> {
+    let depth = depth_of(registry, parent) + 1;
+    if depth > MAX_DEPTH {
+        return Err(ExecError::InvalidParams(format!(
+            "a subagent may not start another one here: session {} is already {} levels below the host's (the limit is {MAX_DEPTH})",
+            parent.session_id,
+            depth - 1
+        )));
+    }
+    let id = child_session_id(task_id);
+    session::open(
+        registry,
+        cfg,
+        owner_uid,
+        SessionOpenParams {
+            session_id: Some(id.clone()),
+            workspace: parent.workspace.clone(),
+            session_dir: None,
+            profile: Some(parent.profile.clone()),
+            proactive_wake: Some(false),
+            parent_session_id: Some(parent.session_id.clone()),
+        },
+    )
+    .map_err(|e| ExecError::InvalidParams(format!("cannot open the subagent's session: {e}")))?;
+    registry
+        .get_session(&id)?
+        .ok_or_else(|| ExecError::InvalidState(format!("session {id} vanished")))
+}
+
+/// The live tasks of a child session and of every session below it.
+fn live_below(exec: &Executor, child: &str) -> Vec<TaskRow> {
+    let registry = exec.registry();
+    let Ok(sessions) = session::with_descendants(registry, child) else {
+        return Vec::new();
+    };
+    sessions
+        .iter()
+        .flat_map(|s| {
+            registry
+                .live_tasks_of_session(&s.session_id)
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+/// Cancels every task below subagent task `task_id` (nothing if it is not a subagent).
+pub fn cancel_children(exec: &Executor, task_id: &str) {
+    let child = child_session_id(task_id);
+    let Ok(sessions) = session::with_descendants(exec.registry(), &child) else {
+        return;
+    };
+    for s in sessions {
+        if let Err(e) = exec.cancel_session(&s.session_id) {
+            warn!(task_id, session_id = %s.session_id, "cannot cancel the subagent's tasks: {e}");
+        }
+    }
+}
+
+/// Runs after a task's supervisor exited and before the task settles. For a subagent: waits
+/// for the child's non-service tasks, hands the services over to `parent_session`, records
+/// them in `handover.json` and at the end of the output, and closes the child session.
+pub async fn finish(exec: &Executor, task_id: &str, parent_session: &str, run_dir: &Path) {
+    let child = child_session_id(task_id);
+    match exec.registry().get_session(&child) {
+        Ok(Some(s)) if s.parent_session_id.as_deref() == Some(parent_session) => {}
+        _ => return,
+    }
+    // A canceled subagent hands nothing over: everything below it is being stopped.
+    let canceled = CancelRequest::path(run_dir).exists();
+    loop {
+        let waiting: Vec<TaskRow> = live_below(exec, &child)
+            .into_iter()
+            .filter(|t| canceled || !t.service)
+            .collect();
+        let Some(next) = waiting.first() else { break };
+        match exec.settled_signal(&next.task_id) {
+            Some(mut rx) => {
+                let _ = rx.wait_for(|d| *d).await;
+            }
+            // Live in the registry but not in the executor (never the case for long).
+            None => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    let mut handed = Vec::new();
+    for t in live_below(exec, &child).into_iter().filter(|t| t.service) {
+        match exec.registry().hand_over_task(&t.task_id, parent_session) {
+            Ok(_) => handed.push(
+                json!({"task_id": t.task_id, "summary": t.summary, "from_session": t.session_id}),
+            ),
+            Err(e) => warn!(task_id = %t.task_id, "cannot hand the service over: {e}"),
+        }
+    }
+    info!(task_id, child_session = %child, handed_over = handed.len(), "subagent finished");
+    let record = json!({"child_session": child, "handed_over": handed});
+    if let Err(e) = std::fs::write(run_dir.join("handover.json"), record.to_string()) {
+        warn!(task_id, "cannot write handover.json: {e}");
+    }
+    if !handed.is_empty() {
+        let mut line = format!("\n[sidejob] services handed over to session {parent_session}:");
+        for h in &handed {
+            line.push_str(&format!(
+                " {} ({})",
+                h["task_id"].as_str().unwrap_or(""),
+                h["summary"].as_str().unwrap_or("")
+            ));
+        }
+        line.push('\n');
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .append(true)
+            .open(run_dir.join("output.log"))
+        {
+            let _ = f.write_all(line.as_bytes());
+        }
+    }
+    if let Err(e) = exec.registry().close_session(&child) {
+        warn!(task_id, "cannot close the subagent's session: {e}");
+    }
+}

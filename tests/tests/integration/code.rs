@@ -1,0 +1,145 @@
+//! The `code` tool (SPEC §10): scripts that call tools through the bridge, and a question
+//! answered by the host.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use sidejob_tests::{wait_until, Client, Daemon};
+
+fn has(program: &str) -> bool {
+    std::process::Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+pub(crate) fn code(
+    c: &mut Client,
+    session: &str,
+    language: &str,
+    script: &str,
+    extra: Value,
+) -> Value {
+    let mut p = json!({"session_id": session, "tool": "code", "args": {"language": language, "code": script}});
+    for (k, v) in extra.as_object().cloned().unwrap_or_default() {
+        p[k] = v;
+    }
+    c.ok("tool.call", p)
+}
+
+#[test]
+fn a_python_script_starts_a_background_job_through_the_bridge_waits_and_returns_its_output() {
+    if sidejob_tests::skip_unless(has("python3"), "python3 is not installed") {
+        return;
+    }
+    let d = Daemon::start();
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let script = r#"
+job = tools.bash("sleep 0.3; echo from-the-job", {"background": True})
+assert job["status"] == "running", job
+done = tools.jobs.wait(job["task_id"])
+print("state:", done["state"])
+print("parent:", done.get("parent_task_id"))
+print("output:", tools.jobs.output(job["task_id"]).strip())
+print("listed:", any(t["task_id"] == job["task_id"] for t in tools.jobs.list()))
+"#;
+    let r = code(
+        &mut c,
+        &s,
+        "python",
+        script,
+        json!({"yield_after_ms": 60_000}),
+    );
+    assert_eq!(r["status"], "completed", "{r}");
+    assert_eq!(r["state"], "succeeded", "{r}\n{}", d.log());
+    let out = r["output"].as_str().unwrap();
+    assert!(out.contains("state: succeeded"), "{out}");
+    assert!(out.contains("output: from-the-job"), "{out}");
+    assert!(out.contains("listed: True"), "{out}");
+    assert!(
+        out.contains(&format!("parent: {}", r["task_id"].as_str().unwrap())),
+        "{out}"
+    );
+    // The job is a task of the same session, a child of the script's task.
+    let tasks = c.ok("task.list", json!({"session_id": s}))["tasks"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let job = tasks
+        .iter()
+        .find(|t| t["tool"] == "bash")
+        .expect("the job is listed");
+    assert_eq!(job["parent_task_id"], r["task_id"]);
+}
+
+#[test]
+fn a_javascript_script_does_the_same_with_promises() {
+    if sidejob_tests::skip_unless(has("node"), "node is not installed") {
+        return;
+    }
+    let d = Daemon::start();
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let script = r#"
+const job = await tools.bash("sleep 0.2; echo js-job", {background: true});
+const done = await tools.jobs.wait(job.task_id);
+console.log("state:", done.state);
+console.log("output:", (await tools.jobs.output(job.task_id)).trim());
+"#;
+    let r = code(
+        &mut c,
+        &s,
+        "javascript",
+        script,
+        json!({"yield_after_ms": 60_000}),
+    );
+    assert_eq!(r["state"], "succeeded", "{r}");
+    let out = r["output"].as_str().unwrap();
+    assert!(
+        out.contains("state: succeeded") && out.contains("output: js-job"),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_script_waits_for_input_and_the_host_answers_with_task_answer() {
+    if sidejob_tests::skip_unless(has("python3"), "python3 is not installed") {
+        return;
+    }
+    let d = Daemon::start();
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let script = r#"
+import json
+answer = tools.request_input({"type": "object", "properties": {"go": {"type": "boolean"}}}, "Deploy now?")
+print("answer:", json.dumps(answer))
+"#;
+    let r = code(&mut c, &s, "python", script, json!({"background": true}));
+    let id = r["task_id"].as_str().unwrap().to_owned();
+    // Answering too early is refused.
+    let mut probe = d.client();
+    assert!(
+        wait_until(Duration::from_secs(20), || probe.task(&id)["state"]
+            == "awaiting_input"),
+        "{}",
+        d.log()
+    );
+    let status = c.ok("session.status", json!({"session_id": s}));
+    assert_eq!(status["awaiting_input"], 1, "{status}");
+    let a = c.ok(
+        "task.answer",
+        json!({"task_id": id, "answer": {"go": true}}),
+    );
+    assert_eq!(a["state"], "running", "{a}");
+    // A second answer has nobody to go to.
+    let (code, kind) = c.err("task.answer", json!({"task_id": id, "answer": 1}));
+    assert_eq!((code, kind.as_str()), (-32005, "invalid_state"));
+    let t = c.wait_settled(&id);
+    assert_eq!(t["state"], "succeeded", "{t}");
+    assert!(
+        c.output(&id).contains(r#"answer: {"go": true}"#),
+        "{}",
+        c.output(&id)
+    );
+}
