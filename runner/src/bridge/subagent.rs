@@ -70,7 +70,8 @@ pub fn open_child(
             workspace: parent.workspace.clone(),
             session_dir: None,
             profile: Some(parent.profile.clone()),
-            proactive_wake: Some(false),
+            // Services handed over to the parent wake it the way its own tasks do.
+            proactive_wake: Some(parent.proactive_wake),
             parent_session_id: Some(parent.session_id.clone()),
         },
     )

@@ -249,3 +249,47 @@ fn first_line(s: &str) -> String {
 fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn temp(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("sidejob-loader-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        d
+    }
+
+    #[test]
+    fn writable_by_others_is_refused_with_the_reason() {
+        let d = temp("mode");
+        let f = d.join("p.so");
+        std::fs::write(&f, b"x").unwrap();
+        for (mode, word) in [(0o666, "world-writable"), (0o620, "group-writable")] {
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode)).unwrap();
+            let e = check_owner_and_mode(&f, "the file")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(word) && e.contains("chmod go-w"), "{e}");
+            assert_eq!(e.lines().count(), 1, "{e}");
+        }
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+        check_owner_and_mode(&f, "the file").unwrap();
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_plugin_is_one_line() {
+        let d = temp("junk");
+        let f = d.join("junk.so");
+        std::fs::write(&f, b"not an ELF file").unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = load(&f, &d.join("copies")).unwrap_err().to_string();
+        assert!(e.contains("junk.so"), "{e}");
+        assert_eq!(e.lines().count(), 1, "{e}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}

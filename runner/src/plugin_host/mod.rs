@@ -470,3 +470,59 @@ mod tests {
         assert!(!is_candidate(Path::new("/x/readme.txt"), false));
     }
 }
+
+#[cfg(test)]
+mod plan_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn check(plan: json::LaunchPlan) -> Result<ToolPlan, PlanError> {
+        let ws = std::env::temp_dir();
+        let ctx = PlanContext {
+            workspace: &ws,
+            session_id: "s",
+            task_id: "t",
+            session_dir: &ws,
+            tmp_dir: &ws,
+            profile: "workspace-write",
+            depth: 0,
+            config: &Value::Null,
+        };
+        check_plan(plan, &ctx)
+    }
+
+    #[test]
+    fn plans_are_checked_before_they_run() {
+        let ok = check(json::LaunchPlan {
+            argv: vec!["true".into()],
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(ok.summary, "true");
+        assert_eq!(ok.cwd, std::env::temp_dir());
+        assert!(check(json::LaunchPlan::default()).is_err(), "empty argv");
+        let env = |k: &str| json::LaunchPlan {
+            argv: vec!["true".into()],
+            env: [(k.to_string(), "v".to_string())].into(),
+            ..Default::default()
+        };
+        assert!(check(env("SIDEJOB_BRIDGE"))
+            .unwrap_err()
+            .0
+            .contains("SIDEJOB_"));
+        assert!(check(env("A=B")).is_err());
+        assert!(check(env("FINE")).is_ok());
+        for bad in ["../x", "/etc/passwd", "a/../../b", ""] {
+            let p = json::LaunchPlan {
+                argv: vec!["true".into()],
+                files: vec![json::PlanFile {
+                    path: bad.into(),
+                    content: String::new(),
+                    executable: false,
+                }],
+                ..Default::default()
+            };
+            assert!(check(p).is_err(), "{bad:?}");
+        }
+    }
+}
