@@ -369,12 +369,8 @@ fn fill(path: &str, max: u64) -> Result<String, std::io::Error> {
     while written < max {
         match f.write(&chunk) {
             Ok(n) => written += n as u64,
-            Err(e) => {
-                return Err(std::io::Error::new(
-                    e.kind(),
-                    format!("stopped after {written} bytes: {e}"),
-                ))
-            }
+            // The raw error, so the report carries its errno (EFBIG).
+            Err(e) => return Err(e),
         }
     }
     Ok(format!("wrote {written}"))
@@ -389,6 +385,11 @@ fn orphan(marker: &str) -> Result<String, std::io::Error> {
         unsafe {
             libc::setsid();
             if libc::fork() == 0 {
+                // Let go of the caller's pipes: only the process is left behind.
+                let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+                for fd in 0..3 {
+                    libc::dup2(null, fd);
+                }
                 let argv = [c"/bin/sleep".as_ptr(), c"3600".as_ptr(), std::ptr::null()];
                 let m = cstr(&format!("SIDEJOB_ORPHAN={marker}"));
                 let envp = [m.as_ptr(), std::ptr::null()];

@@ -6,6 +6,8 @@
 mod bridge;
 mod cancel;
 mod cli;
+mod containment;
+mod containment_daemon;
 mod code;
 mod delivery;
 mod isolation;

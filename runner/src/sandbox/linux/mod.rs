@@ -418,10 +418,12 @@ pub fn prepare(plan: &LaunchPlan) -> Result<Prepared, PrepareError> {
     let mut pinned: Vec<PathBuf> = Vec::new();
     for p in &sb.protected {
         // The top directory below the workspace (e.g. `.git`) of a nested protected path.
+        // The deepest writable mount holding it: the workspace, not a /tmp above it.
         let Some(ws) = sb
             .mounts
             .iter()
-            .find(|m| m.write && p.starts_with(&m.target))
+            .filter(|m| m.write && m.source.is_some() && p.starts_with(&m.target))
+            .max_by_key(|m| m.target.components().count())
             .map(|m| &m.target)
         else {
             continue;

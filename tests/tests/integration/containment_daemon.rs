@@ -1,0 +1,170 @@
+//! Containment through the daemon: runs started by `tool.call` (foreground and background) go
+//! into the same sandbox as `sidejob exec`, and the daemon's own files are out of reach.
+
+use serde_json::{json, Value};
+use sidejob_tests::{is_root, skip_unless, Client, Daemon};
+
+use crate::containment::probe_bin;
+
+struct Setup {
+    d: Daemon,
+    c: Client,
+    s: String,
+    probe: String,
+}
+
+fn setup() -> Option<Setup> {
+    if skip_unless(
+        is_root(),
+        "containment tests need root (mount view, cgroups, uid changes)",
+    ) {
+        return None;
+    }
+    let d = Daemon::start();
+    let probe = d.workspace.join("probe");
+    std::fs::copy(probe_bin(), &probe).expect("copy probe");
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    Some(Setup {
+        probe: probe.display().to_string(),
+        d,
+        c,
+        s,
+    })
+}
+
+/// Runs the probe through `tool.call` and returns its report and the task.
+fn probe(st: &mut Setup, args: &str, extra: Value) -> (Value, Value) {
+    let r = st.c.bash(&st.s, &format!("{} {args}", st.probe), extra);
+    let task_id = r["task_id"].as_str().expect("task id").to_owned();
+    let task = st.c.wait_settled(&task_id);
+    let out = st.c.output(&task_id);
+    let report = out
+        .lines()
+        .find_map(|l| serde_json::from_str::<Value>(l).ok())
+        .unwrap_or_else(|| panic!("no probe report in {out:?}; task {task}"));
+    (report, task)
+}
+
+#[test]
+fn a_daemon_run_is_confined_like_exec_in_the_foreground_and_the_background() {
+    let Some(mut st) = setup() else { return };
+    let secret = st.d.root.path().join("secret.txt");
+    std::fs::write(&secret, "TOP-SECRET").unwrap();
+    for extra in [json!({}), json!({"background": true})] {
+        let (r, _) = probe(
+            &mut st,
+            &format!("read {}", secret.display()),
+            extra.clone(),
+        );
+        assert_eq!(r["errno"], libc::ENOENT, "{extra}: {r}");
+        let (r, _) = probe(&mut st, "ptrace 1", extra.clone());
+        assert_eq!(r["errno"], libc::EPERM, "{extra}: {r}");
+        let planted = format!("write {}/planted x", st.d.root.path().display());
+        // Under /tmp the write lands in the run's private tmpfs, never on the host.
+        let (_, _) = probe(&mut st, &planted, extra.clone());
+        assert!(!st.d.root.path().join("planted").exists());
+        let (r, _) = probe(&mut st, "write /etc/planted x", extra.clone());
+        assert_eq!(r["ok"], false, "{r}");
+        assert!(!std::path::Path::new("/etc/planted").exists());
+        // Control: the workspace is writable.
+        let made = st.d.workspace.join("made");
+        let (r, _) = probe(&mut st, &format!("write {} ok", made.display()), extra);
+        assert_eq!(r["ok"], true, "{r}");
+        assert_eq!(std::fs::read_to_string(&made).unwrap(), "ok");
+    }
+}
+
+#[test]
+fn the_control_socket_state_dir_and_other_sessions_are_out_of_reach() {
+    let Some(mut st) = setup() else { return };
+    let sock = st.d.socket.display().to_string();
+    let (r, _) = probe(&mut st, &format!("unix {sock}"), json!({}));
+    assert_eq!(r["errno"], libc::ENOENT, "{r}");
+    let ls_state = format!("ls {}", st.d.state_dir.display());
+    let (r, _) = probe(&mut st, &ls_state, json!({}));
+    assert_eq!(r["errno"], libc::ENOENT, "{r}");
+    // Another session's directory (and our own) are not in the view either.
+    let other = st.c.ok(
+        "session.open",
+        json!({"workspace": st.d.workspace, "session_id": "other-session"}),
+    );
+    let other_dir = other["session_dir"].as_str().unwrap().to_owned();
+    let (r, _) = probe(&mut st, &format!("ls {other_dir}"), json!({}));
+    assert_eq!(r["errno"], libc::ENOENT, "{r}");
+    // Control: the socket is there and answers on the host.
+    let mut c2 = st.d.client();
+    c2.ok("session.list", json!({}));
+}
+
+#[test]
+fn a_call_may_narrow_its_sessions_profile_but_not_widen_it() {
+    let Some(mut st) = setup() else { return };
+    // Wider: host network from a workspace-write session.
+    let (code, kind) = st.c.err(
+        "tool.call",
+        json!({"session_id": st.s, "tool": "bash", "args": {"command": "true"}, "profile": "network"}),
+    );
+    assert_eq!((code, kind.as_str()), (-32602, "invalid_params"));
+    // Unknown profiles are refused at session.open.
+    let (code, _) = st.c.err(
+        "session.open",
+        json!({"workspace": st.d.workspace, "profile": "no-such-profile"}),
+    );
+    assert_eq!(code, -32602);
+    // Narrower: read-only runs, and cannot write the workspace.
+    let f = st.d.workspace.join("file");
+    std::fs::write(&f, "orig").unwrap();
+    let (r, task) = probe(
+        &mut st,
+        &format!("write {} x", f.display()),
+        json!({"profile": "read-only"}),
+    );
+    assert_eq!(r["ok"], false, "{r} {task}");
+    assert_eq!(std::fs::read_to_string(&f).unwrap(), "orig");
+    // Control: the session's own profile writes.
+    let (r, _) = probe(&mut st, &format!("write {} x", f.display()), json!({}));
+    assert_eq!(r["ok"], true);
+}
+
+#[test]
+fn a_daemon_runs_result_names_its_sandbox_layers_and_profile() {
+    let Some(mut st) = setup() else { return };
+    let r = st.c.bash(&st.s, "true", json!({}));
+    let task = st.c.wait_settled(r["task_id"].as_str().unwrap());
+    let result_path = task["result_path"].as_str().unwrap().to_owned();
+    let result: Value = serde_json::from_slice(&std::fs::read(&result_path).unwrap()).unwrap();
+    assert_eq!(result["profile"], "workspace-write");
+    let layers: Vec<&str> = result["sandbox_layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+    for l in [
+        "mount_view",
+        "landlock_fs",
+        "seccomp",
+        "pid_namespace",
+        "net_namespace",
+    ] {
+        assert!(layers.contains(&l), "{l}: {layers:?}");
+    }
+}
+
+#[test]
+fn the_daemons_environment_does_not_reach_a_run() {
+    let Some(mut st) = setup() else { return };
+    let (r, _) = probe(&mut st, "env", json!({}));
+    let env = r["detail"].as_str().unwrap();
+    assert!(env.contains("SIDEJOB_TASK_ID="), "{env}");
+    assert!(
+        !env.contains("SIDEJOB_LOG"),
+        "the daemon's own variable leaked: {env}"
+    );
+    let (r, _) = probe(&mut st, "environs", json!({}));
+    assert!(
+        !r["detail"].as_str().unwrap().contains("SIDEJOB_LOG"),
+        "{r}"
+    );
+}
