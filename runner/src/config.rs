@@ -34,6 +34,12 @@ pub struct Config {
     pub max_output_bytes: u64,
     /// How much output `tool.call` returns inline (head and tail); the rest is in `output.log`.
     pub inline_output_bytes: usize,
+    /// Directories of third-party plugin libraries (`*.so`), loaded and watched for changes.
+    pub plugin_dirs: Vec<PathBuf>,
+    /// Load the plugins shipped with sidejob (`libsidejob_plugin_*.so` next to the binary).
+    pub shipped_plugins: bool,
+    /// The `subagent` tool.
+    pub subagent: SubagentConfig,
 }
 
 impl Default for Config {
@@ -51,8 +57,20 @@ impl Default for Config {
             max_running_per_session: 1024,
             max_output_bytes: 64 * 1024 * 1024,
             inline_output_bytes: 64 * 1024,
+            plugin_dirs: Vec::new(),
+            shipped_plugins: true,
+            subagent: SubagentConfig::default(),
         }
     }
+}
+
+/// `[subagent]`: the agent command the `subagent` tool runs in a child session.
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SubagentConfig {
+    /// The agent's argv; the prompt is appended as the last argument (and is in
+    /// `AGENT_PROMPT`). Empty: the tool refuses calls.
+    pub command: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]

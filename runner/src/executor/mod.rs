@@ -172,6 +172,12 @@ impl Executor {
         self.live_map().get(task_id).cloned()
     }
 
+    /// Becomes true once the task settles; `None` if it is not live. Observing it claims
+    /// no delivery (unlike `task.wait`).
+    pub fn settled_signal(&self, task_id: &str) -> Option<watch::Receiver<bool>> {
+        self.get_live(task_id).map(|l| l.done.subscribe())
+    }
+
     /// Runs a `tool.call` to its answer: inline if the run settles before `yield_after_ms`,
     /// else `running`. `closed` resolves if the caller's connection goes away, in which case
     /// the task moves to the background so its result is not lost.
@@ -247,7 +253,17 @@ impl Executor {
         let hint = (deadline_hit && row.reason == Some(FailReason::Timeout)).then(|| {
             "pass yield_after_ms (for example 30000) or background: true so long commands move to the background instead of being stopped".to_owned()
         });
+        let rendered = self.tools.get(&row.tool).and_then(|t| {
+            t.render(&sidejob_plugin_api::json::RenderInput {
+                tool: row.tool.clone(),
+                state: row.state.as_str().into(),
+                exit_code: row.exit_code,
+                output: output.clone(),
+                task: serde_json::to_value(row.to_wire()).unwrap_or_default(),
+            })
+        });
         ToolCallResult::Completed(CompletedCall {
+            rendered,
             task_id: row.task_id.clone(),
             state: row.state,
             reason: row.reason,
@@ -278,20 +294,29 @@ impl Executor {
         })?;
         let task_id = ids::ulid();
         let workspace = PathBuf::from(&req.session.workspace);
+        let session_dir = PathBuf::from(&req.session.session_dir);
+        let run_dir = session_dir.join(".background").join(&task_id);
+        let plugin_config = crate::bridge::plugin_config(&self.cfg);
         let ctx = PlanContext {
             workspace: &workspace,
             session_id: &req.session.session_id,
             task_id: &task_id,
+            session_dir: &session_dir,
+            tmp_dir: &crate::bridge::tmp_dir(&run_dir),
+            profile: &req.session.profile,
+            depth: crate::bridge::subagent::depth_of(&self.registry, &req.session),
+            config: &plugin_config,
         };
         let tool_plan = tool
             .plan(&req.args, &ctx)
             .map_err(|e| ExecError::InvalidParams(e.0))?;
-        // The session's profile, or the narrower one the call names, resolved for this run.
+        // The session's profile, or the narrower one the call (or the tool) names, resolved
+        // for this run.
         let sb = sandbox::for_call(
             &req.session.profile,
-            req.profile.as_deref(),
+            req.profile.as_deref().or(tool_plan.profile.as_deref()),
             &workspace,
-            Path::new(&req.session.session_dir),
+            &session_dir,
         )
         .map_err(|e| match e {
             sandbox::CallSandboxError::Invalid(m) => ExecError::InvalidParams(m),
@@ -299,9 +324,6 @@ impl Executor {
         })?;
         let profile = sb.profile.clone();
 
-        let run_dir = Path::new(&req.session.session_dir)
-            .join(".background")
-            .join(&task_id);
         std::fs::create_dir_all(&run_dir).map_err(|source| ExecError::Io {
             step: "create run directory",
             path: run_dir.clone(),
@@ -318,10 +340,21 @@ impl Executor {
         let mut env = sb.env;
         env.push(("SIDEJOB_TASK_ID".into(), task_id.clone()));
         env.push(("SIDEJOB_SESSION_ID".into(), req.session.session_id.clone()));
-        env.extend(tool_plan.env);
         let cap = sb.timeout_ms.map_or(self.cfg.detached_cap_ms, |t| {
             t.min(self.cfg.detached_cap_ms)
         });
+        // The plan's files, child session and bridge (see bridge/).
+        let extras = crate::bridge::prepare(
+            self,
+            &req.session,
+            (req.owner_uid, req.owner_gid),
+            (uid, gid),
+            &task_id,
+            &run_dir,
+            &tool_plan,
+        )?;
+        env.extend(tool_plan.env);
+        env.extend(extras.env.iter().cloned());
         let plan = LaunchPlan {
             task_id: task_id.clone(),
             session_id: req.session.session_id.clone(),
@@ -339,7 +372,7 @@ impl Executor {
                 m.min(self.cfg.max_output_bytes)
             }),
             tee_stdout: false,
-            bridge_socket: None,
+            bridge_socket: extras.bridge_socket.clone(),
             sandbox: sb.sandbox,
         };
         let plan_bytes = serde_json::to_vec_pretty(&plan)
@@ -373,7 +406,7 @@ impl Executor {
             ended_at: None,
             run_dir: run_dir.display().to_string(),
             delivery: None,
-            service: req.service,
+            service: req.service || tool_plan.service,
             parent_task_id: None,
             profile,
             timeout_ms: req.timeout_ms,
@@ -394,6 +427,7 @@ impl Executor {
             rx
         });
         self.live_map().insert(task_id.clone(), live.clone());
+        extras.serve(self);
         let stdin = if req.stdin == StdinMode::Pipe {
             Some(())
         } else {
@@ -470,7 +504,11 @@ impl Executor {
                 let (r, w) = sys::pipe()?;
                 (Some(r), Some(w))
             }
-            false => (None, None),
+            // A plugin's plan may give the command fixed stdin (bridge::stdin_path).
+            false => match std::fs::File::open(crate::bridge::stdin_path(&plan.run_dir)) {
+                Ok(f) => (Some(OwnedFd::from(f)), None),
+                Err(_) => (None, None),
+            },
         };
         let child = spawn::spawn_supervisor(&self.exe, &plan.run_dir, stdin_read)?;
         // The child is ours and unreaped, so its pid cannot have been reused yet.
@@ -536,6 +574,8 @@ impl Executor {
                 }
             }
         };
+        // A subagent waits for its child session's tasks first (bridge/subagent.rs).
+        crate::bridge::subagent::finish(self, &live.task_id, &live.session_id, &live.run_dir).await;
         let settled = {
             let mut st = live.lock();
             self.settle_locked(&live, &mut st, settlement)
@@ -722,6 +762,8 @@ impl Executor {
         grace_ms: Option<u64>,
     ) -> Result<CancelOutcome, ExecError> {
         let grace = grace_ms.unwrap_or(self.cfg.cancel_grace_ms);
+        // Cancelling a subagent cancels everything below it.
+        crate::bridge::subagent::cancel_children(self, task_id);
         let mut done = match self.get_live(task_id) {
             Some(live) => live.done.subscribe(),
             None => return Ok(CancelOutcome::AlreadyTerminal),

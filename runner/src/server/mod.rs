@@ -76,7 +76,7 @@ pub async fn serve(cfg: Config) -> Result<(), ServeError> {
         path: "/proc/self/exe".into(),
         source,
     })?;
-    let executor = Executor::new(cfg.clone(), registry, Arc::new(ToolHost::default()), exe);
+    let executor = Executor::new(cfg.clone(), registry, ToolHost::start(&cfg), exe);
     let recovered = executor.recover()?;
     info!(socket = %cfg.socket.display(), state_dir = %cfg.state_dir.display(), ?recovered, "sidejob is listening");
     let daemon = Arc::new(Daemon { executor });
