@@ -19,8 +19,9 @@ pub struct Config {
     pub sessions_dir: Option<PathBuf>,
     /// Sandbox profile used when a session names none.
     pub default_profile: String,
-    /// `tool.call` returns `running` after this long unless the call says otherwise.
-    pub default_yield_after_ms: u64,
+    /// `tool.call` returns `running` after this long unless the call says otherwise. When
+    /// unset, each tool's own default applies (30 s for bash).
+    pub default_yield_after_ms: Option<u64>,
     /// A call still in the foreground this long is ended as `failed/timeout`.
     pub interactive_deadline_ms: u64,
     /// The wall-clock cap of a run once it is in the background.
@@ -40,6 +41,10 @@ pub struct Config {
     pub shipped_plugins: bool,
     /// The `subagent` tool.
     pub subagent: SubagentConfig,
+    /// How long a schedule claim is leased before another daemon may take it over.
+    pub schedule_lease_ms: u64,
+    /// Pushes a subscriber may have queued before it gets `events.gap` and is cut off.
+    pub push_queue: usize,
 }
 
 impl Default for Config {
@@ -49,7 +54,7 @@ impl Default for Config {
             state_dir: default_state_dir(),
             sessions_dir: None,
             default_profile: "workspace-write".into(),
-            default_yield_after_ms: 30_000,
+            default_yield_after_ms: None,
             interactive_deadline_ms: 120_000,
             detached_cap_ms: 24 * 3600 * 1000,
             cancel_grace_ms: 5_000,
@@ -60,6 +65,8 @@ impl Default for Config {
             plugin_dirs: Vec::new(),
             shipped_plugins: true,
             subagent: SubagentConfig::default(),
+            schedule_lease_ms: 30_000,
+            push_queue: crate::wake::PUSH_QUEUE,
         }
     }
 }
@@ -171,7 +178,7 @@ mod tests {
         std::fs::write(&path, "max_running = 4\n").unwrap();
         let cfg = Config::load(&path).unwrap();
         assert_eq!(cfg.max_running, 4);
-        assert_eq!(cfg.default_yield_after_ms, 30_000);
+        assert_eq!(cfg.default_yield_after_ms, None);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

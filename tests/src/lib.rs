@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+pub mod push;
+
 /// The `sidejob` binary built with this workspace (`SIDEJOB_BIN` overrides).
 pub fn sidejob_bin() -> PathBuf {
     if let Some(p) = std::env::var_os("SIDEJOB_BIN") {
@@ -311,6 +313,22 @@ impl Client {
         self.writer.write_all(bytes)
     }
 
+    pub fn set_read_timeout(&mut self, t: Duration) {
+        let _ = self
+            .reader
+            .get_ref()
+            .set_read_timeout(Some(t.max(Duration::from_millis(1))));
+    }
+
+    /// Like `read_message`, but `None` also when the read timeout passes.
+    pub fn read_message_timeout(&mut self) -> Option<Value> {
+        let mut buf = String::new();
+        match self.reader.read_line(&mut buf) {
+            Ok(0) | Err(_) => None,
+            Ok(_) => serde_json::from_str(&buf).ok(),
+        }
+    }
+
     /// Reads the next line from the server as JSON (`None` at end of stream).
     pub fn read_message(&mut self) -> Option<Value> {
         let mut buf = String::new();
@@ -366,6 +384,26 @@ impl Client {
             "task {task_id} did not settle within 60 s: {t}"
         );
         t
+    }
+
+    /// Waits for a task to settle and returns it without claiming its delivery: polls
+    /// `task.get` (a `task.wait` would take the result for itself), for tests of wakes.
+    pub fn wait_settled_quietly(&mut self, task_id: &str) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let t = self.ok("task.get", json!({"task_id": task_id}));
+            if matches!(
+                t["state"].as_str(),
+                Some("succeeded" | "failed" | "canceled")
+            ) {
+                return t;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "task {task_id} did not settle: {t}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// The whole output of a task.

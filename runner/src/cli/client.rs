@@ -27,6 +27,7 @@ pub struct Client {
     reader: BufReader<UnixStream>,
     writer: UnixStream,
     next_id: u64,
+    pushes: std::collections::VecDeque<Value>,
 }
 
 impl Client {
@@ -39,7 +40,23 @@ impl Client {
             reader: BufReader::new(stream.try_clone()?),
             writer: stream,
             next_id: 1,
+            pushes: Default::default(),
         })
+    }
+
+    /// The next server push (`task.updated`, `notification`, `events.gap`); `None` when the
+    /// daemon closes the connection.
+    pub fn next_push(&mut self) -> Result<Option<Value>, ClientError> {
+        if let Some(p) = self.pushes.pop_front() {
+            return Ok(Some(p));
+        }
+        let mut buf = String::new();
+        if self.reader.read_line(&mut buf)? == 0 {
+            return Ok(None);
+        }
+        serde_json::from_str(&buf)
+            .map(Some)
+            .map_err(|e| ClientError::Protocol(e.to_string()))
     }
 
     /// Sends one request and waits for its reply.
@@ -62,7 +79,10 @@ impl Client {
             let reply: Value =
                 serde_json::from_str(&buf).map_err(|e| ClientError::Protocol(e.to_string()))?;
             if reply.get("id") != Some(&json!(id)) {
-                continue; // a push or another reply
+                if reply.get("method").is_some() {
+                    self.pushes.push_back(reply);
+                }
+                continue;
             }
             if let Some(err) = reply.get("error") {
                 let err: RpcError = serde_json::from_value(err.clone())

@@ -43,7 +43,7 @@ pub fn serve(
 }
 
 /// The session a CLI call uses when none is named: one per working directory.
-fn default_session(cwd: &Path) -> String {
+pub(super) fn default_session(cwd: &Path) -> String {
     // FNV-1a: stable across runs and versions, unlike std's hasher.
     let mut h: u64 = 0xcbf29ce484222325;
     for b in cwd.as_os_str().as_encoded_bytes() {

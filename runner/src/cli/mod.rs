@@ -4,6 +4,7 @@ mod client;
 mod commands;
 mod doctor;
 pub mod exec;
+mod schedule;
 
 pub use client::{Client, ClientError};
 
@@ -114,6 +115,35 @@ enum Command {
         #[arg(default_value = "{}")]
         params: String,
     },
+    /// Follow the live stream of task changes and notifications (Ctrl+C stops)
+    Events {
+        /// Only this session (repeatable) [default: every session you own]
+        #[arg(long)]
+        session: Vec<String>,
+        /// Also replay the changes after this seq
+        #[arg(long)]
+        since: Option<i64>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the inbox: wakes and notices of background work
+    Inbox {
+        #[arg(long)]
+        session: Option<String>,
+        /// Only unacked notifications
+        #[arg(long)]
+        unread: bool,
+        /// Ack what is listed
+        #[arg(long)]
+        ack: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Arm, list and cancel durable schedules
+    Schedule {
+        #[command(subcommand)]
+        command: schedule::ScheduleCommand,
+    },
     /// Run one command in the sandbox, without a daemon (for CI): output to the terminal,
     /// the command's exit code passed through (128+N on signal N, 124 on timeout, 125 when
     /// the sandbox cannot be built)
@@ -217,6 +247,18 @@ pub fn main() -> i32 {
             state_dir,
         } => commands::replay(state_dir),
         Command::Rpc { method, params } => commands::rpc(&socket, &method, &params),
+        Command::Events {
+            session,
+            since,
+            json,
+        } => schedule::events(&socket, session, since, json),
+        Command::Inbox {
+            session,
+            unread,
+            ack,
+            json,
+        } => schedule::inbox(&socket, session, unread, ack, json),
+        Command::Schedule { command } => schedule::run(&socket, command),
         Command::Supervise { .. } | Command::Exec { .. } | Command::Doctor { .. } => Ok(0),
     };
     match result {

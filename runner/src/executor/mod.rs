@@ -6,16 +6,19 @@
 //! stays `pending` for a wake. After that, later claims of a `pending` result go through the
 //! registry's conditional update.
 
+mod hints;
 mod output;
 mod recover;
 mod spawn;
+
+use hints::{with_hint, Polling};
 
 pub use output::{excerpt, page, tail};
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -29,9 +32,9 @@ use crate::ids;
 use crate::plugin_host::{PlanContext, ToolHost};
 use crate::protocol::{
     CancelOutcome, CompletedCall, Delivery, FailReason, RunningCall, StdinMode, TaskKind,
-    TaskState, ToolCallResult,
+    TaskState, ToolCallResult, WakeMode,
 };
-use crate::registry::{Registry, RegistryError, SessionRow, Settlement, TaskRow};
+use crate::registry::{NotificationRow, Registry, RegistryError, SessionRow, Settlement, TaskRow};
 use crate::sandbox::{self, LaunchPlan};
 use crate::supervisor::{CancelRequest, RunResult, StopReason};
 use crate::sys;
@@ -79,6 +82,27 @@ pub struct CallRequest {
     pub stdin: StdinMode,
     pub service: bool,
     pub profile: Option<String>,
+    /// Whether a background completion wakes the host.
+    pub wake: WakeMode,
+    /// The task that started this one (a schedule's monitor, a bridge caller).
+    pub parent_task_id: Option<String>,
+    /// For schedule occurrences: makes the occurrence start at most once.
+    pub occurrence_key: Option<String>,
+}
+
+/// A session's slots and its queue of calls waiting for one.
+#[derive(Clone)]
+struct Lane {
+    slots: Arc<Semaphore>,
+    queue: mpsc::UnboundedSender<Queued>,
+    waiting: Arc<AtomicUsize>,
+}
+
+/// A call waiting for a slot.
+struct Queued {
+    live: Arc<Live>,
+    plan: LaunchPlan,
+    stdin: Option<OwnedFd>,
 }
 
 struct StdinChunk {
@@ -105,6 +129,7 @@ struct Live {
     state: Mutex<LiveState>,
     done: watch::Sender<bool>,
     stdin_queued: Arc<AtomicU64>,
+    wake: WakeMode,
 }
 
 impl Live {
@@ -116,6 +141,11 @@ impl Live {
             state: Mutex::new(LiveState::default()),
             done: watch::channel(false).0,
             stdin_queued: Arc::new(AtomicU64::new(0)),
+            wake: if row.wake == WakeMode::Silent.as_str() {
+                WakeMode::Silent
+            } else {
+                WakeMode::OnTerminal
+            },
         })
     }
 
@@ -131,7 +161,8 @@ pub struct Executor {
     exe: PathBuf,
     live: Mutex<HashMap<String, Arc<Live>>>,
     global: Arc<Semaphore>,
-    per_session: Mutex<HashMap<String, Arc<Semaphore>>>,
+    per_session: Mutex<HashMap<String, Lane>>,
+    polling: Polling,
 }
 
 impl Executor {
@@ -149,6 +180,7 @@ impl Executor {
             exe,
             live: Mutex::new(HashMap::new()),
             per_session: Mutex::new(HashMap::new()),
+            polling: Polling::default(),
         })
     }
 
@@ -186,16 +218,22 @@ impl Executor {
         req: CallRequest,
         closed: impl std::future::Future<Output = ()>,
     ) -> Result<ToolCallResult, ExecError> {
-        let yield_after = req.yield_after_ms.unwrap_or_else(|| {
-            self.tools
-                .get(&req.tool)
-                .map(|t| t.describe().default_yield_after_ms)
-                .unwrap_or(self.cfg.default_yield_after_ms)
-        });
+        let yield_after = req
+            .yield_after_ms
+            .or(self.cfg.default_yield_after_ms)
+            .unwrap_or_else(|| {
+                self.tools
+                    .get(&req.tool)
+                    .map(|t| t.describe().default_yield_after_ms)
+                    .unwrap_or(30_000)
+            });
         let detach = req.background || yield_after == 0;
+        let hint = self
+            .polling
+            .observe(&req.session.session_id, &req.args, detach);
         let (row, fg) = self.submit(req, !detach)?;
         let Some(mut fg) = fg else {
-            return Ok(self.running(&row.task_id, &row));
+            return Ok(with_hint(self.running(&row.task_id, &row), hint));
         };
 
         let yield_at = tokio::time::sleep(Duration::from_millis(yield_after));
@@ -207,14 +245,14 @@ impl Executor {
         loop {
             tokio::select! {
                 ev = &mut fg => {
-                    return Ok(match ev {
+                    return Ok(with_hint(match ev {
                         Ok(FgEvent::Settled(row)) => self.completed(&row, deadline_hit),
                         Ok(FgEvent::Backgrounded) | Err(_) => self.running(&row.task_id, &row),
-                    });
+                    }, hint));
                 }
                 _ = &mut yield_at => {
                     if self.try_yield(&row.task_id) {
-                        return Ok(self.running(&row.task_id, &row));
+                        return Ok(with_hint(self.running(&row.task_id, &row), hint));
                     }
                     // Settled in the same instant: the result is already on its way to `fg`.
                 }
@@ -251,7 +289,8 @@ impl Executor {
     fn completed(&self, row: &TaskRow, deadline_hit: bool) -> ToolCallResult {
         let (output, cut) = excerpt(Path::new(&row.output_path()), self.cfg.inline_output_bytes);
         let hint = (deadline_hit && row.reason == Some(FailReason::Timeout)).then(|| {
-            "pass yield_after_ms (for example 30000) or background: true so long commands move to the background instead of being stopped".to_owned()
+            "pass yield_after_ms (for example 30000) or background: true so long commands move to the background instead of being stopped; \
+             a background run wakes you when it finishes".to_owned()
         });
         let rendered = self.tools.get(&row.tool).and_then(|t| {
             t.render(&sidejob_plugin_api::json::RenderInput {
@@ -407,7 +446,7 @@ impl Executor {
             run_dir: run_dir.display().to_string(),
             delivery: None,
             service: req.service || tool_plan.service,
-            parent_task_id: None,
+            parent_task_id: req.parent_task_id.clone(),
             profile,
             timeout_ms: req.timeout_ms,
             stdin: req.stdin,
@@ -418,6 +457,8 @@ impl Executor {
             output_truncated: None,
             leftover_processes: None,
             error: None,
+            wake: req.wake.as_str().into(),
+            occurrence_key: req.occurrence_key.clone(),
         };
         self.registry.insert_task(&row)?;
         let live = Live::new(&row);
@@ -428,46 +469,125 @@ impl Executor {
         });
         self.live_map().insert(task_id.clone(), live.clone());
         extras.serve(self);
-        let stdin = if req.stdin == StdinMode::Pipe {
-            Some(())
-        } else {
-            None
+        // A piped stdin exists from submission on, so messages to a queued task wait in the
+        // pipe for the command to start.
+        let stdin_pipe = match req.stdin {
+            StdinMode::Pipe => {
+                let io = |source| ExecError::Io {
+                    step: "create stdin pipe for",
+                    path: run_dir.clone(),
+                    source,
+                };
+                let (r, w) = sys::pipe().map_err(io)?;
+                live.lock().stdin = Some(stdin_writer(w, live.stdin_queued.clone()).map_err(io)?);
+                Some(r)
+            }
+            StdinMode::Null => None,
         };
-        let this = self.clone();
-        tokio::spawn(async move { this.drive(live, plan, stdin.is_some()).await });
+        // Start at once when there is a free slot, so the task is `running` by the time the
+        // call returns; otherwise it waits as `queued`.
+        // Calls already waiting go first: the queue keeps submission order.
+        let lane = self.lane(&live.session_id);
+        let permits = (lane.waiting.load(Ordering::SeqCst) == 0)
+            .then(|| self.try_slots(&live.session_id))
+            .flatten();
+        match permits {
+            Some(permits) => self.start_and_watch(live, &plan, stdin_pipe, permits),
+            None => self.enqueue(live, plan, stdin_pipe),
+        }
         Ok((row, rx))
     }
 
-    fn session_slots(&self, session_id: &str) -> Arc<Semaphore> {
+    /// The session's lane: its slots and the queue of calls waiting for one, served in
+    /// submission order by one task per session.
+    fn lane(self: &Arc<Self>, session_id: &str) -> Lane {
         let mut map = self.per_session.lock().unwrap_or_else(|e| e.into_inner());
-        map.entry(session_id.to_owned())
-            .or_insert_with(|| Arc::new(Semaphore::new(self.cfg.max_running_per_session.max(1))))
-            .clone()
+        if let Some(lane) = map.get(session_id) {
+            return lane.clone();
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let lane = Lane {
+            slots: Arc::new(Semaphore::new(self.cfg.max_running_per_session.max(1))),
+            queue: tx,
+            waiting: Arc::new(AtomicUsize::new(0)),
+        };
+        map.insert(session_id.to_owned(), lane.clone());
+        tokio::spawn(self.clone().serve_lane(lane.clone(), rx));
+        lane
     }
 
-    /// Waits for a slot, starts the supervisor, watches it, settles the task.
-    async fn drive(self: Arc<Self>, live: Arc<Live>, plan: LaunchPlan, stdin_pipe: bool) {
-        let permits = self.acquire_slots(&live.session_id).await;
-        let started = {
-            let mut st = live.lock();
-            if st.settled {
-                return; // canceled while queued
+    fn session_slots(self: &Arc<Self>, session_id: &str) -> Arc<Semaphore> {
+        self.lane(session_id).slots
+    }
+
+    /// Queues a call until its session and the daemon have a free slot.
+    fn enqueue(self: &Arc<Self>, live: Arc<Live>, plan: LaunchPlan, stdin: Option<OwnedFd>) {
+        let lane = self.lane(&live.session_id);
+        lane.waiting.fetch_add(1, Ordering::SeqCst);
+        if lane.queue.send(Queued { live, plan, stdin }).is_err() {
+            lane.waiting.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Starts queued calls in order as slots free up.
+    async fn serve_lane(self: Arc<Self>, lane: Lane, mut rx: mpsc::UnboundedReceiver<Queued>) {
+        while let Some(q) = rx.recv().await {
+            if q.live.lock().settled {
+                lane.waiting.fetch_sub(1, Ordering::SeqCst);
+                continue; // canceled while queued
             }
-            match self.start_supervisor(&live, &plan, stdin_pipe, &mut st) {
-                Ok(started) => started,
-                Err(e) => {
-                    let s = lost_settlement(
-                        FailReason::SpawnError,
-                        format!("cannot start the supervisor: {e}"),
-                    );
-                    let settled = self.settle_locked(&live, &mut st, s);
-                    drop(st);
-                    self.finish(&live, settled);
-                    return;
-                }
+            let session = lane.slots.clone().acquire_owned().await;
+            let global = self.global.clone().acquire_owned().await;
+            lane.waiting.fetch_sub(1, Ordering::SeqCst);
+            let (Ok(session), Ok(global)) = (session, global) else {
+                return;
+            };
+            self.start_and_watch(q.live, &q.plan, q.stdin, (global, session));
+        }
+    }
+
+    /// Starts the run now and watches it in the background, holding its slots until it settles.
+    fn start_and_watch(
+        self: &Arc<Self>,
+        live: Arc<Live>,
+        plan: &LaunchPlan,
+        stdin: Option<OwnedFd>,
+        permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+    ) {
+        if let Some((child, pidfd)) = self.start(&live, plan, stdin) {
+            let this = self.clone();
+            tokio::spawn(async move {
+                this.watch(live, pidfd, Some(child)).await;
+                drop(permits);
+            });
+        }
+    }
+
+    /// Starts the supervisor (unless the task was canceled meanwhile) and records it; a
+    /// supervisor that cannot start settles the task as `spawn_error`.
+    fn start(
+        &self,
+        live: &Arc<Live>,
+        plan: &LaunchPlan,
+        stdin_pipe: Option<OwnedFd>,
+    ) -> Option<(std::process::Child, Arc<AsyncFd<OwnedFd>>)> {
+        let mut st = live.lock();
+        if st.settled {
+            return None; // canceled while queued
+        }
+        let (child, pidfd) = match self.start_supervisor(plan, stdin_pipe, &mut st) {
+            Ok(started) => started,
+            Err(e) => {
+                let s = lost_settlement(
+                    FailReason::SpawnError,
+                    format!("cannot start the supervisor: {e}"),
+                );
+                let settled = self.settle_locked(live, &mut st, s);
+                drop(st);
+                self.finish(live, settled);
+                return None;
             }
         };
-        let (child, pidfd) = started;
         let pid = child.id() as i32;
         let start_time = sys::process_start_time(pid).unwrap_or(0);
         if let Err(e) = self.registry.mark_started(
@@ -479,44 +599,35 @@ impl Executor {
         ) {
             warn!(task_id = %live.task_id, "cannot record the run's start: {e}");
         }
-        self.watch(live, pidfd, Some(child)).await;
-        drop(permits);
+        Some((child, pidfd))
     }
 
-    async fn acquire_slots(
-        &self,
+    fn try_slots(
+        self: &Arc<Self>,
         session_id: &str,
-    ) -> (Option<OwnedSemaphorePermit>, Option<OwnedSemaphorePermit>) {
-        let global = self.global.clone().acquire_owned().await.ok();
-        let session = self.session_slots(session_id).acquire_owned().await.ok();
-        (global, session)
+    ) -> Option<(OwnedSemaphorePermit, OwnedSemaphorePermit)> {
+        let global = self.global.clone().try_acquire_owned().ok()?;
+        let session = self.session_slots(session_id).try_acquire_owned().ok()?;
+        Some((global, session))
     }
 
     fn start_supervisor(
         &self,
-        live: &Live,
         plan: &LaunchPlan,
-        stdin_pipe: bool,
+        stdin_pipe: Option<OwnedFd>,
         st: &mut LiveState,
     ) -> std::io::Result<(std::process::Child, Arc<AsyncFd<OwnedFd>>)> {
-        let (stdin_read, stdin_write) = match stdin_pipe {
-            true => {
-                let (r, w) = sys::pipe()?;
-                (Some(r), Some(w))
-            }
+        let stdin_read = match stdin_pipe {
+            Some(r) => Some(r),
             // A plugin's plan may give the command fixed stdin (bridge::stdin_path).
-            false => match std::fs::File::open(crate::bridge::stdin_path(&plan.run_dir)) {
-                Ok(f) => (Some(OwnedFd::from(f)), None),
-                Err(_) => (None, None),
-            },
+            None => std::fs::File::open(crate::bridge::stdin_path(&plan.run_dir))
+                .ok()
+                .map(OwnedFd::from),
         };
         let child = spawn::spawn_supervisor(&self.exe, &plan.run_dir, stdin_read)?;
         // The child is ours and unreaped, so its pid cannot have been reused yet.
         let pidfd = Arc::new(sys::async_fd(sys::pidfd_open(child.id() as i32)?)?);
         st.supervisor = Some(pidfd.clone());
-        if let Some(w) = stdin_write {
-            st.stdin = Some(stdin_writer(w, live.stdin_queued.clone())?);
-        }
         Ok((child, pidfd))
     }
 
@@ -596,10 +707,19 @@ impl Executor {
             Delivery::Inline
         } else if !st.waiters.is_empty() {
             Delivery::Wait
+        } else if live.wake == WakeMode::OnTerminal {
+            Delivery::Wake
         } else {
             Delivery::Pending
         };
-        if let Err(e) = self.registry.settle(&live.task_id, &live.session_id, &s) {
+        let wake = match s.delivery {
+            Delivery::Wake => self.wake_notification(live, &s),
+            Delivery::Inline | Delivery::Wait | Delivery::Pending => None,
+        };
+        if let Err(e) = self
+            .registry
+            .settle(&live.task_id, &live.session_id, &s, wake.as_ref())
+        {
             warn!(task_id = %live.task_id, "cannot record the settlement: {e}");
         }
         let row = match self.registry.get_task(&live.task_id) {
@@ -616,6 +736,29 @@ impl Executor {
         st.stdin = None;
         st.supervisor = None;
         Some(row)
+    }
+
+    /// The wake of a background completion: an `[automatic]` prompt, or a one-line notice
+    /// for sessions with `proactive_wake = false`.
+    fn wake_notification(&self, live: &Live, s: &Settlement) -> Option<NotificationRow> {
+        let task = self.registry.get_task(&live.task_id).ok().flatten()?;
+        let session = self.registry.get_session(&live.session_id).ok().flatten()?;
+        let output = tail(Path::new(&task.output_path()), 4096);
+        let (severity, kind, text) =
+            crate::wake::text::completion(&task, s, session.proactive_wake, &output);
+        Some(NotificationRow {
+            id: ids::ulid(),
+            session_id: task.session_id.clone(),
+            owner_uid: session.owner_uid,
+            task_id: Some(task.task_id.clone()),
+            severity,
+            kind,
+            text,
+            created_at: ids::now_rfc3339(),
+            acked: false,
+            acked_at: None,
+            occurrence_key: None,
+        })
     }
 
     /// After settling: wake cancel-waiters and forget the live entry.
@@ -686,10 +829,18 @@ impl Executor {
                     rx
                 })
             };
-            if let Some(rx) = rx {
-                if let Ok(Ok(row)) = tokio::time::timeout(timeout, rx).await {
+            if let Some(mut rx) = rx {
+                if let Ok(Ok(row)) = tokio::time::timeout(timeout, &mut rx).await {
                     return Ok(Some(row));
                 }
+                // Timed out. Decide under the task's lock whether this wait got the result
+                // after all (the settle counted it as a waiter and sent the row) or leaves
+                // empty-handed (then it must not be counted: close it first).
+                let _st = live.lock();
+                if let Ok(row) = rx.try_recv() {
+                    return Ok(Some(row));
+                }
+                rx.close();
             }
         }
         let Some(row) = self.registry.get_task(task_id)? else {

@@ -5,6 +5,7 @@
 //! is never mistaken for it) is watched again; a task that never started is started now; and
 //! anything else is settled `failed/lost`.
 
+use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -33,6 +34,8 @@ pub fn recover(ex: &Arc<Executor>) -> Result<Recovered, ExecError> {
         TaskState::Running,
         TaskState::AwaitingInput,
     ])?;
+    // Queued tasks start after every re-attached run holds its slot again.
+    let mut to_start = Vec::new();
     for row in rows {
         let live = Live::new(&row);
         ex.live_map().insert(row.task_id.clone(), live.clone());
@@ -68,7 +71,12 @@ pub fn recover(ex: &Arc<Executor>) -> Result<Recovered, ExecError> {
                     }
                     info!(task_id = %row.task_id, pid, "re-attached to a running supervisor");
                     let ex2 = ex.clone();
-                    tokio::spawn(async move { ex2.watch(live, pidfd, None).await });
+                    // A re-attached run counts against the concurrency bounds like any other.
+                    let permits = ex.try_slots(&row.session_id);
+                    tokio::spawn(async move {
+                        ex2.watch(live, pidfd, None).await;
+                        drop(permits);
+                    });
                     out.reattached += 1;
                 }
                 None => {
@@ -93,10 +101,7 @@ pub fn recover(ex: &Arc<Executor>) -> Result<Recovered, ExecError> {
                 .and_then(|b| serde_json::from_slice::<LaunchPlan>(&b).ok())
             {
                 Some(plan) => {
-                    info!(task_id = %row.task_id, "starting a task queued before the restart");
-                    let ex2 = ex.clone();
-                    // A stdin pipe cannot outlive the daemon that held its write end.
-                    tokio::spawn(async move { ex2.drive(live, plan, false).await });
+                    to_start.push((live, plan));
                     out.restarted += 1;
                 }
                 None => {
@@ -116,6 +121,11 @@ pub fn recover(ex: &Arc<Executor>) -> Result<Recovered, ExecError> {
         ));
         out.lost += 1;
     }
+    for (live, plan) in to_start {
+        info!(task_id = %live.task_id, "starting a task queued before the restart");
+        // A stdin pipe cannot outlive the daemon that held its write end.
+        ex.enqueue(live, plan, None);
+    }
     Ok(out)
 }
 
@@ -130,6 +140,10 @@ fn attach(pid: i32, start: u64) -> Option<Arc<AsyncFd<std::os::fd::OwnedFd>>> {
     let fd = sys::pidfd_open(pid).ok()?;
     // The pidfd pins the process: if the start time matches now, the pidfd is the supervisor.
     if sys::process_start_time(pid).ok()? != start {
+        return None;
+    }
+    // Already exited (a zombie nobody reaped yet): there is nothing to watch.
+    if sys::poll_readable(&[fd.as_raw_fd()], 0).ok()?.first() == Some(&true) {
         return None;
     }
     sys::async_fd(fd).ok().map(Arc::new)

@@ -19,8 +19,12 @@ fn sections(doc: &str) -> Vec<(String, Vec<Value>)> {
     let mut in_block = false;
     let mut block = String::new();
     for line in doc.lines() {
-        if let Some(rest) = line.strip_prefix("### `") {
-            out.push((rest.trim_end_matches('`').to_owned(), Vec::new()));
+        if let Some(rest) = line.strip_prefix("### ") {
+            // "### `method`" documents a method; "### Push `method`" a server push.
+            out.push((
+                rest.trim_matches('`').replace("Push `", "push:"),
+                Vec::new(),
+            ));
             continue;
         }
         if line.trim() == "```json" {
@@ -120,13 +124,37 @@ fn check(method: &str, req: &Value, reply: &Value) {
             params::<TaskMessageParams>(method, req);
             same::<TaskMessageResult>(&what, result);
         }
+        "task.answer" => {
+            params::<TaskAnswerParams>(method, req);
+            same::<TaskAnswerResult>(&what, result);
+        }
         "task.background" => {
             params::<TaskIdParams>(method, req);
             same::<TaskBackgroundResult>(&what, result);
         }
-        "task.answer" => {
-            params::<TaskAnswerParams>(method, req);
-            same::<TaskAnswerResult>(&what, result);
+        "events.subscribe" => {
+            params::<EventsSubscribeParams>(method, req);
+            same::<EventsSubscribeResult>(&what, result);
+        }
+        "inbox.list" => {
+            params::<InboxListParams>(method, req);
+            same::<InboxListResult>(&what, result);
+        }
+        "inbox.ack" => {
+            params::<InboxAckParams>(method, req);
+            same::<InboxAckResult>(&what, result);
+        }
+        "schedule.create" => {
+            params::<ScheduleCreateParams>(method, req);
+            same::<ScheduleCreateResult>(&what, result);
+        }
+        "schedule.list" => {
+            params::<ScheduleListParams>(method, req);
+            same::<ScheduleListResult>(&what, result);
+        }
+        "schedule.cancel" => {
+            params::<ScheduleCancelParams>(method, req);
+            same::<ScheduleCancelResult>(&what, result);
         }
         other => panic!("docs/protocol.md documents {other}, which the server does not serve"),
     }
@@ -136,6 +164,27 @@ fn check(method: &str, req: &Value, reply: &Value) {
 fn every_method_is_documented_with_a_request_and_reply_that_match_the_wire_types() {
     let doc = doc();
     let secs = sections(&doc);
+    let (pushes, secs): (Vec<_>, Vec<_>) =
+        secs.into_iter().partition(|(m, _)| m.starts_with("push:"));
+    for (push, blocks) in &pushes {
+        let name = push.trim_start_matches("push:");
+        assert_eq!(blocks.len(), 1, "{push}: one example expected");
+        let msg = &blocks[0];
+        assert_eq!(msg["method"], name, "{push}: example names another method");
+        assert!(msg.get("id").is_none(), "{push}: a push has no id");
+        let what = format!("{name} push");
+        match name {
+            "task.updated" => same::<TaskUpdatedNotification>(&what, &msg["params"]),
+            "notification" => same::<NotificationNotification>(&what, &msg["params"]),
+            "events.gap" => same::<EventsGapNotification>(&what, &msg["params"]),
+            other => panic!("docs/protocol.md documents a push {other} the server never sends"),
+        }
+    }
+    assert_eq!(
+        pushes.len(),
+        3,
+        "task.updated, notification and events.gap must be documented"
+    );
     let documented: Vec<&str> = secs.iter().map(|(m, _)| m.as_str()).collect();
     assert_eq!(
         documented, METHODS,

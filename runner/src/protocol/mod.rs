@@ -33,6 +33,12 @@ pub const METHODS: &[&str] = &[
     "task.message",
     "task.answer",
     "task.background",
+    "events.subscribe",
+    "inbox.list",
+    "inbox.ack",
+    "schedule.create",
+    "schedule.list",
+    "schedule.cancel",
 ];
 
 /// An incoming request. `id` is absent for notifications, which get no reply.

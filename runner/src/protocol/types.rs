@@ -291,6 +291,9 @@ pub struct ToolCallParams {
     pub service: Option<bool>,
     #[serde(default)]
     pub profile: Option<String>,
+    /// `on_terminal` (default): a background completion wakes the host; `silent`: it does not.
+    #[serde(default)]
+    pub wake: Option<WakeMode>,
 }
 
 /// `tool.call`'s result: either the finished run, or a handle to the one still running.
@@ -319,12 +322,12 @@ pub struct CompletedCall {
     pub error: Option<String>,
     pub output_path: String,
     pub result_path: String,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
     /// The tool plugin's rendering of the result for the model, when it has one.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub rendered: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct RunningCall {
     pub task_id: String,
     pub output: String,
@@ -397,6 +400,8 @@ pub enum CancelOutcome {
     Canceled,
     CancellationPending,
     AlreadyTerminal,
+    /// A monitor whose schedule is now disabled.
+    Disarmed,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -429,4 +434,223 @@ pub struct TaskBackgroundResult {
     /// task was already in the background or had settled.
     pub backgrounded: bool,
     pub state: TaskState,
+}
+
+/// A durable inbox entry (SPEC §7).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Notification {
+    pub id: String,
+    pub session_id: String,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub task_id: Option<String>,
+    /// `info | success | warn | error | action_required`
+    pub severity: String,
+    /// `wake` (an `[automatic]` prompt), `notice`, `schedule`, `action_required`
+    pub kind: String,
+    pub text: String,
+    pub created_at: String,
+    pub acked: bool,
+}
+
+/// Whether a background completion wakes the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum WakeMode {
+    #[default]
+    OnTerminal,
+    Silent,
+}
+
+impl WakeMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WakeMode::OnTerminal => "on_terminal",
+            WakeMode::Silent => "silent",
+        }
+    }
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct EventsSubscribeParams {
+    #[serde(default)]
+    pub session_ids: Option<Vec<String>>,
+    #[serde(default)]
+    pub since_seq: Option<i64>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct EventsSubscribeResult {
+    /// The sessions this connection now receives pushes for (`null`: every session the caller
+    /// owns, including ones opened later).
+    pub session_ids: Option<Vec<String>>,
+    /// The newest seq at the time of subscribing.
+    pub seq: i64,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct InboxListParams {
+    #[serde(default)]
+    pub session_id: Option<String>,
+    #[serde(default)]
+    pub unread_only: Option<bool>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct InboxListResult {
+    pub notifications: Vec<Notification>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InboxAckParams {
+    pub ids: Vec<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct InboxAckResult {
+    /// Ids acked by this call.
+    pub acked: Vec<String>,
+    /// Ids that were already acked.
+    pub already_acked: Vec<String>,
+}
+
+/// Push: a task changed state.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct TaskUpdatedNotification {
+    pub seq: i64,
+    pub task: Task,
+}
+
+/// Push: a new inbox entry (a wake, a notice, a scheduled prompt).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct NotificationNotification {
+    pub seq: i64,
+    pub notification: Notification,
+}
+
+/// Push: this connection fell behind and missed pushes from `from_seq` on; subscribe again
+/// with `since_seq` set to the last seq it saw.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct EventsGapNotification {
+    pub from_seq: i64,
+}
+
+/// What happens to occurrences that fell due while the daemon was down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum CatchUp {
+    /// Deliver one occurrence for all that were missed.
+    #[default]
+    Once,
+    /// Deliver every missed occurrence.
+    All,
+    /// Deliver none of them; resume at the next one.
+    Skip,
+}
+
+impl CatchUp {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CatchUp::Once => "once",
+            CatchUp::All => "all",
+            CatchUp::Skip => "skip",
+        }
+    }
+}
+
+/// A schedule's action: deliver a prompt as a wake, or start a tool call.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum ScheduleAction {
+    Prompt(String),
+    Call(ScheduledCall),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduledCall {
+    pub tool: String,
+    #[serde(default)]
+    pub args: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wake: Option<WakeMode>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleCreateParams {
+    pub session_id: String,
+    #[serde(default)]
+    pub delay_ms: Option<u64>,
+    /// RFC 3339.
+    #[serde(default)]
+    pub at: Option<String>,
+    #[serde(default)]
+    pub every_ms: Option<u64>,
+    /// Five fields: minute hour day-of-month month day-of-week.
+    #[serde(default)]
+    pub cron: Option<String>,
+    /// IANA time zone for `cron` (default UTC).
+    #[serde(default)]
+    pub timezone: Option<String>,
+    #[serde(default)]
+    pub max_occurrences: Option<u32>,
+    #[serde(default)]
+    pub catch_up: Option<CatchUp>,
+    pub action: ScheduleAction,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ScheduleCreateResult {
+    pub schedule_id: String,
+    pub task_id: String,
+    /// When it first fires (RFC 3339).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub next_due_at: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleListParams {
+    pub session_id: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ScheduleInfo {
+    pub schedule_id: String,
+    pub session_id: String,
+    pub task_id: String,
+    pub trigger: Value,
+    pub action: ScheduleAction,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub max_occurrences: Option<u32>,
+    pub catch_up: CatchUp,
+    pub occurrences: u32,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub next_due_at: Option<String>,
+    pub enabled: bool,
+    pub created_at: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ScheduleListResult {
+    pub schedules: Vec<ScheduleInfo>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleCancelParams {
+    pub schedule_id: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ScheduleCancelResult {
+    pub schedule_id: String,
+    pub result: CancelOutcome,
 }

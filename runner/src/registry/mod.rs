@@ -4,13 +4,17 @@
 //! appends its event (the same column patch) in one transaction. The event log is therefore
 //! authoritative, and [`replay`] rebuilds identical rows from it.
 
+mod inbox;
 mod input;
 mod replay;
 mod rows;
+mod schedules;
 mod schema;
 
+pub use inbox::{EventRef, NotificationRow};
 pub use replay::{replay_check, ReplayReport};
 pub use rows::{SessionRow, Settlement, TaskRow};
+pub use schedules::{Routable, ScheduleRow};
 
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
@@ -52,6 +56,8 @@ pub type Result<T> = std::result::Result<T, RegistryError>;
 pub enum Entity {
     Session,
     Task,
+    Notification,
+    Schedule,
 }
 
 impl Entity {
@@ -59,6 +65,8 @@ impl Entity {
         match self {
             Entity::Session => "sessions",
             Entity::Task => "tasks",
+            Entity::Notification => "notifications",
+            Entity::Schedule => "schedules",
         }
     }
 
@@ -66,20 +74,26 @@ impl Entity {
         match self {
             Entity::Session => "session_id",
             Entity::Task => "task_id",
+            Entity::Notification => "id",
+            Entity::Schedule => "schedule_id",
         }
     }
 
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Entity::Session => "session",
             Entity::Task => "task",
+            Entity::Notification => "notification",
+            Entity::Schedule => "schedule",
         }
     }
 
-    fn parse(s: &str) -> Option<Entity> {
+    pub fn parse(s: &str) -> Option<Entity> {
         match s {
             "session" => Some(Entity::Session),
             "task" => Some(Entity::Task),
+            "notification" => Some(Entity::Notification),
+            "schedule" => Some(Entity::Schedule),
             _ => None,
         }
     }
@@ -104,6 +118,9 @@ impl Op {
 pub struct Registry {
     conn: Mutex<Connection>,
     path: PathBuf,
+    /// The newest event's seq, updated after every commit that wrote events: the wake hub
+    /// waits on it to push changes, so nothing is polled.
+    last_seq: tokio::sync::watch::Sender<i64>,
 }
 
 impl Registry {
@@ -124,9 +141,12 @@ impl Registry {
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         let mut conn = conn;
         migrate(&mut conn)?;
+        let last: i64 =
+            conn.query_row("SELECT COALESCE(MAX(seq), 0) FROM events", [], |r| r.get(0))?;
         Ok(Registry {
             conn: Mutex::new(conn),
             path,
+            last_seq: tokio::sync::watch::channel(last).0,
         })
     }
 
@@ -141,12 +161,31 @@ impl Registry {
     }
 
     /// Runs `f` in one write transaction.
-    fn write<T>(&self, f: impl FnOnce(&Transaction) -> Result<T>) -> Result<T> {
+    pub(crate) fn write<T>(&self, f: impl FnOnce(&Transaction) -> Result<T>) -> Result<T> {
         let mut conn = self.lock();
         let tx = conn.transaction()?;
         let out = f(&tx)?;
         tx.commit()?;
+        let last: i64 =
+            conn.query_row("SELECT COALESCE(MAX(seq), 0) FROM events", [], |r| r.get(0))?;
+        drop(conn);
+        self.last_seq.send_if_modified(|seq| {
+            let changed = *seq != last;
+            *seq = last;
+            changed
+        });
         Ok(out)
+    }
+
+    /// Watches the newest event seq (see [`Registry::write`]).
+    pub fn subscribe_seq(&self) -> tokio::sync::watch::Receiver<i64> {
+        self.last_seq.subscribe()
+    }
+
+    /// Runs `f` with the connection, for reads.
+    pub(crate) fn read<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+        let conn = self.lock();
+        f(&conn)
     }
 
     /// Writes a row change and its event in the same transaction; returns the event's seq.
@@ -296,9 +335,16 @@ impl Registry {
     }
 
     /// Records a terminal state and who the result is delivered to, in one transaction.
-    pub fn settle(&self, task_id: &str, session_id: &str, s: &Settlement) -> Result<i64> {
+    /// With `wake`, the completion's notification is created in the same transaction.
+    pub fn settle(
+        &self,
+        task_id: &str,
+        session_id: &str,
+        s: &Settlement,
+        wake: Option<&NotificationRow>,
+    ) -> Result<i64> {
         self.write(|tx| {
-            Self::apply(
+            let seq = Self::apply(
                 tx,
                 "task.settled",
                 Entity::Task,
@@ -306,7 +352,11 @@ impl Registry {
                 session_id,
                 Op::Update,
                 &s.to_patch(),
-            )
+            )?;
+            match wake {
+                Some(n) => n.insert(tx),
+                None => Ok(seq),
+            }
         })
     }
 
@@ -517,7 +567,7 @@ fn apply_patch(
     Ok(())
 }
 
-fn json_to_sql(v: &Value) -> rusqlite::types::Value {
+pub(crate) fn json_to_sql(v: &Value) -> rusqlite::types::Value {
     use rusqlite::types::Value as S;
     match v {
         Value::Null => S::Null,

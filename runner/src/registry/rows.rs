@@ -104,6 +104,10 @@ pub struct TaskRow {
     pub output_truncated: Option<bool>,
     pub leftover_processes: Option<u32>,
     pub error: Option<String>,
+    /// `on_terminal` (a background completion wakes the host) or `silent`.
+    pub wake: String,
+    /// For runs started by a schedule: `<schedule_id>:<occurrence>`, unique.
+    pub occurrence_key: Option<String>,
 }
 
 /// Raw text of the enum columns, checked after the row is read.
@@ -149,6 +153,8 @@ impl TaskRow {
                 output_truncated: r.get("output_truncated")?,
                 leftover_processes: r.get("leftover_processes")?,
                 error: r.get("error")?,
+                wake: r.get("wake")?,
+                occurrence_key: r.get("occurrence_key")?,
             },
         })
     }
@@ -206,6 +212,8 @@ impl TaskRow {
             ("output_truncated", self.output_truncated.into()),
             ("leftover_processes", self.leftover_processes.into()),
             ("error", self.error.clone().into()),
+            ("wake", self.wake.clone().into()),
+            ("occurrence_key", self.occurrence_key.clone().into()),
         ])
     }
 

@@ -62,7 +62,53 @@ pub const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX events_by_entity ON events (entity, entity_id);
     "#,
+    // 2: wakes and the inbox, durable schedules, per-call wake mode, occurrence keys.
+    r#"
+    ALTER TABLE tasks ADD COLUMN wake TEXT NOT NULL DEFAULT 'on_terminal';
+    ALTER TABLE tasks ADD COLUMN occurrence_key TEXT;
+    CREATE UNIQUE INDEX tasks_by_occurrence ON tasks (occurrence_key) WHERE occurrence_key IS NOT NULL;
+    CREATE TABLE notifications (
+        id             TEXT PRIMARY KEY,
+        session_id     TEXT NOT NULL,
+        owner_uid      INTEGER NOT NULL,
+        task_id        TEXT,
+        severity       TEXT NOT NULL,
+        kind           TEXT NOT NULL,
+        text           TEXT NOT NULL,
+        created_at     TEXT NOT NULL,
+        acked          INTEGER NOT NULL DEFAULT 0,
+        acked_at       TEXT,
+        occurrence_key TEXT
+    );
+    CREATE INDEX notifications_unacked ON notifications (session_id, acked);
+    CREATE UNIQUE INDEX notifications_by_occurrence ON notifications (occurrence_key) WHERE occurrence_key IS NOT NULL;
+    CREATE TABLE schedules (
+        schedule_id     TEXT PRIMARY KEY,
+        session_id      TEXT NOT NULL,
+        owner_uid       INTEGER NOT NULL,
+        owner_gid       INTEGER NOT NULL,
+        task_id         TEXT NOT NULL,
+        trigger         TEXT NOT NULL,
+        action          TEXT NOT NULL,
+        action_kind     TEXT NOT NULL,
+        max_occurrences INTEGER,
+        catch_up        TEXT NOT NULL,
+        occurrences     INTEGER NOT NULL DEFAULT 0,
+        next_due_ms     INTEGER,
+        enabled         INTEGER NOT NULL,
+        claimed_by      TEXT,
+        lease_until_ms  INTEGER,
+        last_key        TEXT,
+        created_at      TEXT NOT NULL
+    );
+    CREATE INDEX schedules_due ON schedules (enabled, next_due_ms);
+    "#,
 ];
 
 /// The tables the event log rebuilds, with their key column, in replay-check order.
-pub const REPLAYED_TABLES: &[(&str, &str)] = &[("sessions", "session_id"), ("tasks", "task_id")];
+pub const REPLAYED_TABLES: &[(&str, &str)] = &[
+    ("sessions", "session_id"),
+    ("tasks", "task_id"),
+    ("notifications", "id"),
+    ("schedules", "schedule_id"),
+];

@@ -64,12 +64,12 @@ impl From<RegistryError> for RpcError {
     }
 }
 
-fn params<T: DeserializeOwned>(method: &str, p: Value) -> Result<T, RpcError> {
+pub(super) fn params<T: DeserializeOwned>(method: &str, p: Value) -> Result<T, RpcError> {
     serde_json::from_value(p)
         .map_err(|e| RpcError::new(ErrorKind::InvalidParams, format!("{method}: {e}")))
 }
 
-fn to_value<T: serde::Serialize>(v: T) -> Result<Reply, RpcError> {
+pub(super) fn to_value<T: serde::Serialize>(v: T) -> Result<Reply, RpcError> {
     serde_json::to_value(v)
         .map(Reply::from)
         .map_err(|e| RpcError::new(ErrorKind::Internal, e.to_string()))
@@ -136,6 +136,14 @@ pub async fn dispatch(
             let mut canceled = Vec::new();
             for s in session::with_descendants(registry, &p.session_id)? {
                 if p.cancel.unwrap_or(true) {
+                    for sched in registry
+                        .list_schedules(&s.session_id)?
+                        .into_iter()
+                        .filter(|x| x.enabled)
+                    {
+                        d.scheduler.disarm(&sched.schedule_id).await?;
+                        canceled.push(sched.task_id);
+                    }
                     canceled.extend(d.executor.cancel_session(&s.session_id)?);
                 }
                 if s.is_open() {
@@ -204,6 +212,9 @@ pub async fn dispatch(
                 stdin: p.stdin.unwrap_or_default(),
                 service: p.service.unwrap_or(false),
                 profile: p.profile,
+                wake: p.wake.unwrap_or_default(),
+                parent_task_id: None,
+                occurrence_key: None,
             };
             let result = d.executor.call(req, closed).await?;
             let inline_task = match &result {
@@ -254,8 +265,14 @@ pub async fn dispatch(
         }
         "task.cancel" => {
             let p: TaskCancelParams = params(method, p)?;
-            task_for(d, peer, &p.task_id)?;
-            let result = d.executor.cancel(&p.task_id, p.grace_ms).await?;
+            let row = task_for(d, peer, &p.task_id)?;
+            let result = match (row.kind, registry.schedule_of_task(&p.task_id)?) {
+                (TaskKind::Monitor, Some(s)) if row.state == TaskState::Scheduled => {
+                    d.scheduler.disarm(&s.schedule_id).await?
+                }
+                (TaskKind::Monitor, _) => CancelOutcome::AlreadyTerminal,
+                (TaskKind::Call, _) => d.executor.cancel(&p.task_id, p.grace_ms).await?,
+            };
             to_value(TaskCancelResult {
                 task_id: p.task_id,
                 result,
@@ -272,6 +289,15 @@ pub async fn dispatch(
                 eof,
             })
         }
+        "task.answer" => {
+            let p: TaskAnswerParams = params(method, p)?;
+            task_for(d, peer, &p.task_id)?;
+            let state = crate::bridge::answer(&d.executor, &p.task_id, p.answer)?;
+            to_value(TaskAnswerResult {
+                task_id: p.task_id,
+                state,
+            })
+        }
         "task.background" => {
             let p: TaskIdParams = params(method, p)?;
             let row = task_for(d, peer, &p.task_id)?;
@@ -286,18 +312,15 @@ pub async fn dispatch(
                 state,
             })
         }
+        "events.subscribe" => super::wakes::events_subscribe(d, peer, p).await,
+        "inbox.list" => super::wakes::inbox_list(d, peer, p),
+        "inbox.ack" => super::wakes::inbox_ack(d, peer, p),
+        "schedule.create" => super::wakes::schedule_create(d, peer, p),
+        "schedule.list" => super::wakes::schedule_list(d, peer, p),
+        "schedule.cancel" => super::wakes::schedule_cancel(d, peer, p).await,
         other => Err(RpcError::new(
             ErrorKind::MethodNotFound,
             format!("unknown method {other:?}"),
-        "task.answer" => {
-            let p: TaskAnswerParams = params(method, p)?;
-            task_for(d, peer, &p.task_id)?;
-            let state = crate::bridge::answer(&d.executor, &p.task_id, p.answer)?;
-            to_value(TaskAnswerResult {
-                task_id: p.task_id,
-                state,
-            })
-        }
         )
         .with_hint(format!("methods: {}", METHODS.join(", ")))),
     }

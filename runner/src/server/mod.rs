@@ -1,6 +1,7 @@
 //! The daemon: the control socket, connections, framing and peer credentials (SPEC §11).
 
 mod dispatch;
+mod wakes;
 
 use dispatch::Reply;
 
@@ -21,6 +22,8 @@ use crate::executor::Executor;
 use crate::plugin_host::ToolHost;
 use crate::protocol::{ErrorKind, Request, Response, RpcError, MAX_LINE_BYTES};
 use crate::registry::Registry;
+use crate::schedule::Scheduler;
+use crate::wake::{Hub, PushChannel};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -42,16 +45,28 @@ pub enum ServeError {
     Exec(#[from] crate::executor::ExecError),
 }
 
-/// Who is on the other end of a connection (`SO_PEERCRED`).
-#[derive(Debug, Clone, Copy)]
+/// Who is on the other end of a connection (`SO_PEERCRED`), and where its pushes go.
+#[derive(Debug, Clone)]
 pub struct Peer {
     pub uid: u32,
     pub gid: u32,
+    /// The connection, for `events.subscribe` (absent where pushes make no sense).
+    pub conn: Option<Conn>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Conn {
+    pub id: u64,
+    pub channel: PushChannel,
 }
 
 pub struct Daemon {
     pub executor: Arc<Executor>,
+    pub hub: Arc<Hub>,
+    pub scheduler: Arc<Scheduler>,
 }
+
+static NEXT_CONN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// A line to write, and the task whose inline delivery rides on it.
 struct Outgoing {
@@ -68,6 +83,10 @@ pub async fn serve(cfg: Config) -> Result<(), ServeError> {
         path: cfg.state_dir.clone(),
         source,
     })?;
+    // Handle SIGTERM/SIGINT before the socket exists, so a stop that comes as soon as it
+    // accepts is a clean stop too.
+    let mut term = signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut int = signal(tokio::signal::unix::SignalKind::interrupt())?;
     let lock = lock_state_dir(&cfg.state_dir)?;
     let listener = bind_socket(&cfg.socket)?;
     let registry = Arc::new(Registry::open(&cfg.state_dir)?);
@@ -77,12 +96,23 @@ pub async fn serve(cfg: Config) -> Result<(), ServeError> {
         source,
     })?;
     let executor = Executor::new(cfg.clone(), registry, ToolHost::start(&cfg), exe);
+    let hub = Hub::new(executor.registry().clone())?;
     let recovered = executor.recover()?;
+    let scheduler = Scheduler::new(
+        executor.registry().clone(),
+        executor.clone(),
+        hub.clone(),
+        cfg.schedule_lease_ms,
+    );
+    tokio::spawn(hub.clone().run());
+    tokio::spawn(scheduler.clone().run());
     info!(socket = %cfg.socket.display(), state_dir = %cfg.state_dir.display(), ?recovered, "sidejob is listening");
-    let daemon = Arc::new(Daemon { executor });
+    let daemon = Arc::new(Daemon {
+        executor,
+        hub,
+        scheduler,
+    });
 
-    let mut term = signal(tokio::signal::unix::SignalKind::terminate())?;
-    let mut int = signal(tokio::signal::unix::SignalKind::interrupt())?;
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -180,22 +210,32 @@ fn bind_socket(path: &Path) -> Result<UnixListener, ServeError> {
 }
 
 async fn connection(d: Arc<Daemon>, stream: UnixStream) {
+    let (push_tx, push_rx) = mpsc::channel::<String>(d.executor.config().push_queue.max(1));
+    let (gap_tx, gap_rx) = watch::channel(None);
+    let conn_id = NEXT_CONN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let peer = match stream.peer_cred() {
         Ok(c) => Peer {
             uid: c.uid(),
             gid: c.gid(),
+            conn: Some(Conn {
+                id: conn_id,
+                channel: PushChannel {
+                    push: push_tx,
+                    gap: gap_tx,
+                },
+            }),
         },
         Err(e) => {
             warn!("cannot read peer credentials: {e}");
             return;
         }
     };
-    let span = info_span!("connection", uid = peer.uid);
+    let span = info_span!("connection", uid = peer.uid, conn = conn_id);
     async move {
         debug!("connected");
         let (rd, wr) = stream.into_split();
         let (tx, rx) = mpsc::unbounded_channel::<Outgoing>();
-        let writer = tokio::spawn(write_loop(wr, rx, d.clone()));
+        let writer = tokio::spawn(write_loop(wr, rx, push_rx, gap_rx, d.clone()));
         let (closed_tx, closed_rx) = watch::channel(false);
         let mut reader = BufReader::with_capacity(64 * 1024, rd);
         let mut line = Vec::new();
@@ -205,7 +245,8 @@ async fn connection(d: Arc<Daemon>, stream: UnixStream) {
                     if line.iter().all(u8::is_ascii_whitespace) {
                         continue;
                     }
-                    let (d, tx, mut closed) = (d.clone(), tx.clone(), closed_rx.clone());
+                    let (d, tx, mut closed, peer) =
+                        (d.clone(), tx.clone(), closed_rx.clone(), peer.clone());
                     let text = std::mem::take(&mut line);
                     tokio::spawn(async move {
                         let closed = async move {
@@ -239,6 +280,8 @@ async fn connection(d: Arc<Daemon>, stream: UnixStream) {
             }
         }
         let _ = closed_tx.send(true);
+        d.hub.unsubscribe(conn_id).await;
+        drop(peer);
         drop(tx);
         let _ = writer.await;
         debug!("disconnected");
@@ -247,15 +290,32 @@ async fn connection(d: Arc<Daemon>, stream: UnixStream) {
     .await
 }
 
+/// Writes replies and pushes to the connection. Replies come first; pushes wait in a bounded
+/// queue (see `wake`); a gap is announced once.
 async fn write_loop(
     mut wr: OwnedWriteHalf,
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
+    mut pushes: mpsc::Receiver<String>,
+    mut gap: watch::Receiver<Option<i64>>,
     d: Arc<Daemon>,
 ) {
     let mut broken = false;
-    while let Some(out) = rx.recv().await {
+    loop {
+        let (line, inline_task) = tokio::select! {
+            biased;
+            out = rx.recv() => match out {
+                Some(out) => (out.line, out.inline_task),
+                None => break,
+            },
+            Some(push) = pushes.recv() => (push, None),
+            Ok(()) = gap.changed() => {
+                let Some(from_seq) = *gap.borrow_and_update() else { continue };
+                let params = serde_json::json!(crate::protocol::EventsGapNotification { from_seq });
+                (serde_json::json!({"jsonrpc": "2.0", "method": "events.gap", "params": params}).to_string(), None)
+            }
+        };
         if !broken {
-            let mut bytes = out.line.into_bytes();
+            let mut bytes = line.into_bytes();
             bytes.push(b'\n');
             if wr.write_all(&bytes).await.is_ok() {
                 continue;
@@ -263,7 +323,7 @@ async fn write_loop(
             broken = true;
         }
         // The host is gone: whatever this reply carried inline must be delivered another way.
-        if let Some(task) = out.inline_task {
+        if let Some(task) = inline_task {
             d.executor.undeliver(&task);
         }
     }

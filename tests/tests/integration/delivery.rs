@@ -38,7 +38,9 @@ fn every_result_is_delivered_exactly_once_at_the_yield_boundary() {
                     let r = c.bash(
                         &s,
                         &format!("sleep 0.{ms:03}; echo run-{t}-{i}"),
-                        json!({"yield_after_ms": 50}),
+                        // Silent: results nobody claims stay `pending` for this test to
+                        // claim with task.wait (wakes are counted in wakes.rs).
+                        json!({"yield_after_ms": 50, "wake": "silent"}),
                     );
                     let id = r["task_id"].as_str().expect("task_id").to_owned();
                     match r["status"].as_str() {
@@ -188,7 +190,11 @@ fn a_pending_result_goes_to_the_first_wait() {
     let d = Daemon::start();
     let mut c = d.client();
     let s = d.open_session(&mut c);
-    let r = c.bash(&s, "echo quick", json!({"background": true}));
+    let r = c.bash(
+        &s,
+        "echo quick",
+        json!({"background": true, "wake": "silent"}),
+    );
     let id = r["task_id"].as_str().expect("id").to_owned();
     let mut t = Value::Null;
     assert!(wait_until(Duration::from_secs(10), || {
@@ -212,7 +218,7 @@ fn a_result_whose_caller_hung_up_stays_pending() {
         let mut gone = d.client();
         gone.send_value(&json!({"jsonrpc": "2.0", "id": 1, "method": "tool.call",
             "params": {"session_id": s, "tool": "bash", "args": {"command": "sleep 0.5; echo orphan"},
-                       "yield_after_ms": 30_000}}));
+                       "yield_after_ms": 30_000, "wake": "silent"}}));
         let mut found = false;
         assert!(wait_until(Duration::from_secs(10), || {
             let list = c.ok("task.list", json!({"session_id": s}));
@@ -243,7 +249,7 @@ fn a_hundred_detached_runs_all_settle_with_their_own_results() {
             let r = c.bash(
                 &s,
                 &format!("sleep 0.3; exit {}", i % 7),
-                json!({"background": true}),
+                json!({"background": true, "wake": "silent"}),
             );
             assert_eq!(r["status"], "running");
             r["task_id"].as_str().expect("id").to_owned()
@@ -274,7 +280,11 @@ fn a_wait_timing_out_as_the_task_settles_never_swallows_the_result() {
                 let mut seen = Vec::new();
                 for i in 0..CALLS {
                     let ms = 10 + (i * 11 + t * 17) % 80;
-                    let r = c.bash(&s, &format!("sleep 0.{ms:03}"), json!({"background": true}));
+                    let r = c.bash(
+                        &s,
+                        &format!("sleep 0.{ms:03}"),
+                        json!({"background": true, "wake": "silent"}),
+                    );
                     let id = r["task_id"].as_str().expect("task_id").to_owned();
                     let w = c.wait_for(&id, 50);
                     let got_it = matches!(

@@ -74,7 +74,10 @@ fn a_run_that_finished_while_the_daemon_was_down_is_settled_from_result_json() {
     assert_eq!(t["state"], "failed", "settled at start-up: {t}");
     assert_eq!(t["reason"], "exit_code");
     assert_eq!(t["exit_code"], 6);
-    assert_eq!(t["delivery"], "pending", "nobody has received it yet: {t}");
+    assert_eq!(
+        t["delivery"], "wake",
+        "nobody had received it, so it wakes the host: {t}"
+    );
     assert_eq!(c.output(&id), "fin\n");
 }
 
@@ -217,7 +220,7 @@ fn a_foreground_call_cut_off_by_a_daemon_crash_settles_after_restart_and_stays_p
         "{t}"
     );
     assert_eq!(
-        t["delivery"], "pending",
+        t["delivery"], "wake",
         "the caller never got it, so a wake must: {t}"
     );
     assert_eq!(c.output(&id), "begun\nended\n");

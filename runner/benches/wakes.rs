@@ -1,0 +1,224 @@
+//! `cargo bench -p sidejob --bench wakes`: how fast completions and schedules reach a host.
+//!
+//! - exit → notification: a background command prints the wall clock as its last act; the
+//!   time until its `notification` push arrives on a subscribed socket (SPEC §13: p99 ≤ 5 ms);
+//! - 10 000 prompt occurrences due at the same instant: the time from that instant until the
+//!   last one is pushed, and a count proving each was delivered exactly once (target ≤ 2 s).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark fails by panicking
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::{json, Value};
+
+struct Conn {
+    r: BufReader<UnixStream>,
+    w: UnixStream,
+    id: u64,
+}
+
+impl Conn {
+    fn open(path: &std::path::Path) -> Conn {
+        let s = UnixStream::connect(path).unwrap();
+        Conn {
+            r: BufReader::new(s.try_clone().unwrap()),
+            w: s,
+            id: 0,
+        }
+    }
+    fn send(&mut self, method: &str, params: Value) -> u64 {
+        self.id += 1;
+        let mut line = serde_json::to_vec(
+            &json!({"jsonrpc": "2.0", "id": self.id, "method": method, "params": params}),
+        )
+        .unwrap();
+        line.push(b'\n');
+        self.w.write_all(&line).unwrap();
+        self.id
+    }
+    fn next(&mut self) -> Value {
+        let mut buf = String::new();
+        self.r.read_line(&mut buf).unwrap();
+        serde_json::from_str(&buf).unwrap()
+    }
+    fn call(&mut self, method: &str, params: Value) -> Value {
+        let id = self.send(method, params);
+        loop {
+            let m = self.next();
+            if m["id"] == id {
+                assert!(m.get("error").is_none(), "{method}: {m}");
+                return m["result"].clone();
+            }
+        }
+    }
+}
+
+fn now_ns() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as f64
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+struct Daemon(Child, std::path::PathBuf);
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+        let _ = std::fs::remove_dir_all(&self.1);
+    }
+}
+
+fn main() {
+    let root = std::env::temp_dir().join(format!("sidejob-bench-wakes-{}", std::process::id()));
+    let socket = root.join("s.sock");
+    let ws = root.join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_sidejob"))
+        .args(["serve", "--socket"])
+        .arg(&socket)
+        .arg("--state-dir")
+        .arg(root.join("state"))
+        .env("SIDEJOB_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _d = Daemon(child, root.clone());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while UnixStream::connect(&socket).is_err() {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut host = Conn::open(&socket);
+    let mut ctl = Conn::open(&socket);
+    let s = ctl.call(
+        "session.open",
+        json!({"session_id": "bench", "workspace": ws}),
+    )["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    host.call("events.subscribe", json!({"session_ids": [s]}));
+
+    // exit → notification
+    let mut lat = Vec::new();
+    for _ in 0..200 {
+        let r = ctl.call("tool.call", json!({"session_id": s, "tool": "bash", "args": {"command": "exec date +%s%N"}, "background": true}));
+        let task = r["task_id"].as_str().unwrap().to_owned();
+        let received = loop {
+            let m = host.next();
+            if m["method"] == "notification"
+                && m["params"]["notification"]["task_id"] == task.as_str()
+            {
+                break now_ns();
+            }
+        };
+        let out = ctl.call("task.output", json!({"task_id": task}));
+        let printed: f64 = out["data"].as_str().unwrap().trim().parse().unwrap();
+        lat.push((received - printed) / 1e6);
+        let id = host_last_id(&mut ctl, &task);
+        ctl.call("inbox.ack", json!({"ids": [id]}));
+    }
+    let (p50, p99) = (pct(&mut lat, 0.5), pct(&mut lat, 0.99));
+    println!(
+        "process exit -> notification pushed      p50 {p50:>7.3} ms   p99 {p99:>7.3} ms   (n = {})",
+        lat.len()
+    );
+
+    // 10 000 occurrences due at once: armed while no host is subscribed (so they stay due),
+    // then a host subscribes and they all become deliverable at that instant.
+    drop(host);
+    const N: usize = 10_000;
+    let at = humantime::format_rfc3339_millis(SystemTime::now() + Duration::from_millis(500))
+        .to_string();
+    let t0 = Instant::now();
+    for _ in 0..N {
+        ctl.send(
+            "schedule.create",
+            json!({"session_id": s, "at": at, "action": {"prompt": "tick"}}),
+        );
+    }
+    for _ in 0..N {
+        let m = ctl.next();
+        assert!(m.get("result").is_some(), "{m}");
+    }
+    println!(
+        "armed {N} schedules in {:.2} s (pipelined)",
+        t0.elapsed().as_secs_f64()
+    );
+    std::thread::sleep(Duration::from_millis(600));
+    let mut host = Conn::open(&socket);
+    let due = SystemTime::now();
+    host.call("events.subscribe", json!({"session_ids": [s]}));
+    let due_ns = due.duration_since(UNIX_EPOCH).unwrap().as_nanos() as f64;
+    let mut per_schedule: HashMap<String, u32> = HashMap::new();
+    let mut delivered = 0;
+    let mut last_ns = 0.0;
+    while delivered < N {
+        let m = host.next();
+        if m["method"] == "notification" && m["params"]["notification"]["kind"] == "schedule" {
+            let text = m["params"]["notification"]["text"].as_str().unwrap();
+            let sid = text
+                .split("(schedule ")
+                .nth(1)
+                .and_then(|t| t.split(',').next())
+                .unwrap()
+                .to_owned();
+            *per_schedule.entry(sid).or_default() += 1;
+            delivered += 1;
+            last_ns = now_ns();
+        }
+    }
+    // Anything beyond N would be a duplicate: give stragglers a moment to show up.
+    host.r
+        .get_ref()
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let mut extra = 0;
+    loop {
+        let mut buf = String::new();
+        match host.r.read_line(&mut buf) {
+            Ok(n) if n > 0 => {
+                let m: Value = serde_json::from_str(&buf).unwrap();
+                if m["method"] == "notification"
+                    && m["params"]["notification"]["kind"] == "schedule"
+                {
+                    extra += 1;
+                }
+            }
+            _ => break,
+        }
+    }
+    let once = per_schedule.values().all(|n| *n == 1) && per_schedule.len() == N && extra == 0;
+    println!(
+        "{N} occurrences due at once: all delivered {:.3} s after a host subscribed; {} distinct schedules, duplicates {}: {}",
+        (last_ns - due_ns) / 1e9,
+        per_schedule.len(),
+        extra + per_schedule.values().filter(|n| **n > 1).count(),
+        if once { "each exactly once" } else { "NOT exactly once" }
+    );
+}
+
+/// The id of the wake of `task` (to ack it, keeping the inbox small).
+fn host_last_id(ctl: &mut Conn, task: &str) -> String {
+    let list = ctl.call(
+        "inbox.list",
+        json!({"session_id": "bench", "unread_only": true}),
+    );
+    list["notifications"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["task_id"] == task)
+        .map(|n| n["id"].as_str().unwrap().to_owned())
+        .unwrap_or_default()
+}

@@ -1,0 +1,347 @@
+//! Wakes, routes and live events (SPEC §7).
+//!
+//! The hub follows the registry's event log: after every commit the registry bumps its last
+//! seq, the hub reads the new events and pushes `task.updated` and `notification` messages to
+//! every live route of the event's session. A route is a connection that called
+//! `events.subscribe`. Each connection has a bounded push queue: a subscriber that stops
+//! reading gets one `events.gap {from_seq}` and nothing more until it subscribes again, so it
+//! never stalls the daemon, the runs or the other subscribers.
+
+pub mod text;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, watch, Mutex, Notify};
+use tracing::warn;
+
+use crate::protocol::{NotificationNotification, TaskUpdatedNotification};
+use crate::registry::{Entity, EventRef, Registry, RegistryError, Routable};
+
+/// Pushes a connection may have queued before it is cut off with `events.gap`.
+pub const PUSH_QUEUE: usize = 4096;
+
+/// Where one connection's pushes go.
+#[derive(Debug, Clone)]
+pub struct PushChannel {
+    pub push: mpsc::Sender<String>,
+    pub gap: watch::Sender<Option<i64>>,
+}
+
+struct Route {
+    uid: u32,
+    /// `None`: every session the uid owns (root: all), including ones opened later.
+    sessions: Option<HashSet<String>>,
+    channel: PushChannel,
+    gapped: bool,
+}
+
+struct State {
+    cursor: i64,
+    routes: HashMap<u64, Route>,
+    owners: HashMap<String, u32>,
+}
+
+pub struct Hub {
+    registry: Arc<Registry>,
+    state: Mutex<State>,
+    /// Wakes the scheduler when routes come and go.
+    pub routes_changed: Arc<Notify>,
+}
+
+fn push_line(method: &str, params: Value) -> String {
+    json!({"jsonrpc": "2.0", "method": method, "params": params}).to_string()
+}
+
+impl Hub {
+    pub fn new(registry: Arc<Registry>) -> Result<Arc<Hub>, RegistryError> {
+        let cursor = registry.last_seq()?;
+        Ok(Arc::new(Hub {
+            registry,
+            state: Mutex::new(State {
+                cursor,
+                routes: HashMap::new(),
+                owners: HashMap::new(),
+            }),
+            routes_changed: Arc::new(Notify::new()),
+        }))
+    }
+
+    /// Follows the event log for the daemon's life.
+    pub async fn run(self: Arc<Self>) {
+        let mut seq = self.registry.subscribe_seq();
+        loop {
+            {
+                let mut st = self.state.lock().await;
+                if let Err(e) = self.publish_new(&mut st) {
+                    warn!("cannot publish events: {e}");
+                }
+            }
+            if seq.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    fn owner(&self, st: &mut State, session_id: &str) -> Option<u32> {
+        if let Some(uid) = st.owners.get(session_id) {
+            return Some(*uid);
+        }
+        let uid = self.registry.session_owner(session_id).ok().flatten()?;
+        st.owners.insert(session_id.to_owned(), uid);
+        Some(uid)
+    }
+
+    /// Pushes every event after the cursor to the routes it concerns.
+    fn publish_new(&self, st: &mut State) -> Result<(), RegistryError> {
+        loop {
+            let events = self.registry.events_after(st.cursor, 1000)?;
+            let Some(last) = events.last().map(|e| e.seq) else {
+                return Ok(());
+            };
+            if !st.routes.is_empty() {
+                for ev in &events {
+                    let Some(session) = ev.session_id.clone() else {
+                        continue;
+                    };
+                    let owner = self.owner(st, &session);
+                    let targets: Vec<u64> = st
+                        .routes
+                        .iter()
+                        .filter(|(_, r)| !r.gapped && route_matches(r, &session, owner))
+                        .map(|(id, _)| *id)
+                        .collect();
+                    if targets.is_empty() {
+                        continue;
+                    }
+                    let Some(line) = self.message_for(ev)? else {
+                        continue;
+                    };
+                    for id in targets {
+                        send(st, id, ev.seq, line.clone());
+                    }
+                }
+            }
+            st.cursor = last;
+        }
+    }
+
+    fn message_for(&self, ev: &EventRef) -> Result<Option<String>, RegistryError> {
+        Ok(match (ev.entity, ev.kind.as_str()) {
+            (Entity::Task, _) => self.registry.get_task(&ev.entity_id)?.map(|t| {
+                push_line(
+                    "task.updated",
+                    json!(TaskUpdatedNotification {
+                        seq: ev.seq,
+                        task: t.to_wire()
+                    }),
+                )
+            }),
+            (Entity::Notification, "notification.created") => {
+                self.registry.get_notification(&ev.entity_id)?.map(|n| {
+                    push_line(
+                        "notification",
+                        json!(NotificationNotification {
+                            seq: ev.seq,
+                            notification: n.to_wire()
+                        }),
+                    )
+                })
+            }
+            (Entity::Notification | Entity::Session | Entity::Schedule, _) => None,
+        })
+    }
+
+    /// Registers (or replaces) a connection's route, pushes its unacked notifications again
+    /// and, with `since_seq`, the task changes it missed. Returns the current seq.
+    ///
+    /// The backlog is sent before the route goes live, waiting for the connection to take
+    /// it (a slow reader slows only its own subscribe); what happened meanwhile is sent as
+    /// the route goes live, so nothing falls between the two.
+    pub async fn subscribe(
+        &self,
+        conn_id: u64,
+        uid: u32,
+        sessions: Option<Vec<String>>,
+        since_seq: Option<i64>,
+        channel: PushChannel,
+    ) -> Result<i64, RegistryError> {
+        // A resubscribe replaces the old route; until the new one is live, nothing is pushed.
+        self.state.lock().await.routes.remove(&conn_id);
+        let _ = channel.gap.send(None);
+        let explicit: Option<HashSet<String>> = sessions.map(|s| s.into_iter().collect());
+        let session_list: Vec<String> = match &explicit {
+            Some(s) => s.iter().cloned().collect(),
+            None => self
+                .registry
+                .list_sessions((uid != 0).then_some(uid))?
+                .into_iter()
+                .map(|s| s.session_id)
+                .collect(),
+        };
+        let snapshot = {
+            let mut st = self.state.lock().await;
+            self.publish_new(&mut st)?;
+            st.cursor
+        };
+        let mut backlog: Vec<(i64, String)> = Vec::new();
+        for session in &session_list {
+            for (seq, n) in self.registry.unacked_with_seq(session)? {
+                backlog.push((
+                    seq,
+                    push_line(
+                        "notification",
+                        json!(NotificationNotification {
+                            seq,
+                            notification: n.to_wire()
+                        }),
+                    ),
+                ));
+            }
+        }
+        if let Some(since) = since_seq {
+            backlog.extend(self.task_changes(&session_list, since, snapshot)?);
+        }
+        backlog.sort_by_key(|(seq, _)| *seq);
+        for (_, line) in backlog {
+            if channel.push.send(line).await.is_err() {
+                return Ok(snapshot); // the connection is gone
+            }
+        }
+        let mut st = self.state.lock().await;
+        self.publish_new(&mut st)?;
+        let catch_up = self.task_changes(&session_list, snapshot, st.cursor)?;
+        let mut fresh_notes = Vec::new();
+        for session in &session_list {
+            for (seq, n) in self.registry.unacked_with_seq(session)? {
+                if seq > snapshot {
+                    fresh_notes.push((
+                        seq,
+                        push_line(
+                            "notification",
+                            json!(NotificationNotification {
+                                seq,
+                                notification: n.to_wire()
+                            }),
+                        ),
+                    ));
+                }
+            }
+        }
+        st.routes.insert(
+            conn_id,
+            Route {
+                uid,
+                sessions: explicit,
+                channel,
+                gapped: false,
+            },
+        );
+        let mut late: Vec<(i64, String)> = catch_up.into_iter().chain(fresh_notes).collect();
+        late.sort_by_key(|(seq, _)| *seq);
+        for (seq, line) in late {
+            send(&mut st, conn_id, seq, line);
+        }
+        let cursor = st.cursor;
+        drop(st);
+        self.routes_changed.notify_one();
+        Ok(cursor)
+    }
+
+    /// `task.updated` pushes for the tasks of `sessions` that changed in `(after, upto]`,
+    /// one per task (its latest state).
+    fn task_changes(
+        &self,
+        sessions: &[String],
+        after: i64,
+        upto: i64,
+    ) -> Result<Vec<(i64, String)>, RegistryError> {
+        let wanted: HashSet<&String> = sessions.iter().collect();
+        let mut latest: HashMap<String, i64> = HashMap::new();
+        let mut from = after;
+        while from < upto {
+            let events = self.registry.events_after(from, 5000)?;
+            let Some(last) = events.last().map(|e| e.seq) else {
+                break;
+            };
+            for ev in events
+                .iter()
+                .filter(|e| e.seq <= upto && e.entity == Entity::Task)
+            {
+                if ev.session_id.as_ref().is_some_and(|s| wanted.contains(s)) {
+                    latest.insert(ev.entity_id.clone(), ev.seq);
+                }
+            }
+            from = last;
+        }
+        let mut out = Vec::new();
+        for (task_id, seq) in latest {
+            if let Some(t) = self.registry.get_task(&task_id)? {
+                out.push((
+                    seq,
+                    push_line(
+                        "task.updated",
+                        json!(TaskUpdatedNotification {
+                            seq,
+                            task: t.to_wire()
+                        }),
+                    ),
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Forgets a connection's route (it closed).
+    pub async fn unsubscribe(&self, conn_id: u64) {
+        if self.state.lock().await.routes.remove(&conn_id).is_some() {
+            self.routes_changed.notify_one();
+        }
+    }
+
+    /// The sessions that have a live route now.
+    pub async fn routable(&self) -> Routable {
+        let st = self.state.lock().await;
+        let mut r = Routable::default();
+        for route in st.routes.values() {
+            match &route.sessions {
+                Some(s) => r.sessions.extend(s.iter().cloned()),
+                None if route.uid == 0 => r.everyone = true,
+                None => r.owners.push(route.uid),
+            }
+        }
+        r.sessions.sort();
+        r.sessions.dedup();
+        r.owners.sort();
+        r.owners.dedup();
+        r
+    }
+}
+
+fn route_matches(r: &Route, session: &str, owner: Option<u32>) -> bool {
+    match &r.sessions {
+        Some(s) => s.contains(session),
+        None => r.uid == 0 || owner == Some(r.uid),
+    }
+}
+
+/// Queues one push; on overflow the route gets `events.gap` once and no more pushes.
+fn send(st: &mut State, conn_id: u64, seq: i64, line: String) {
+    let Some(route) = st.routes.get_mut(&conn_id) else {
+        return;
+    };
+    if route.gapped {
+        return;
+    }
+    match route.channel.push.try_send(line) {
+        Ok(()) => {}
+        Err(mpsc::error::TrySendError::Full(_)) => {
+            route.gapped = true;
+            let _ = route.channel.gap.send(Some(seq));
+        }
+        Err(mpsc::error::TrySendError::Closed(_)) => {
+            st.routes.remove(&conn_id);
+        }
+    }
+}

@@ -1,0 +1,100 @@
+//! What a completion says to the host (SPEC §7): an `[automatic]` prompt for proactive
+//! sessions, a one-line notice otherwise. Pure.
+
+use crate::protocol::{FailReason, TaskState};
+use crate::registry::{Settlement, TaskRow};
+
+/// Lines of output quoted in a wake.
+const TAIL_LINES: usize = 20;
+
+/// `(severity, kind, text)` of a background completion.
+pub fn completion(
+    task: &TaskRow,
+    s: &Settlement,
+    proactive: bool,
+    output_tail: &str,
+) -> (String, String, String) {
+    let severity = match (s.state, s.reason) {
+        (TaskState::Succeeded, _) => "success",
+        (TaskState::Canceled, _) => "warn",
+        (_, Some(FailReason::Lost | FailReason::SpawnError | FailReason::SandboxError)) => "error",
+        _ => "error",
+    };
+    let outcome = outcome(s);
+    let took = s
+        .duration_ms
+        .map(|d| format!(" after {}", human_ms(d)))
+        .unwrap_or_default();
+    if !proactive {
+        let text = format!(
+            "Background task {} ({}: {}) {outcome}{took}; result: {}",
+            task.task_id,
+            task.tool,
+            task.summary,
+            task.result_path()
+        );
+        return ("info".into(), "notice".into(), text);
+    }
+    let mut text = format!(
+        "[automatic] Background task {} ({}: `{}`) finished: {outcome}{took}.\nResult: {}\nOutput: {}\n",
+        task.task_id,
+        task.tool,
+        task.summary,
+        task.result_path(),
+        task.output_path()
+    );
+    if let Some(err) = &s.error {
+        text.push_str(&format!("Error: {err}\n"));
+    }
+    let lines: Vec<&str> = output_tail.lines().collect();
+    let shown = &lines[lines.len().saturating_sub(TAIL_LINES)..];
+    if shown.is_empty() {
+        text.push_str("It printed nothing.\n");
+    } else {
+        text.push_str(&format!("Last {} lines of output:\n", shown.len()));
+        for l in shown {
+            text.push_str("  ");
+            text.push_str(l);
+            text.push('\n');
+        }
+    }
+    text.push_str(
+        "This is an automatic notification from sidejob, not a message from the user. \
+         Read the result, then continue the work it belongs to.",
+    );
+    (severity.into(), "wake".into(), text)
+}
+
+fn outcome(s: &Settlement) -> String {
+    match (s.state, s.reason, s.exit_code, s.signal) {
+        (TaskState::Succeeded, ..) => "succeeded (exit code 0)".into(),
+        (TaskState::Canceled, ..) => "canceled".into(),
+        (_, Some(FailReason::Timeout), ..) => "failed: timed out".into(),
+        (_, Some(FailReason::Signal), _, Some(sig)) => format!("failed: killed by signal {sig}"),
+        (_, Some(FailReason::Lost), ..) => {
+            "failed: lost (its supervisor ended without a result)".into()
+        }
+        (_, Some(FailReason::SpawnError), ..) => "failed: could not be started".into(),
+        (_, Some(FailReason::SandboxError), ..) => "failed: sandbox error".into(),
+        (_, _, Some(code), _) => format!("failed (exit code {code})"),
+        _ => s.state.as_str().to_owned(),
+    }
+}
+
+fn human_ms(ms: u64) -> String {
+    if ms < 1_000 {
+        format!("{ms} ms")
+    } else if ms < 120_000 {
+        format!("{:.1} s", ms as f64 / 1000.0)
+    } else {
+        format!("{} min {} s", ms / 60_000, (ms % 60_000) / 1000)
+    }
+}
+
+/// The text of a scheduled prompt occurrence.
+pub fn scheduled_prompt(schedule_id: &str, occurrence: u32, prompt: &str) -> String {
+    format!(
+        "[automatic] Scheduled prompt (schedule {schedule_id}, occurrence {occurrence}):\n{prompt}\n\
+         This is an automatic message from sidejob, not a message from the user."
+    )
+}
