@@ -218,6 +218,31 @@ impl Registry {
         })
     }
 
+    /// Extends the leases `claimer` still holds (while a long batch is being delivered).
+    pub fn renew_claims(&self, claimer: &str, lease_until_ms: i64) -> Result<usize> {
+        self.write(|tx| {
+            let ids: Vec<(String, String)> = tx
+                .prepare_cached(
+                    "SELECT schedule_id, session_id FROM schedules WHERE claimed_by = ?1",
+                )?
+                .query_map([claimer], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<rusqlite::Result<_>>()?;
+            for (id, session) in &ids {
+                let patch = obj([("lease_until_ms", lease_until_ms.into())]);
+                Registry::apply(
+                    tx,
+                    "schedule.renewed",
+                    Entity::Schedule,
+                    id,
+                    session,
+                    Op::Update,
+                    &patch,
+                )?;
+            }
+            Ok(ids.len())
+        })
+    }
+
     /// When the next schedule that may fire now is due (lease expiry included), if any.
     pub fn next_due_ms(&self, routable: &Routable) -> Result<Option<i64>> {
         let (cond, extra) = routable.condition();

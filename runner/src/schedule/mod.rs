@@ -349,7 +349,18 @@ impl Scheduler {
                 }
             };
             let full = claimed.len() == CLAIM_BATCH;
+            let mut renewed_at = now_ms();
             for s in claimed {
+                // Keep the rest of the batch ours while this one is delivered.
+                if now_ms() - renewed_at > self.lease_ms / 2 {
+                    renewed_at = now_ms();
+                    if let Err(e) = self
+                        .registry
+                        .renew_claims(&self.instance, renewed_at + self.lease_ms)
+                    {
+                        warn!("cannot renew schedule leases: {e}");
+                    }
+                }
                 if let Err(e) = self.fire(&s).await {
                     warn!(schedule_id = %s.schedule_id, "occurrence failed, retried after the lease: {e}");
                 }

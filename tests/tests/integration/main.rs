@@ -6,6 +6,7 @@
 mod bridge;
 mod cancel;
 mod cli;
+mod cli_wakes;
 mod code;
 mod containment;
 mod containment_daemon;
