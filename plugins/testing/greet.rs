@@ -1,6 +1,7 @@
 // Shared body of the `greet` test plugins: `greet {sleep_ms?}` prints `greet v<VERSION>`
 // (after an optional pause) so a test can tell which version planned a call; with `stdin`,
-// it plans `cat` with that text as the command's stdin instead.
+// it plans `cat` with that text as the command's stdin instead, and with `file`, `cat` of a
+// file the plan places in the run's tmp.
 
 use serde_json::{json, Value};
 use sidejob_plugin_api::json::{LaunchPlan, PlanContext, PluginInfo, ToolSpec};
@@ -23,7 +24,18 @@ impl Plugin for Greet {
         }
     }
 
-    fn plan(_tool: &str, args: Value, _ctx: PlanContext) -> Result<LaunchPlan, String> {
+    fn plan(_tool: &str, args: Value, ctx: PlanContext) -> Result<LaunchPlan, String> {
+        if let Some(text) = args.get("file").and_then(Value::as_str) {
+            return Ok(LaunchPlan {
+                argv: vec!["cat".into(), format!("{}/sub/greeting.txt", ctx.tmp_dir)],
+                files: vec![sidejob_plugin_api::json::PlanFile {
+                    path: "sub/greeting.txt".into(),
+                    content: text.into(),
+                    executable: false,
+                }],
+                ..LaunchPlan::default()
+            });
+        }
         if let Some(text) = args.get("stdin").and_then(Value::as_str) {
             return Ok(LaunchPlan {
                 argv: vec!["cat".into()],

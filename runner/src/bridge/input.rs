@@ -129,6 +129,23 @@ pub fn answer(exec: &Executor, task_id: &str, answer: Value) -> Result<TaskState
         .unwrap_or(TaskState::Running))
 }
 
+/// At start-up: the questions of the previous daemon died with its bridges (the runs saw
+/// their connection close), so no task stays `awaiting_input`.
+pub fn abandon_after_restart(exec: &Executor) {
+    let Ok(waiting) = exec.registry().tasks_in_states(&[TaskState::AwaitingInput]) else {
+        return;
+    };
+    for t in waiting {
+        match exec.registry().abandon_input(&t.task_id, &t.session_id) {
+            Ok(true) => {
+                info!(task_id = %t.task_id, "its question died with the previous daemon; running again")
+            }
+            Ok(false) => {}
+            Err(e) => warn!(task_id = %t.task_id, "cannot clear awaiting_input: {e}"),
+        }
+    }
+}
+
 /// Drops the open question of a run that ended.
 pub fn abandon(task_id: &str) {
     pending().remove(task_id);

@@ -9,7 +9,7 @@
 mod input;
 pub mod subagent;
 
-pub use input::answer;
+pub use input::{abandon_after_restart, answer};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -28,6 +28,7 @@ use crate::ids;
 use crate::plugin_host::ToolPlan;
 use crate::protocol::*;
 use crate::registry::{SessionRow, TaskRow};
+use crate::sandbox::{MountSpec, SandboxPlan};
 
 /// The longest `task.wait` a bridge honours (a run's own deadline still applies).
 const MAX_WAIT_MS: u64 = 24 * 3600 * 1000;
@@ -100,10 +101,27 @@ pub fn plugin_config(cfg: &Config) -> Value {
 pub struct Extras {
     pub env: Vec<(String, String)>,
     pub bridge_socket: Option<PathBuf>,
+    /// Where the plan's files were written (the run's tmp), when it has any.
+    pub files_dir: Option<PathBuf>,
     bridge: Option<(UnixListener, PathBuf, Scope)>,
 }
 
 impl Extras {
+    /// Adds the plan's files to the run's view: the run's tmp, read-only, at the same path
+    /// (`context.tmp_dir`), so a plan can name its files in its argv.
+    pub fn with_files_mount(&self, mut sandbox: SandboxPlan) -> SandboxPlan {
+        if let Some(dir) = &self.files_dir {
+            sandbox.mounts.push(MountSpec {
+                source: Some(dir.clone()),
+                target: dir.clone(),
+                exec: true,
+                write: false,
+                required: true,
+            });
+        }
+        sandbox
+    }
+
     /// Starts serving the bridge, if the plan has one. Call once the task is live.
     pub fn serve(self, exec: &Arc<Executor>) {
         if let Some((listener, path, scope)) = self.bridge {
@@ -127,8 +145,10 @@ pub fn prepare(
         move |source| ExecError::Io { step, path, source }
     };
     let mut env = Vec::new();
+    let mut files_dir = None;
     if !plan.files.is_empty() {
         let tmp = tmp_dir(run_dir);
+        files_dir = Some(tmp.clone());
         for f in &plan.files {
             let path = tmp.join(&f.path);
             if let Some(dir) = path.parent() {
@@ -181,6 +201,7 @@ pub fn prepare(
     Ok(Extras {
         env,
         bridge_socket,
+        files_dir,
         bridge,
     })
 }

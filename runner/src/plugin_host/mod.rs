@@ -299,7 +299,10 @@ impl ToolHost {
     /// The plugin files in the source directories, in load order.
     fn candidates(&self) -> Vec<PathBuf> {
         let mut out = Vec::new();
-        let mut shipped_names = std::collections::BTreeSet::new();
+        // A shipped plugin may be both next to the binary and in deps/ (cargo build copies it
+        // up, cargo test does not): load the newer of the two, once.
+        let mut shipped: BTreeMap<std::ffi::OsString, (std::time::SystemTime, PathBuf)> =
+            BTreeMap::new();
         for dir in &self.dirs {
             let Ok(entries) = std::fs::read_dir(&dir.path) else {
                 continue;
@@ -308,15 +311,30 @@ impl ToolHost {
                 .flatten()
                 .map(|e| e.path())
                 .filter(|p| is_candidate(p, dir.shipped_only))
-                // A shipped plugin found next to the binary is not loaded again from deps/.
-                .filter(|p| {
-                    !dir.shipped_only || shipped_names.insert(p.file_name().map(|n| n.to_owned()))
-                })
                 .collect();
+            if dir.shipped_only {
+                for f in files {
+                    let (Some(name), Ok(modified)) = (
+                        f.file_name().map(|n| n.to_owned()),
+                        std::fs::metadata(&f).and_then(|m| m.modified()),
+                    ) else {
+                        continue;
+                    };
+                    match shipped.get(&name) {
+                        Some((newer, _)) if *newer >= modified => {}
+                        _ => {
+                            shipped.insert(name, (modified, f));
+                        }
+                    }
+                }
+                continue;
+            }
             files.sort();
             out.extend(files);
         }
-        out
+        let mut first: Vec<PathBuf> = shipped.into_values().map(|(_, p)| p).collect();
+        first.append(&mut out);
+        first
     }
 
     /// Rescans the plugin directories and swaps in the new catalog. A file whose contents are

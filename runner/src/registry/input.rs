@@ -70,6 +70,34 @@ impl Registry {
         })
     }
 
+    /// A question that cannot be answered any more (its bridge died with the previous
+    /// daemon): `awaiting_input → running`. Returns false unless the task was waiting.
+    pub fn abandon_input(&self, task_id: &str, session_id: &str) -> Result<bool> {
+        self.write(|tx| {
+            let state: Option<String> = tx
+                .query_row(
+                    "SELECT state FROM tasks WHERE task_id = ?1",
+                    [task_id],
+                    |r| r.get(0),
+                )
+                .ok();
+            if state.as_deref() != Some("awaiting_input") {
+                return Ok(false);
+            }
+            let patch = obj([("state", "running".into())]);
+            Self::apply(
+                tx,
+                "task.input_abandoned",
+                Entity::Task,
+                task_id,
+                session_id,
+                Op::Update,
+                &patch,
+            )?;
+            Ok(true)
+        })
+    }
+
     /// Moves a task to another session (a subagent's service handed over to the parent).
     pub fn hand_over_task(&self, task_id: &str, to_session: &str) -> Result<i64> {
         self.write(|tx| {

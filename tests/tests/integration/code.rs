@@ -127,6 +127,20 @@ print("answer:", json.dumps(answer))
     );
     let status = c.ok("session.status", json!({"session_id": s}));
     assert_eq!(status["awaiting_input"], 1, "{status}");
+    // The host is told: an action_required notification carries the prompt and the schema.
+    let inbox = c.ok("inbox.list", json!({"session_id": s}));
+    let asked = inbox["notifications"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["task_id"] == id.as_str() && n["severity"] == "action_required")
+        .unwrap_or_else(|| panic!("no action_required notification: {inbox}"))
+        .clone();
+    let text = asked["text"].as_str().unwrap();
+    assert!(
+        text.contains("Deploy now?") && text.contains("boolean"),
+        "{text}"
+    );
     let a = c.ok(
         "task.answer",
         json!({"task_id": id, "answer": {"go": true}}),
@@ -142,4 +156,34 @@ print("answer:", json.dumps(answer))
         "{}",
         c.output(&id)
     );
+}
+
+#[test]
+fn a_question_open_when_the_daemon_dies_does_not_leave_the_task_awaiting_input() {
+    if sidejob_tests::skip_unless(has("python3"), "python3 is not installed") {
+        return;
+    }
+    let mut d = Daemon::start();
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let script = r#"
+try:
+    tools.request_input({"type": "string"}, "Still there?")
+    print("answered")
+except ToolError as e:
+    print("no answer:", e)
+"#;
+    let r = code(&mut c, &s, "python", script, json!({"background": true}));
+    let id = r["task_id"].as_str().unwrap().to_owned();
+    assert!(
+        wait_until(Duration::from_secs(20), || c.task(&id)["state"]
+            == "awaiting_input"),
+        "{}",
+        d.log()
+    );
+    d.restart();
+    let mut c = d.client();
+    let t = c.wait_settled(&id);
+    assert_eq!(t["state"], "succeeded", "{t}");
+    assert!(c.output(&id).contains("no answer:"), "{}", c.output(&id));
 }

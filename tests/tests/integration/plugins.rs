@@ -14,12 +14,17 @@ pub(crate) fn built_plugin(name: &str) -> PathBuf {
     let bin = sidejob_bin();
     let dir = bin.parent().expect("target dir");
     let file = format!("lib{name}.so");
-    for candidate in [dir.join(&file), dir.join("deps").join(&file)] {
-        if candidate.exists() {
-            return candidate;
-        }
-    }
-    panic!("{file} is not built: run the tests through cargo (the tests crate depends on it)");
+    // `cargo build` copies it next to the binary, `cargo test` leaves it in deps/: the newer.
+    [dir.join(&file), dir.join("deps").join(&file)]
+        .into_iter()
+        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+        .max()
+        .map(|(_, p)| p)
+        .unwrap_or_else(|| {
+            panic!(
+                "{file} is not built: run the tests through cargo (the tests crate depends on it)"
+            )
+        })
 }
 
 /// Installs a library into `dir` as `as_name` the way an operator should: a temporary name,
@@ -321,7 +326,7 @@ fn hot_reload_swaps_a_plugin_without_touching_a_running_task() {
 }
 
 #[test]
-fn a_plugin_gets_fixed_stdin_from_its_plan() {
+fn a_plugin_gets_fixed_stdin_and_files_from_its_plan() {
     let (d, dir) = daemon_with_plugin_dir("");
     install(
         &built_plugin("sidejob_testplugin_greet_v1"),
@@ -342,6 +347,12 @@ fn a_plugin_gets_fixed_stdin_from_its_plan() {
         json!({"session_id": s, "tool": "greet", "args": {"stdin": "fed by the plan\n"}}),
     );
     assert_eq!(r["output"], "fed by the plan\n", "{r}");
+    // A file the plan places in the run's tmp is in the run's view, where the plan says.
+    let r = c.ok(
+        "tool.call",
+        json!({"session_id": s, "tool": "greet", "args": {"file": "placed by the plan\n"}}),
+    );
+    assert_eq!(r["output"], "placed by the plan\n", "{r}");
 }
 
 /// The template crate, built the way a third party builds a plugin: its own Cargo project

@@ -82,10 +82,17 @@ fn a_subagent_waits_for_its_jobs_and_hands_its_service_to_the_parent() {
         .expect("child session")
         .clone();
     assert_eq!(child["parent_session_id"], s.as_str());
-    // Closing the parent session stops the handed-over service.
-    c.ok("session.close", json!({"session_id": s}));
-    let svc = c.wait_settled(&service);
-    assert_eq!(svc["state"], "canceled", "{svc}");
+    // The parent gets the service's wake.
+    c.ok("task.cancel", json!({"task_id": service, "grace_ms": 500}));
+    let inbox = c.ok("inbox.list", json!({"session_id": s}));
+    assert!(
+        inbox["notifications"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n["task_id"] == service.as_str()),
+        "the parent has no wake for the service: {inbox}"
+    );
 }
 
 #[test]
@@ -154,4 +161,17 @@ fn subagents_nest_at_most_three_deep() {
         )
         .expect_err("unconfigured");
     assert!(e["message"].as_str().unwrap().contains("[subagent]"), "{e}");
+}
+
+#[test]
+fn closing_the_parent_session_cancels_a_handed_over_service() {
+    let Some(d) = agent_daemon() else { return };
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let r = subagent(&mut c, &s, "work", json!({"yield_after_ms": 60_000}));
+    assert_eq!(r["state"], "succeeded", "{r}");
+    let service = id_after(&c.output(r["task_id"].as_str().unwrap()), "service");
+    c.ok("session.close", json!({"session_id": s}));
+    let svc = c.wait_settled(&service);
+    assert_eq!(svc["state"], "canceled", "{svc}");
 }
