@@ -412,7 +412,7 @@ impl Executor {
             }),
             tee_stdout: false,
             bridge_socket: extras.bridge_socket.clone(),
-            sandbox: sb.sandbox,
+            sandbox: extras.with_files_mount(sb.sandbox),
         };
         let plan_bytes = serde_json::to_vec_pretty(&plan)
             .map_err(|e| ExecError::InvalidParams(e.to_string()))?;

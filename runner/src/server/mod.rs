@@ -98,6 +98,7 @@ pub async fn serve(cfg: Config) -> Result<(), ServeError> {
     let executor = Executor::new(cfg.clone(), registry, ToolHost::start(&cfg), exe);
     let hub = Hub::new(executor.registry().clone())?;
     let recovered = executor.recover()?;
+    crate::bridge::abandon_after_restart(&executor);
     let scheduler = Scheduler::new(
         executor.registry().clone(),
         executor.clone(),
