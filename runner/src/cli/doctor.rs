@@ -64,7 +64,7 @@ pub fn doctor(json_out: bool) -> i32 {
             "kernel": a.kernel,
             "root": a.root,
             "landlock_abi": a.landlock_abi.as_ref().ok(),
-            "cgroup": match &a.cgroup {
+            "cgroup": match a.cgroup() {
                 Ok(h) => json!({"version": match h.version {
                     crate::sandbox::linux::cgroup::Version::V1 => "v1",
                     crate::sandbox::linux::cgroup::Version::V2 => "v2",

@@ -217,7 +217,11 @@ pub fn supervise(plan: &LaunchPlan, started: SystemTime) -> Result<RunResult, Su
 
     loop {
         let now = Instant::now();
-        if init_exit.is_some() && (!out_open || drain_until.is_some_and(|t| now >= t)) {
+        // The run is over when its init has exited, or has closed the status pipe after its
+        // report: everything in the namespace is dead by then, and what is left of init's exit
+        // (tearing down the namespaces) need not delay the result.
+        let init_done = init_exit.is_some() || (!status_open && !status_buf.is_empty());
+        if init_done && (!out_open || drain_until.is_some_and(|t| now >= t)) {
             break;
         }
         if stop.is_none() && deadline.is_some_and(|d| now >= d) {
@@ -286,6 +290,7 @@ pub fn supervise(plan: &LaunchPlan, started: SystemTime) -> Result<RunResult, Su
         }
         if ready[1] && read_available(&status_r, &mut status_buf) {
             status_open = false;
+            drain_until.get_or_insert(Instant::now() + DRAIN_AFTER_EXIT);
         }
         if ready[0] {
             while let Ok(Some(sig)) = sys::read_signalfd(&sigfd) {
@@ -341,6 +346,11 @@ pub fn supervise(plan: &LaunchPlan, started: SystemTime) -> Result<RunResult, Su
     };
     if output_truncated {
         result.violations.push("output_cap".into());
+    }
+    if init_exit.is_none() {
+        // A cgroup can only be removed once init has left it; otherwise the reaping can be
+        // left to whoever inherits it (init has nothing left to do but exit).
+        let _ = sys::waitpid(init_pid, sandbox.cgroup.is_none());
     }
     if let Some(cg) = &sandbox.cgroup {
         result

@@ -1168,11 +1168,21 @@ fn result_json_names_the_active_layers() {
         "seccomp",
         "no_new_privs",
         "capabilities",
-        "cgroup_pids",
     ] {
         assert!(layers.contains(&l), "{l} missing from {layers:?}");
     }
     assert_eq!(r["profile"], "workspace-write");
+    // The ci profile adds the cgroup limits.
+    let ci = exec(&ws, &["--profile", "ci", "--json"], &["/bin/true"]).result();
+    let layers: Vec<&str> = ci["sandbox_layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    for l in ["cgroup_memory", "cgroup_pids", "cgroup_cpu"] {
+        assert!(layers.contains(&l), "{l} missing from {layers:?}");
+    }
 }
 
 #[test]

@@ -68,8 +68,9 @@ pub struct Availability {
     pub landlock_abi: Result<u32, String>,
     pub seccomp: bool,
     pub memfd_noexec: bool,
-    /// Where memory, pids and cpu can be limited (all three).
-    pub cgroup: Result<cgroup::Hierarchy, String>,
+    /// Where memory, pids and cpu can be limited (all three); detected on first use, as
+    /// most runs need no cgroup.
+    cgroup: OnceLock<Result<cgroup::Hierarchy, String>>,
 }
 
 fn read_trim(path: &str) -> Option<String> {
@@ -100,23 +101,6 @@ impl Availability {
             }
             Err(e) => Err(format!("landlock probe: {e}")),
         };
-        let cgroup = cgroup::detect(&cgroup::Controller::ALL).and_then(|h| {
-            if root {
-                return Ok(h);
-            }
-            // Unprivileged: only a cgroup delegated to us (owned by our uid) is writable.
-            let ours = h.bases.iter().all(|(_, b)| {
-                let parent = b.parent().unwrap_or(b);
-                std::fs::metadata(parent)
-                    .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == sys::getuid())
-                    .unwrap_or(false)
-            });
-            if ours {
-                Ok(h)
-            } else {
-                Err("the cgroup we run in is not delegated to our uid".into())
-            }
-        });
         Availability {
             kernel: read_trim("/proc/sys/kernel/osrelease").unwrap_or_else(|| "unknown".into()),
             root,
@@ -124,8 +108,31 @@ impl Availability {
             landlock_abi,
             seccomp: ssys::seccomp_available(),
             memfd_noexec: Path::new("/proc/sys/vm/memfd_noexec").exists(),
-            cgroup,
+            cgroup: OnceLock::new(),
         }
+    }
+
+    /// Where memory, pids and cpu can be limited, or why not.
+    pub fn cgroup(&self) -> &Result<cgroup::Hierarchy, String> {
+        self.cgroup.get_or_init(|| {
+            cgroup::detect(&cgroup::Controller::ALL).and_then(|h| {
+                if self.root {
+                    return Ok(h);
+                }
+                // Unprivileged: only a cgroup delegated to us (owned by our uid) is writable.
+                let ours = h.bases.iter().all(|(_, b)| {
+                    let parent = b.parent().unwrap_or(b);
+                    std::fs::metadata(parent)
+                        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == sys::getuid())
+                        .unwrap_or(false)
+                });
+                if ours {
+                    Ok(h)
+                } else {
+                    Err("the cgroup we run in is not delegated to our uid".into())
+                }
+            })
+        })
     }
 
     /// Probed once per process.
@@ -222,7 +229,7 @@ impl Availability {
         );
         for c in cgroup::Controller::ALL {
             let layer = cgroup_layer(c);
-            match &self.cgroup {
+            match self.cgroup() {
                 Ok(h) => {
                     let base = h
                         .bases
@@ -265,11 +272,11 @@ impl Availability {
         let want = cgroup::needed(&plan.limits);
         if !want.is_empty() {
             match cgroup::detect(&want) {
-                Ok(_) if self.cgroup.is_ok() || self.root => {}
-                Ok(_) => out.push((
-                    cgroup_layer(want[0]),
-                    self.cgroup.as_ref().err().cloned().unwrap_or_default(),
-                )),
+                Ok(_) if self.root || self.cgroup().is_ok() => {}
+                Ok(_) => {
+                    let why = self.cgroup().as_ref().err().cloned().unwrap_or_default();
+                    out.extend(want.iter().map(|c| (cgroup_layer(*c), why.clone())));
+                }
                 Err(e) => {
                     for c in want {
                         out.push((cgroup_layer(c), e.clone()));
@@ -336,6 +343,8 @@ pub fn prepare(plan: &LaunchPlan) -> Result<Prepared, PrepareError> {
             required: true,
         });
     }
+    // Parents before children, whatever order the mounts were added in.
+    sb.mounts.sort_by_key(|m| m.target.components().count());
     let sb = &sb;
     let avail = Availability::cached();
     let missing = avail.missing(sb);

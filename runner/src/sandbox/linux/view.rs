@@ -122,51 +122,48 @@ fn bind(src: &Path, dst: &Path, set: u64) -> Result<(), LaunchError> {
     sys::mount_setattr_path(dst, set, 0).map_err(err("set mount attributes", dst))
 }
 
-/// The new root: an empty tmpfs (read-only once the view is complete).
+/// The new root: an empty tmpfs (made read-only with the read-only binds, below).
 pub fn mount_root(staging: &Path) -> Result<(), LaunchError> {
     tmpfs(staging, NOSUID | NODEV, c"mode=0755,size=1m,nr_inodes=4096")
 }
 
-/// Every profile path, parents first (the list is sorted that way), then the symlinks.
+fn mount_point(dst: &Path, dir: bool) -> Result<(), LaunchError> {
+    if dir {
+        std::fs::create_dir_all(dst).map_err(err("mkdir", dst))
+    } else {
+        make_file(dst)
+    }
+}
+
+/// Every profile path. To keep the number of mount calls down, the read-only ones are bound
+/// first and made read-only (with the root tmpfs itself) by one recursive `mount_setattr`;
+/// the writable ones (private tmpfs, workspace), `/proc` and `/dev` are mounted after it,
+/// so their mount points are made now, while the root is still writable.
 pub fn mount_sources(
     staging: &Path,
     sources: &[Source],
     tmp_options: &CStr,
 ) -> Result<(), LaunchError> {
+    let tmpfs_targets: Vec<&Path> = sources
+        .iter()
+        .filter_map(|s| match s {
+            Source::Tmpfs { target, .. } => Some(target.as_path()),
+            _ => None,
+        })
+        .collect();
+    // Inside a private tmpfs, a mount point can only be made once that tmpfs is mounted.
+    let under_tmpfs = |t: &Path| tmpfs_targets.iter().any(|d| t != *d && t.starts_with(d));
     for s in sources {
         match s {
-            Source::Bind {
-                fd,
-                dir,
-                target,
-                exec,
-                write,
-            } => {
-                let dst = in_view(staging, target);
-                if *dir {
-                    std::fs::create_dir_all(&dst).map_err(err("mkdir", &dst))?;
-                } else {
-                    make_file(&dst)?;
-                }
-                let mut set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
-                if !write {
-                    set |= MOUNT_ATTR_RDONLY;
-                }
-                if !exec {
-                    set |= MOUNT_ATTR_NOEXEC;
-                }
-                bind(&sys::fd_path(fd), &dst, set)?;
+            Source::Bind { dir, target, .. } if !under_tmpfs(target) => {
+                mount_point(&in_view(staging, target), *dir)?;
             }
-            Source::Tmpfs { target, exec } => {
-                let dst = in_view(staging, target);
-                let mut flags = NOSUID | NODEV;
-                if !exec {
-                    flags |= NOEXEC;
-                }
-                tmpfs(&dst, flags, tmp_options)?;
-            }
-            Source::Symlink { .. } => {}
+            Source::Tmpfs { target, .. } => mount_point(&in_view(staging, target), true)?,
+            Source::Bind { .. } | Source::Symlink { .. } => {}
         }
+    }
+    for d in ["proc", "dev"] {
+        mount_point(&staging.join(d), true)?;
     }
     for s in sources {
         if let Source::Symlink { target, link } = s {
@@ -179,6 +176,68 @@ pub fn mount_sources(
                 std::fs::create_dir_all(parent).map_err(err("mkdir", parent))?;
             }
             std::os::unix::fs::symlink(link, &dst).map_err(err("symlink", &dst))?;
+        }
+    }
+    // Read-only binds, then one call makes them and the root read-only, nosuid and nodev.
+    for s in sources {
+        if let Source::Bind {
+            fd,
+            target,
+            write: false,
+            ..
+        } = s
+        {
+            if under_tmpfs(target) {
+                continue;
+            }
+            let dst = in_view(staging, target);
+            sys::mount(
+                Some(&sys::fd_path(fd)),
+                &dst,
+                None,
+                libc::MS_BIND | libc::MS_REC,
+                None,
+            )
+            .map_err(err("bind", &dst))?;
+        }
+    }
+    sys::mount_setattr_path(
+        staging,
+        MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+        0,
+    )
+    .map_err(err("make the view read-only", staging))?;
+    // The writable ones and whatever lies inside a private tmpfs, parents first.
+    for s in sources {
+        match s {
+            Source::Bind {
+                fd,
+                dir,
+                target,
+                exec,
+                write,
+            } if *write || under_tmpfs(target) => {
+                let dst = in_view(staging, target);
+                if under_tmpfs(target) {
+                    mount_point(&dst, *dir)?;
+                }
+                let mut set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+                if !exec {
+                    set |= MOUNT_ATTR_NOEXEC;
+                }
+                if !write {
+                    set |= MOUNT_ATTR_RDONLY;
+                }
+                bind(&sys::fd_path(fd), &dst, set)?;
+            }
+            Source::Tmpfs { target, exec } => {
+                let mut flags = NOSUID | NODEV;
+                if !exec {
+                    flags |= NOEXEC;
+                }
+                tmpfs(&in_view(staging, target), flags, tmp_options)?;
+            }
+            Source::Bind { .. } | Source::Symlink { .. } => {}
         }
     }
     Ok(())
@@ -351,7 +410,8 @@ pub fn protect(
     Ok(())
 }
 
-/// Makes the staged tmpfs the root and detaches the host's tree from this namespace.
+/// Makes the staged tmpfs (already read-only) the root and detaches the host's tree from
+/// this namespace.
 pub fn pivot(staging: &Path) -> Result<(), LaunchError> {
     std::env::set_current_dir(staging).map_err(err("chdir", staging))?;
     // pivot_root(".", ".") stacks the old root on top of the new one; detaching "." then
@@ -359,13 +419,5 @@ pub fn pivot(staging: &Path) -> Result<(), LaunchError> {
     sys::pivot_root(Path::new("."), Path::new(".")).map_err(err("pivot_root", staging))?;
     sys::umount_detach(Path::new(".")).map_err(err("detach the host root", staging))?;
     std::env::set_current_dir("/").map_err(err("chdir", Path::new("/")))?;
-    // Nothing may be created at the top of the view from now on.
-    sys::mount(
-        None,
-        Path::new("/"),
-        None,
-        libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | NOSUID | NODEV,
-        None,
-    )
-    .map_err(err("make the root read-only", Path::new("/")))
+    Ok(())
 }
