@@ -57,9 +57,11 @@ pub async fn request(
             },
         );
     }
+    // The host subscribes to its own session, not to the child sessions of its subagents: the
+    // question goes to the top of the caller's session tree.
     let notice = NotificationRow {
         id: ids::ulid(),
-        session_id: scope.caller_session_id.clone(),
+        session_id: super::subagent::root_session(exec.registry(), &scope.caller_session_id),
         owner_uid: scope.owner_uid,
         task_id: Some(task_id.clone()),
         severity: "action_required".into(),

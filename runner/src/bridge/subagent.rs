@@ -44,6 +44,23 @@ pub fn depth_of(registry: &Registry, s: &SessionRow) -> u32 {
     depth
 }
 
+/// The top of the session tree `session_id` is in (itself for a host's own session).
+pub fn root_session(registry: &Registry, session_id: &str) -> String {
+    let mut current = session_id.to_owned();
+    for _ in 0..64 {
+        match registry
+            .get_session(&current)
+            .ok()
+            .flatten()
+            .and_then(|s| s.parent_session_id)
+        {
+            Some(parent) => current = parent,
+            None => break,
+        }
+    }
+    current
+}
+
 /// Opens the child session of subagent task `task_id` below `parent`.
 pub fn open_child(
     registry: &Registry,

@@ -409,9 +409,28 @@ impl ToolHost {
             warn!(dirs = ?self.dirs.iter().map(|d| d.path.display().to_string()).collect::<Vec<_>>(),
                   "no tools are loaded: build the workspace (cargo build) or set plugin_dirs");
         }
+        self.remove_stale_copies(&plugins);
         *self.catalog.write().unwrap_or_else(|e| e.into_inner()) =
             Arc::new(Catalog { plugins, tools });
         *self.errors.lock().unwrap_or_else(|e| e.into_inner()) = errors;
+    }
+
+    /// Deletes the private copies no loaded plugin uses any more, so `<state_dir>/plugins`
+    /// does not grow with every reload. (Code already mapped stays mapped: unlinking a file
+    /// does not unmap it.)
+    fn remove_stale_copies(&self, plugins: &[Arc<LoadedPlugin>]) {
+        let Ok(entries) = std::fs::read_dir(&self.copies_dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let path = e.path();
+            let is_copy = path.extension().is_some_and(|x| x == "so");
+            if is_copy && !plugins.iter().any(|p| p.copy == path) {
+                if let Err(err) = std::fs::remove_file(&path) {
+                    warn!(copy = %path.display(), "cannot remove a stale plugin copy: {err}");
+                }
+            }
+        }
     }
 }
 

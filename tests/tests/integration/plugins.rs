@@ -285,6 +285,8 @@ fn hot_reload_swaps_a_plugin_without_touching_a_running_task() {
     );
     assert_eq!(r["status"], "running", "{r}");
     let old = r["task_id"].as_str().unwrap().to_owned();
+    let v1_copies = greet_copies(&d);
+    assert_eq!(v1_copies.len(), 1, "{v1_copies:?}");
     // … then v2 replaces the file.
     install(
         &built_plugin("sidejob_testplugin_greet_v2"),
@@ -316,13 +318,19 @@ fn hot_reload_swaps_a_plugin_without_touching_a_running_task() {
     assert_eq!(t["state"], "succeeded", "{t}");
     assert_eq!(t["delivery"], "wait", "{t}");
     assert_eq!(c.output(&old), "greet v1\n");
-    // Both versions were loaded from their own copies.
-    let copies = std::fs::read_dir(d.state_dir.join("plugins"))
+    // v2 runs from its own copy; v1's copy, no longer used, is gone.
+    let copies = greet_copies(&d);
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    assert_ne!(copies, v1_copies, "{copies:?}");
+}
+
+fn greet_copies(d: &Daemon) -> Vec<String> {
+    std::fs::read_dir(d.state_dir.join("plugins"))
         .unwrap()
         .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("greet-"))
-        .count();
-    assert_eq!(copies, 2);
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("greet-"))
+        .collect()
 }
 
 #[test]

@@ -175,3 +175,48 @@ fn closing_the_parent_session_cancels_a_handed_over_service() {
     let svc = c.wait_settled(&service);
     assert_eq!(svc["state"], "canceled", "{svc}");
 }
+
+#[test]
+fn a_question_asked_inside_a_subagent_reaches_the_host_and_its_answer_comes_back() {
+    let Some(d) = agent_daemon() else { return };
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let r = subagent(&mut c, &s, "ask", json!({"background": true}));
+    let agent_task = r["task_id"].as_str().unwrap().to_owned();
+    // The question is a task of the child session, but the host hears it in its own.
+    let mut asker = String::new();
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            let inbox = c.ok("inbox.list", json!({"session_id": s}));
+            match inbox["notifications"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|n| n["severity"] == "action_required")
+            {
+                Some(n) => {
+                    asker = n["task_id"].as_str().unwrap().to_owned();
+                    true
+                }
+                None => false,
+            }
+        }),
+        "{}",
+        d.log()
+    );
+    assert_eq!(c.task(&asker)["state"], "awaiting_input");
+    assert_eq!(
+        c.task(&asker)["session_id"],
+        format!("sub-{}", agent_task.to_ascii_lowercase())
+    );
+    c.ok("task.answer", json!({"task_id": asker, "answer": "main"}));
+    // The subagent reports back once the asker has its answer and settles.
+    let t = c.wait_settled(&agent_task);
+    assert_eq!(t["state"], "succeeded", "{t}");
+    assert_eq!(c.task(&asker)["state"], "succeeded");
+    assert!(
+        c.output(&asker).contains("got main"),
+        "{}",
+        c.output(&asker)
+    );
+}
