@@ -363,11 +363,11 @@ fn a_plugin_gets_fixed_stdin_and_files_from_its_plan() {
     assert_eq!(r["output"], "placed by the plan\n", "{r}");
 }
 
-/// The template crate, built the way a third party builds a plugin: its own Cargo project
-/// outside the workspace, depending on `plugin-api` by path, offline. Its target directory
-/// lives under the shared target/ so later runs reuse the build.
-#[test]
-fn a_plugin_built_outside_the_workspace_loads_into_a_running_daemon() {
+/// Builds `plugins/template` the way a third party builds a plugin: its own Cargo project
+/// outside the workspace, depending on the plugin API at `api` by path, offline, under the
+/// package name `package`. Its target directory lives under the shared target/ so later runs
+/// (and the other build) reuse the dependencies.
+fn build_template(api: &Path, package: &str) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("workspace root");
@@ -376,8 +376,9 @@ fn a_plugin_built_outside_the_workspace_loads_into_a_running_daemon() {
         .expect("template manifest")
         .replace(
             "path = \"../../plugin-api\"",
-            &format!("path = {:?}", root.join("plugin-api").display().to_string()),
-        );
+            &format!("path = {:?}", api.display().to_string()),
+        )
+        .replace("name = \"hello-plugin\"", &format!("name = {package:?}"));
     std::fs::write(project.path().join("Cargo.toml"), manifest).unwrap();
     std::fs::create_dir_all(project.path().join("src")).unwrap();
     std::fs::copy(
@@ -404,7 +405,15 @@ fn a_plugin_built_outside_the_workspace_loads_into_a_running_daemon() {
         "cargo build of the template failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let lib = target.join("debug/libhello_plugin.so");
+    target.join(format!("debug/lib{}.so", package.replace('-', "_")))
+}
+
+#[test]
+fn a_plugin_built_outside_the_workspace_loads_into_a_running_daemon() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root");
+    let lib = build_template(&root.join("plugin-api"), "hello-plugin");
 
     // Hot-load it into a daemon that is already running.
     let (d, dir) = daemon_with_plugin_dir("");
@@ -424,4 +433,58 @@ fn a_plugin_built_outside_the_workspace_loads_into_a_running_daemon() {
     );
     assert_eq!(r["output"], "Hello, sidejob!\n", "{r}");
     assert_eq!(r["rendered"], "Hello, sidejob! (succeeded)", "{r}");
+}
+
+/// A plugin built against another major version of the plugin API: abi_stable refuses it, and
+/// the daemon says so in one line naming both versions.
+#[test]
+fn a_plugin_built_against_another_major_version_is_refused_naming_both_versions() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root");
+    // plugin-api as it would be at 2.0.0, as a crate of its own.
+    let api2 = TempDir::new("plugin-api-2");
+    let manifest = std::fs::read_to_string(root.join("plugin-api/Cargo.toml"))
+        .unwrap()
+        .replace("version = \"1.0.0\"", "version = \"2.0.0\"")
+        .replace("edition.workspace = true", "edition = \"2021\"")
+        .replace("license.workspace = true", "license = \"Apache-2.0\"")
+        .replace("rust-version.workspace = true", "")
+        .replace("[lints]\nworkspace = true\n", "")
+        .replace(
+            "abi_stable.workspace = true",
+            "abi_stable = { version = \"0.11\", default-features = false }",
+        )
+        .replace(
+            "serde.workspace = true",
+            "serde = { version = \"1\", features = [\"derive\"] }",
+        )
+        .replace("serde_json.workspace = true", "serde_json = \"1\"");
+    std::fs::write(api2.path().join("Cargo.toml"), manifest).unwrap();
+    std::fs::create_dir_all(api2.path().join("src")).unwrap();
+    for f in ["lib.rs", "json.rs", "sdk.rs"] {
+        std::fs::copy(
+            root.join("plugin-api/src").join(f),
+            api2.path().join("src").join(f),
+        )
+        .unwrap();
+    }
+    let lib = build_template(api2.path(), "hello-plugin-api2");
+
+    let (d, dir) = daemon_with_plugin_dir("");
+    let path = install(&lib, dir.path(), "hello2.so", 0o644);
+    assert!(
+        wait_until(Duration::from_secs(30), || d.log().contains("hello2.so")),
+        "{}",
+        d.log()
+    );
+    let log = d.log();
+    let line = log.lines().find(|l| l.contains("hello2.so")).unwrap();
+    assert!(line.contains(&path.display().to_string()), "{line}");
+    assert!(
+        line.contains("ABI mismatch") && line.contains("1.0.0") && line.contains("2.0.0"),
+        "{line}"
+    );
+    let mut c = d.client();
+    assert!(!tool_names(&mut c).contains(&"hello".into()));
 }
