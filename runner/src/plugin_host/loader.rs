@@ -212,7 +212,10 @@ fn library_error(path: &Path, e: LibraryError) -> LoadError {
             actual_version,
             ..
         } => abi(
-            format!("sidejob-plugin-api {expected_version} (this daemon's, {API_VERSION})"),
+            format!(
+                "sidejob-plugin-api {}.x (this daemon has {API_VERSION})",
+                expected_version.major
+            ),
             format!("a plugin built against {actual_version}"),
         ),
         LibraryError::AbiInstability(err) => abi(

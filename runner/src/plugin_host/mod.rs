@@ -19,7 +19,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use sidejob_plugin_api::abi_stable::std_types::RStr;
 use sidejob_plugin_api::json;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::config::Config;
 use crate::protocol::ToolInfo;
@@ -255,11 +255,11 @@ impl ToolHost {
             watcher: Mutex::new(None),
         });
         // Watch first, then load: a file added in between is then seen by both.
-        let watched: Vec<PathBuf> = host
+        let watched: Vec<(PathBuf, bool)> = host
             .dirs
             .iter()
             .filter(|d| d.path.is_dir())
-            .map(|d| d.path.clone())
+            .map(|d| (d.path.clone(), d.shipped_only))
             .collect();
         match watch::Watcher::start(Arc::downgrade(&host), &watched) {
             Ok(w) => *host.watcher.lock().unwrap_or_else(|e| e.into_inner()) = Some(w),
@@ -343,6 +343,16 @@ impl ToolHost {
     pub fn reload(&self) {
         let _serial = self.reloading.lock().unwrap_or_else(|e| e.into_inner());
         let old = self.current();
+        let previous_errors = self.errors();
+        // A refusal is a warning the first time, then quiet while it stays the same.
+        let report = |e: &LoadError| {
+            let line = e.to_string();
+            if previous_errors.contains(&line) {
+                debug!("{line}");
+            } else {
+                warn!("{line}");
+            }
+        };
         let mut errors = Vec::new();
         let mut plugins: Vec<Arc<LoadedPlugin>> = Vec::new();
         for source in self.candidates() {
@@ -364,7 +374,7 @@ impl ToolHost {
                     plugins.push(Arc::new(p));
                 }
                 Err(e) => {
-                    warn!("{e}");
+                    report(&e);
                     let refused = matches!(e, LoadError::Unsafe { .. });
                     errors.push(e.to_string());
                     // A file that anyone else could now write is not trusted any more; any
@@ -392,7 +402,7 @@ impl ToolHost {
                         first: first.plugin.source.clone(),
                         second: p.source.clone(),
                     };
-                    warn!("{e}");
+                    report(&e);
                     errors.push(e.to_string());
                     continue;
                 }

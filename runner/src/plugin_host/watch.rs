@@ -20,7 +20,14 @@ pub struct Watcher {
 }
 
 impl Watcher {
-    pub fn start(host: Weak<ToolHost>, dirs: &[PathBuf]) -> notify::Result<Watcher> {
+    /// Watches `dirs`, each with whether only shipped plugin names count in it (the
+    /// directory of the binary changes with every build).
+    pub fn start(host: Weak<ToolHost>, dirs: &[(PathBuf, bool)]) -> notify::Result<Watcher> {
+        let shipped_dirs: Vec<PathBuf> = dirs
+            .iter()
+            .filter(|(_, shipped_only)| *shipped_only)
+            .map(|(d, _)| d.clone())
+            .collect();
         let (tx, rx) = mpsc::channel::<()>();
         let mut inner =
             notify::recommended_watcher(move |ev: notify::Result<notify::Event>| match ev {
@@ -29,11 +36,10 @@ impl Watcher {
                         ev.kind,
                         EventKind::Create(_) | EventKind::Modify(_) | EventKind::Remove(_)
                     ) && ev.paths.iter().any(|p| {
-                        p.extension().is_some_and(|e| e == "so")
-                            && !p
-                                .file_name()
-                                .and_then(|n| n.to_str())
-                                .is_some_and(|n| n.starts_with('.'))
+                        let shipped_only = p
+                            .parent()
+                            .is_some_and(|d| shipped_dirs.iter().any(|s| s == d));
+                        super::is_candidate(p, shipped_only)
                     });
                     if relevant {
                         let _ = tx.send(());
@@ -41,7 +47,7 @@ impl Watcher {
                 }
                 Err(e) => warn!("plugin watch: {e}"),
             })?;
-        for d in dirs {
+        for (d, _) in dirs {
             inner.watch(d, RecursiveMode::NonRecursive)?;
         }
         std::thread::Builder::new()
