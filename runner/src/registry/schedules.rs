@@ -265,67 +265,20 @@ impl Registry {
         next_due_ms: Option<i64>,
         prompt: Option<&NotificationRow>,
     ) -> Result<bool> {
+        self.write(|tx| record_occurrence_in(tx, s, key, next_due_ms, prompt))
+    }
+
+    /// [`Registry::record_occurrence`] for many occurrences in one transaction.
+    pub fn record_occurrences(
+        &self,
+        batch: &[(ScheduleRow, String, Option<i64>, Option<NotificationRow>)],
+    ) -> Result<usize> {
         self.write(|tx| {
-            let current: Option<(Option<String>, bool)> = tx
-                .query_row(
-                    "SELECT last_key, enabled FROM schedules WHERE schedule_id = ?1",
-                    [&s.schedule_id],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )
-                .optional()?;
-            let Some((last_key, enabled)) = current else {
-                return Ok(false);
-            };
-            if !enabled || last_key.as_deref() == Some(key) {
-                return Ok(false);
+            let mut n = 0;
+            for (s, key, next, prompt) in batch {
+                n += record_occurrence_in(tx, s, key, *next, prompt.as_ref())? as usize;
             }
-            if let Some(n) = prompt {
-                let seen: bool = tx
-                    .query_row(
-                        "SELECT COUNT(*) FROM notifications WHERE occurrence_key = ?1",
-                        [key],
-                        |r| r.get::<_, i64>(0),
-                    )
-                    .map(|n| n > 0)?;
-                if !seen {
-                    n.insert(tx)?;
-                }
-            }
-            let occurrences = s.occurrences + 1;
-            let done = next_due_ms.is_none() || s.max_occurrences.is_some_and(|m| occurrences >= m);
-            let patch = obj([
-                ("occurrences", occurrences.into()),
-                (
-                    "next_due_ms",
-                    if done {
-                        Value::Null
-                    } else {
-                        next_due_ms.into()
-                    },
-                ),
-                ("enabled", (!done).into()),
-                ("claimed_by", Value::Null),
-                ("lease_until_ms", Value::Null),
-                ("last_key", key.into()),
-            ]);
-            Registry::apply(
-                tx,
-                "schedule.fired",
-                Entity::Schedule,
-                &s.schedule_id,
-                &s.session_id,
-                Op::Update,
-                &patch,
-            )?;
-            if done {
-                settle_monitor(
-                    tx,
-                    s,
-                    crate::protocol::TaskState::Succeeded,
-                    crate::protocol::Delivery::Wake,
-                )?;
-            }
-            Ok(true)
+            Ok(n)
         })
     }
 
@@ -455,4 +408,73 @@ fn settle_monitor(
         &settlement.to_patch(),
     )?;
     Ok(())
+}
+
+fn record_occurrence_in(
+    tx: &Transaction,
+    s: &ScheduleRow,
+    key: &str,
+    next_due_ms: Option<i64>,
+    prompt: Option<&NotificationRow>,
+) -> Result<bool> {
+    let current: Option<(Option<String>, bool)> = tx
+        .query_row(
+            "SELECT last_key, enabled FROM schedules WHERE schedule_id = ?1",
+            [&s.schedule_id],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?;
+    let Some((last_key, enabled)) = current else {
+        return Ok(false);
+    };
+    if !enabled || last_key.as_deref() == Some(key) {
+        return Ok(false);
+    }
+    if let Some(n) = prompt {
+        let seen: bool = tx
+            .query_row(
+                "SELECT COUNT(*) FROM notifications WHERE occurrence_key = ?1",
+                [key],
+                |r| r.get::<_, i64>(0),
+            )
+            .map(|n| n > 0)?;
+        if !seen {
+            n.insert(tx)?;
+        }
+    }
+    let occurrences = s.occurrences + 1;
+    let done = next_due_ms.is_none() || s.max_occurrences.is_some_and(|m| occurrences >= m);
+    let patch = obj([
+        ("occurrences", occurrences.into()),
+        (
+            "next_due_ms",
+            if done {
+                Value::Null
+            } else {
+                next_due_ms.into()
+            },
+        ),
+        ("enabled", (!done).into()),
+        ("claimed_by", Value::Null),
+        ("lease_until_ms", Value::Null),
+        ("last_key", key.into()),
+    ]);
+    Registry::apply(
+        tx,
+        "schedule.fired",
+        Entity::Schedule,
+        &s.schedule_id,
+        &s.session_id,
+        Op::Update,
+        &patch,
+    )?;
+    if done {
+        settle_monitor(
+            tx,
+            s,
+            crate::protocol::TaskState::Succeeded,
+            crate::protocol::Delivery::Wake,
+        )?;
+    }
+    Ok(true)
 }

@@ -25,6 +25,9 @@ use crate::protocol::{
 use crate::registry::{NotificationRow, Registry, RegistryError, ScheduleRow, SessionRow, TaskRow};
 use crate::wake::Hub;
 
+/// A prompt occurrence waiting to be recorded: schedule, key, next due time, its notification.
+type PromptOccurrence = (ScheduleRow, String, Option<i64>, Option<NotificationRow>);
+
 /// Schedules claimed per transaction.
 const CLAIM_BATCH: usize = 500;
 
@@ -350,6 +353,7 @@ impl Scheduler {
             };
             let full = claimed.len() == CLAIM_BATCH;
             let mut renewed_at = now_ms();
+            let mut prompts = Vec::new();
             for s in claimed {
                 // Keep the rest of the batch ours while this one is delivered.
                 if now_ms() - renewed_at > self.lease_ms / 2 {
@@ -361,9 +365,15 @@ impl Scheduler {
                         warn!("cannot renew schedule leases: {e}");
                     }
                 }
-                if let Err(e) = self.fire(&s).await {
+                if let Err(e) = self.fire(&s, &mut prompts).await {
                     warn!(schedule_id = %s.schedule_id, "occurrence failed, retried after the lease: {e}");
                 }
+            }
+            if let Err(e) = self.registry.record_occurrences(&prompts) {
+                warn!(
+                    "cannot record {} scheduled prompts, retried after the lease: {e}",
+                    prompts.len()
+                );
             }
             if full {
                 continue;
@@ -385,7 +395,13 @@ impl Scheduler {
     }
 
     /// Delivers one claimed occurrence (or skips missed ones) and advances the schedule.
-    async fn fire(&self, s: &ScheduleRow) -> Result<(), ScheduleError> {
+    /// Prompt occurrences are appended to `prompts`, for the caller to record in one
+    /// transaction per batch; everything else is recorded here.
+    async fn fire(
+        &self,
+        s: &ScheduleRow,
+        prompts: &mut Vec<PromptOccurrence>,
+    ) -> Result<(), ScheduleError> {
         let trigger: Trigger = serde_json::from_str(&s.trigger)
             .map_err(|e| ScheduleError::Invalid(format!("stored trigger: {e}")))?;
         let Some(due) = s.next_due_ms else {
@@ -420,8 +436,7 @@ impl Scheduler {
                     acked_at: None,
                     occurrence_key: Some(key.clone()),
                 };
-                self.registry
-                    .record_occurrence(s, &key, next, Some(&note))?;
+                prompts.push((s.clone(), key, next, Some(note)));
             }
             ScheduleAction::Call(call) => {
                 if !self.registry.occurrence_started(&key)? {
