@@ -93,6 +93,7 @@ fn a_subagent_waits_for_its_jobs_and_hands_its_service_to_the_parent() {
             .any(|n| n["task_id"] == service.as_str()),
         "the parent has no wake for the service: {inbox}"
     );
+    assert_replays(&d);
 }
 
 #[test]
@@ -218,5 +219,21 @@ fn a_question_asked_inside_a_subagent_reaches_the_host_and_its_answer_comes_back
         c.output(&asker).contains("got main"),
         "{}",
         c.output(&asker)
+    );
+    assert_replays(&d);
+}
+
+/// The events this area writes (questions, answers, hand-overs) rebuild the same rows.
+fn assert_replays(d: &Daemon) {
+    let out = std::process::Command::new(sidejob_tests::sidejob_bin())
+        .args(["replay", "--check", "--state-dir"])
+        .arg(&d.state_dir)
+        .output()
+        .expect("run sidejob replay");
+    assert!(
+        out.status.success(),
+        "replay --check failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
 }
