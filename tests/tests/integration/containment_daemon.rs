@@ -168,3 +168,112 @@ fn the_daemons_environment_does_not_reach_a_run() {
         "{r}"
     );
 }
+
+/// Kills a daemon started by hand (and its runs) when the test ends, pass or fail.
+struct Reap(std::process::Child, std::path::PathBuf);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+        sidejob_tests::kill_processes_mentioning(&self.1.display().to_string());
+    }
+}
+
+#[test]
+fn an_unprivileged_daemon_refuses_what_it_cannot_enforce_and_runs_best_effort_profiles() {
+    use std::os::unix::process::CommandExt;
+    use std::process::{Command, Stdio};
+    if skip_unless(is_root(), "needs root to start the daemon as another uid") {
+        return;
+    }
+    const NOBODY: u32 = 65534;
+    let userns = Command::new("unshare")
+        .args(["--user", "--pid", "--fork", "true"])
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .status()
+        .is_ok_and(|s| s.success());
+    if skip_unless(userns, "unprivileged user namespaces are not available") {
+        return;
+    }
+    let root = sidejob_tests::TempDir::new("unpriv");
+    let dirs = ["runtime", "state", "home", "ws", "profiles"].map(|d| root.path().join(d));
+    for dir in &dirs {
+        std::fs::create_dir_all(dir).unwrap();
+        std::os::unix::fs::chown(dir, Some(NOBODY), Some(NOBODY)).unwrap();
+    }
+    let [runtime, state, home, ws, profiles] = dirs;
+    // Best effort: a memory limit this daemon cannot enforce (no delegated cgroup) is skipped
+    // and the result says which layers were active.
+    std::fs::write(
+        profiles.join("lenient.toml"),
+        "best_effort = true\n[paths]\nreadable = [\"/usr\", \"/bin\", \"/lib\", \"/lib64\", \"/etc/ld.so.cache\"]\n\
+         executable = [\"/usr\", \"/bin\", \"/lib\", \"/lib64\"]\nwritable = [\"{workspace}\", \"{tmp}\"]\n\
+         [limits]\nmemory = \"256MiB\"\n",
+    )
+    .unwrap();
+    let log = std::fs::File::create(root.path().join("daemon.log")).unwrap();
+    let child = Command::new(sidejob_tests::sidejob_bin())
+        .arg("serve")
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", &home)
+        .env("XDG_RUNTIME_DIR", &runtime)
+        .env("XDG_STATE_HOME", &state)
+        .env("SIDEJOB_PROFILES_DIR", &profiles)
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .current_dir(&ws)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let _reap = Reap(child, root.path().to_path_buf());
+    let socket = runtime.join("sidejob/sidejob.sock");
+    assert!(
+        sidejob_tests::wait_until(std::time::Duration::from_secs(20), || {
+            std::os::unix::net::UnixStream::connect(&socket).is_ok()
+        }),
+        "no socket; log:\n{}",
+        std::fs::read_to_string(root.path().join("daemon.log")).unwrap_or_default()
+    );
+    let mut c = Client::connect(&socket);
+    // ci needs cgroups: refused, naming the layer.
+    let e = c
+        .call("session.open", json!({"workspace": ws, "profile": "ci"}))
+        .expect_err("ci cannot be enforced without a delegated cgroup");
+    assert_eq!(e["code"], -32003, "{e}");
+    assert_eq!(e["data"]["kind"], "sandbox_unavailable", "{e}");
+    assert!(
+        e["message"].as_str().unwrap().contains("cgroup_memory"),
+        "{e}"
+    );
+    // The best-effort profile runs, and says what it had.
+    let s = c.ok(
+        "session.open",
+        json!({"workspace": ws, "profile": "lenient"}),
+    );
+    let r = c.ok(
+        "tool.call",
+        json!({"session_id": s["session_id"], "tool": "bash", "args": {"command": "id -u"}}),
+    );
+    assert_eq!(r["state"], "succeeded", "{r}");
+    assert_eq!(r["output"], format!("{NOBODY}\n"));
+    let result: Value =
+        serde_json::from_slice(&std::fs::read(r["result_path"].as_str().unwrap()).unwrap())
+            .unwrap();
+    let layers: Vec<&str> = result["sandbox_layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+    assert!(!layers.contains(&"cgroup_memory"), "{layers:?}");
+    for l in ["user_namespace", "mount_view", "landlock_fs", "seccomp"] {
+        assert!(layers.contains(&l), "{l}: {layers:?}");
+    }
+    // Control: the default profile needs nothing this daemon lacks.
+    c.ok("session.open", json!({"workspace": ws}));
+}

@@ -390,18 +390,27 @@ pub fn prepare(plan: &LaunchPlan) -> Result<Prepared, PrepareError> {
         layers.push("uid".into());
     }
 
+    // Cgroups: skipped when this host cannot give them (only reachable when best-effort:
+    // `missing` named them otherwise), and a best-effort run also goes ahead without them
+    // when creating one fails.
     let want = cgroup::needed(&sb.limits);
-    let cgroup = if want.is_empty() {
+    let cgroup = if want.is_empty() || want.iter().any(|c| lacks(cgroup_layer(*c))) {
         None
     } else {
-        match cgroup::detect(&want) {
-            Ok(h) => {
-                let run = cgroup::create(&h, &plan.task_id, &sb.limits)?;
+        match cgroup::detect(&want)
+            .map_err(|why| cgroup::CgroupError {
+                step: "detect",
+                path: PathBuf::from("/proc/self/cgroup"),
+                source: io::Error::other(why),
+            })
+            .and_then(|h| cgroup::create(&h, &plan.task_id, &sb.limits))
+        {
+            Ok(run) => {
                 layers.extend(want.iter().map(|c| cgroup_layer(*c).to_string()));
                 Some(run)
             }
-            // Only reachable when best-effort: `missing` named it otherwise.
-            Err(_) => None,
+            Err(_) if sb.best_effort => None,
+            Err(e) => return Err(e.into()),
         }
     };
 
