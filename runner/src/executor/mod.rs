@@ -857,6 +857,24 @@ impl Executor {
         Ok(Some(row))
     }
 
+    /// Asks a run to stop without waiting for it (see [`Executor::stop`]). False if it had
+    /// already settled.
+    pub fn request_cancel(&self, task_id: &str, why: Option<String>) -> bool {
+        self.stop(task_id, StopReason::Canceled, self.cfg.cancel_grace_ms, why)
+    }
+
+    /// Waits up to `timeout` for a task to settle; true if it has.
+    pub async fn settled_within(&self, task_id: &str, timeout: Duration) -> bool {
+        let Some(live) = self.get_live(task_id) else {
+            return true;
+        };
+        let mut done = live.done.subscribe();
+        let settled = tokio::time::timeout(timeout, done.wait_for(|d| *d))
+            .await
+            .is_ok();
+        settled
+    }
+
     /// Asks a run to stop: SIGTERM to the whole run, SIGKILL after `grace_ms` (the supervisor
     /// escalates, so this holds even if the daemon dies meanwhile). A task still queued is
     /// settled as canceled at once.

@@ -303,11 +303,19 @@ impl Scheduler {
         };
         self.registry.disable_schedule(schedule_id)?;
         self.wake.notify_one();
+        // Stop the runs it started; report whether they are gone within a moment, without
+        // waiting out a slow one's grace.
+        let children = self.registry.live_children(&s.task_id)?;
+        for child in &children {
+            self.executor
+                .request_cancel(child, Some(format!("schedule {schedule_id} was canceled")));
+        }
         let mut pending = false;
-        for child in self.registry.live_children(&s.task_id)? {
-            if self.executor.cancel(&child, None).await? == CancelOutcome::CancellationPending {
-                pending = true;
-            }
+        for child in &children {
+            pending |= !self
+                .executor
+                .settled_within(child, Duration::from_millis(500))
+                .await;
         }
         Ok(if pending {
             CancelOutcome::CancellationPending

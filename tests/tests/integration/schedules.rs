@@ -318,3 +318,44 @@ fn occurrences_missed_while_down_follow_catch_up() {
         assert_eq!(count(sid), want, "catch_up {mode}: {got:#?}");
     }
 }
+
+#[test]
+fn disarming_while_an_occurrence_winds_down_is_cancellation_pending() {
+    let d = Daemon::start();
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    c.ok("events.subscribe", json!({"session_ids": [s]}));
+    // Each occurrence runs a command that ignores SIGTERM, so it winds down only at SIGKILL.
+    let (sid, monitor) = create(
+        &mut c,
+        json!({"session_id": s, "every_ms": 1000,
+               "action": {"call": {"tool": "bash", "args": {"command": "trap '' TERM; echo started; sleep 30"}}}}),
+    );
+    // Wait for the first occurrence's run to be running.
+    let run = c.wait_push(10 * SEC, "the occurrence's run", |m| {
+        m["method"] == "task.updated"
+            && m["params"]["task"]["parent_task_id"] == monitor.as_str()
+            && m["params"]["task"]["state"] == "running"
+    });
+    let run_id = run["params"]["task"]["task_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // Its SIGTERM trap is set once it has printed.
+    assert!(sidejob_tests::wait_until(10 * SEC, || c
+        .output(&run_id)
+        .contains("started")));
+    let r = c.ok("schedule.cancel", json!({"schedule_id": sid}));
+    assert_eq!(r["result"], "cancellation_pending", "{r}");
+    assert_eq!(
+        c.ok("task.get", json!({"task_id": monitor}))["state"],
+        "canceled"
+    );
+    // The run still ends: SIGKILL after the grace.
+    let t = c.wait_settled(&run_id);
+    assert_eq!(t["state"], "canceled", "{t}");
+    assert_eq!(
+        c.ok("schedule.cancel", json!({"schedule_id": sid}))["result"],
+        "disarmed"
+    );
+}
