@@ -472,7 +472,15 @@ async fn dispatch(
                 stdin: p.stdin.unwrap_or_default(),
                 service: p.service.unwrap_or(false),
                 profile: p.profile,
-                wake: p.wake.unwrap_or_default(),
+                // A subagent's own jobs report through the subagent, not by waking the host;
+                // its services are handed over to the parent and wake it as usual.
+                wake: p.wake.unwrap_or(
+                    if scope.session_id != scope.caller_session_id && !p.service.unwrap_or(false) {
+                        WakeMode::Silent
+                    } else {
+                        WakeMode::OnTerminal
+                    },
+                ),
                 parent_task_id: Some(scope.caller_task_id.clone()),
                 occurrence_key: None,
             };

@@ -82,6 +82,16 @@ fn a_subagent_waits_for_its_jobs_and_hands_its_service_to_the_parent() {
         .expect("child session")
         .clone();
     assert_eq!(child["parent_session_id"], s.as_str());
+    // The subagent's own job reported through the subagent: it woke nobody.
+    let all = c.ok("inbox.list", json!({}));
+    assert!(
+        !all["notifications"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n["task_id"] == job.as_str()),
+        "the subagent's job woke the host: {all}"
+    );
     // The parent gets the service's wake.
     c.ok("task.cancel", json!({"task_id": service, "grace_ms": 500}));
     let inbox = c.ok("inbox.list", json!({"session_id": s}));
