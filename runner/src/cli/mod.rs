@@ -4,6 +4,7 @@ mod client;
 mod commands;
 mod doctor;
 pub mod exec;
+mod mcp;
 mod schedule;
 
 pub use client::{Client, ClientError};
@@ -178,6 +179,13 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Serve the daemon's tools to an MCP client on stdin/stdout (e.g. as a coding agent's
+    /// MCP server); finished background jobs are reported in later tool results
+    Mcp {
+        /// Session id [default: one per working directory]
+        #[arg(long)]
+        session: Option<String>,
+    },
     /// (internal) Supervise one run; started by the daemon
     #[command(hide = true)]
     Supervise { run_dir: PathBuf },
@@ -259,6 +267,7 @@ pub fn main() -> i32 {
             json,
         } => schedule::inbox(&socket, session, unread, ack, json),
         Command::Schedule { command } => schedule::run(&socket, command),
+        Command::Mcp { session } => mcp::run(&socket, session),
         Command::Supervise { .. } | Command::Exec { .. } | Command::Doctor { .. } => Ok(0),
     };
     match result {

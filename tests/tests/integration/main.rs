@@ -15,6 +15,7 @@ mod containment_net;
 mod containment_process;
 mod delivery;
 mod isolation;
+mod mcp;
 mod output;
 mod plugins;
 mod protocol;
