@@ -261,6 +261,9 @@ pub struct ToolInfo {
 #[derive(Debug, Serialize, Deserialize)]
 pub struct ToolListResult {
     pub tools: Vec<ToolInfo>,
+    /// Why plugin files were not loaded (one line each), when some were not.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub plugin_errors: Vec<String>,
 }
 
 /// How the command's stdin is wired.

@@ -189,6 +189,7 @@ pub async fn dispatch(
         }
         "tool.list" => to_value(ToolListResult {
             tools: d.executor.tools().list(),
+            plugin_errors: d.executor.tools().errors(),
         }),
         "tool.call" => {
             let p: ToolCallParams = params(method, p)?;

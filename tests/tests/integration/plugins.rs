@@ -200,6 +200,15 @@ fn an_abi_mismatch_is_one_line_naming_what_was_expected_and_found() {
     let log = d.log();
     let line = log.lines().find(|l| l.contains("ABI mismatch")).unwrap();
     assert!(line.contains(&path.display().to_string()), "{line}");
+    // Hosts see the same line in tool.list.
+    let mut c = d.client();
+    let listed = c.ok("tool.list", json!({}));
+    assert!(
+        listed["plugin_errors"].as_array().is_some_and(|e| e
+            .iter()
+            .any(|l| l.as_str() == line.split("plugin_host: ").nth(1))),
+        "{listed}"
+    );
     assert!(
         line.contains("expected plugin contract version 1")
             && line.contains("found contract version 99"),
