@@ -133,7 +133,7 @@ fn tools_call(client: &mut Client, session: &str, p: &Value) -> Value {
         "job_wait" => client
             .call("task.wait", json!({"task_id": args["task_id"], "timeout_ms": args.get("timeout_ms").cloned().unwrap_or(json!(30_000))}))
             .map(|t| (describe_task(&t), t["state"] == "failed")),
-        "job_stop" => client.call("task.cancel", json!({"task_id": args["task_id"]})).map(|r| (format!("{}", r["result"].as_str().unwrap_or("?")), false)),
+        "job_stop" => client.call("task.cancel", json!({"task_id": args["task_id"]})).map(|r| (r["result"].as_str().unwrap_or("?").to_owned(), false)),
         tool => {
             let mut call = json!({"session_id": session, "tool": tool});
             if let Some(obj) = args.as_object_mut() {
