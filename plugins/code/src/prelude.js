@@ -27,7 +27,9 @@ const __bridge = (() => {
         else p.resolve(msg.result);
       }
     });
-    const fail = (e) => { for (const p of pending.values()) p.reject(e); pending.clear(); };
+    // A lost connection (the daemon restarted) fails the calls in flight; the next call
+    // connects again.
+    const fail = (e) => { sock = null; buf = ""; for (const p of pending.values()) p.reject(e); pending.clear(); };
     sock.on("error", fail);
     sock.on("close", () => fail(new ToolError("the bridge closed the connection")));
     return sock;

@@ -18,6 +18,16 @@ class _Bridge:
         self._id = 0
 
     def call(self, method, params=None):
+        try:
+            return self._call(method, params)
+        except (OSError, ToolError) as e:
+            if isinstance(e, ToolError) and e.error:
+                raise
+            # The connection is gone (the daemon restarted): the next call connects again.
+            self._sock, self._buf = None, b""
+            raise ToolError(str(e) or "the bridge closed the connection")
+
+    def _call(self, method, params):
         if self._sock is None:
             path = _os.environ.get("SIDEJOB_BRIDGE")
             if not path:

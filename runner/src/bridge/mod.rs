@@ -2,9 +2,11 @@
 //! of its own session. It speaks the host protocol (newline-delimited JSON-RPC 2.0) but
 //! serves only [`BRIDGE_METHODS`], and only for the run's session: a task of another session
 //! is refused as if it did not exist, and every other method is `method_not_found`. The socket
-//! (`<bridge dir>/<task_id>.sock`, see [`socket_path`]) is named in the launch plan
-//! (`bridge_socket`, for the sandbox to mount) and exported as `SIDEJOB_BRIDGE`; it is removed
-//! when the run settles. Tasks started through it get the calling task as `parent_task_id`.
+//! is `<bridge dir>/<task_id>/sock` (see [`run_bridge_dir`]): the directory is named in the
+//! launch plan (`bridge_socket`, for the sandbox to mount) and the socket is exported as
+//! `SIDEJOB_BRIDGE`. Mounting the directory, not the socket, lets a restarted daemon bind the
+//! socket again where the run sees it ([`reopen_after_restart`]). Both are removed when the run
+//! settles. Tasks started through it get the calling task as `parent_task_id`.
 
 mod input;
 pub mod subagent;
@@ -33,8 +35,9 @@ use crate::sandbox::{MountSpec, SandboxPlan};
 /// The longest `task.wait` a bridge honours (a run's own deadline still applies).
 const MAX_WAIT_MS: u64 = 24 * 3600 * 1000;
 
-/// Who a bridge acts for.
-#[derive(Debug, Clone)]
+/// Who a bridge acts for. Kept in the run directory (out of the run's reach) so a restarted
+/// daemon can serve the bridge again.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Scope {
     /// The session whose tasks the bridge may see and start.
     pub session_id: String,
@@ -44,12 +47,24 @@ pub struct Scope {
     pub caller_session_id: String,
     pub owner_uid: u32,
     pub owner_gid: u32,
+    /// The uid/gid the run runs as (owner of the socket); `None` keeps the daemon's.
+    pub run_as: (Option<u32>, Option<u32>),
 }
 
-/// Where a run's bridge socket lives: `<bridge dir>/<task_id>.sock`. Not in the run
-/// directory, whose path can exceed the 108 bytes a socket address holds.
-pub fn socket_path(task_id: &str) -> std::io::Result<PathBuf> {
-    Ok(bridge_dir()?.join(format!("{task_id}.sock")))
+/// The directory of a run's bridge: `<bridge dir>/<task_id>`, holding the socket `sock`. Not
+/// in the run directory, whose path can exceed the 108 bytes a socket address holds.
+pub fn run_bridge_dir(task_id: &str) -> std::io::Result<PathBuf> {
+    Ok(bridge_dir()?.join(task_id))
+}
+
+/// The socket in a run's bridge directory.
+fn socket_in(dir: &Path) -> PathBuf {
+    dir.join("sock")
+}
+
+/// Where a run's bridge scope is kept (the run directory, which the run cannot see).
+fn scope_path(run_dir: &Path) -> PathBuf {
+    run_dir.join("bridge.json")
 }
 
 /// `/run/sidejob-bridge` for root, else `$XDG_RUNTIME_DIR/sidejob-bridge`, else
@@ -182,21 +197,28 @@ pub fn prepare(
     let mut bridge = None;
     let mut bridge_socket = None;
     if plan.bridge || plan.child_session {
-        let path = socket_path(task_id).map_err(io("prepare bridge directory", run_dir))?;
+        let dir = run_bridge_dir(task_id).map_err(io("prepare bridge directory", run_dir))?;
+        make_private_dir(&dir, run_as).map_err(io("create bridge directory", &dir))?;
+        let path = socket_in(&dir);
         let listener = bind(&path, run_as).map_err(io("bind bridge socket", &path))?;
+        let scope = Scope {
+            session_id: scope_session,
+            caller_task_id: task_id.into(),
+            caller_session_id: session.session_id.clone(),
+            owner_uid: owner.0,
+            owner_gid: owner.1,
+            run_as,
+        };
+        let record = serde_json::to_vec(&scope).map_err(|e| ExecError::Io {
+            step: "record bridge scope",
+            path: scope_path(run_dir),
+            source: std::io::Error::other(e),
+        })?;
+        std::fs::write(scope_path(run_dir), record)
+            .map_err(io("record bridge scope", &scope_path(run_dir)))?;
         env.push(("SIDEJOB_BRIDGE".into(), path.display().to_string()));
-        bridge_socket = Some(path.clone());
-        bridge = Some((
-            listener,
-            path,
-            Scope {
-                session_id: scope_session,
-                caller_task_id: task_id.into(),
-                caller_session_id: session.session_id.clone(),
-                owner_uid: owner.0,
-                owner_gid: owner.1,
-            },
-        ));
+        bridge_socket = Some(dir.clone());
+        bridge = Some((listener, dir, scope));
     }
     Ok(Extras {
         env,
@@ -220,6 +242,60 @@ fn chown_tree(path: &Path, (uid, gid): (Option<u32>, Option<u32>)) -> std::io::R
     Ok(())
 }
 
+/// A bridge directory only the run's user may enter (mode 0700).
+fn make_private_dir(dir: &Path, (uid, gid): (Option<u32>, Option<u32>)) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    match std::fs::create_dir(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    if uid.is_some() || gid.is_some() {
+        std::os::unix::fs::chown(dir, uid, gid)?;
+    }
+    Ok(())
+}
+
+/// At start-up: serves again the bridges of the runs a previous daemon left running. The
+/// sandbox mounted each run's bridge directory, so a socket bound there again is the one the
+/// run sees. Connections open at the restart are gone (their calls raise an error).
+pub fn reopen_after_restart(exec: &Arc<Executor>) {
+    use crate::protocol::TaskState;
+    let Ok(live) = exec.registry().tasks_in_states(&[
+        TaskState::Queued,
+        TaskState::Running,
+        TaskState::AwaitingInput,
+    ]) else {
+        return;
+    };
+    for t in live {
+        let run_dir = PathBuf::from(&t.run_dir);
+        let Ok(bytes) = std::fs::read(scope_path(&run_dir)) else {
+            continue;
+        };
+        let scope: Scope = match serde_json::from_slice(&bytes) {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(task_id = %t.task_id, "cannot read the bridge scope: {e}");
+                continue;
+            }
+        };
+        let reopened = run_bridge_dir(&t.task_id).and_then(|dir| {
+            make_private_dir(&dir, scope.run_as)?;
+            let listener = bind(&socket_in(&dir), scope.run_as)?;
+            Ok((listener, dir))
+        });
+        match reopened {
+            Ok((listener, dir)) => {
+                tracing::info!(task_id = %t.task_id, "bridge served again after the restart");
+                serve(exec, listener, dir, scope);
+            }
+            Err(e) => warn!(task_id = %t.task_id, "cannot serve the bridge again: {e}"),
+        }
+    }
+}
+
 /// Binds a bridge socket only the run's user may connect to.
 fn bind(path: &Path, (uid, gid): (Option<u32>, Option<u32>)) -> std::io::Result<UnixListener> {
     use std::os::unix::fs::PermissionsExt;
@@ -232,7 +308,7 @@ fn bind(path: &Path, (uid, gid): (Option<u32>, Option<u32>)) -> std::io::Result<
     Ok(listener)
 }
 
-/// Serves a bound bridge until its run settles, then removes the socket.
+/// Serves a bound bridge until its run settles, then removes its directory.
 fn serve(exec: &Arc<Executor>, listener: UnixListener, path: PathBuf, scope: Scope) {
     let exec = exec.clone();
     let span =
@@ -240,7 +316,7 @@ fn serve(exec: &Arc<Executor>, listener: UnixListener, path: PathBuf, scope: Sco
     tokio::spawn(
         async move {
             let Some(mut done) = exec.settled_signal(&scope.caller_task_id) else {
-                let _ = std::fs::remove_file(&path);
+                let _ = std::fs::remove_dir_all(&path);
                 return;
             };
             let scope = Arc::new(scope);
@@ -260,7 +336,7 @@ fn serve(exec: &Arc<Executor>, listener: UnixListener, path: PathBuf, scope: Sco
                 }
             }
             input::abandon(&scope.caller_task_id);
-            let _ = std::fs::remove_file(&path);
+            let _ = std::fs::remove_dir_all(&path);
             debug!("bridge closed");
         }
         .instrument(span),

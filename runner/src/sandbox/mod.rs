@@ -49,8 +49,9 @@ pub struct LaunchPlan {
     /// Also copy the output to the supervisor's stdout (`sidejob exec`).
     #[serde(default)]
     pub tee_stdout: bool,
-    /// The run's bridge socket (SPEC §10), exported as `SIDEJOB_BRIDGE`; the sandbox must make
-    /// this path reachable inside the run's view.
+    /// The run's bridge (SPEC §10): a directory holding the socket `sock` that is exported as
+    /// `SIDEJOB_BRIDGE`; the sandbox must make this path reachable inside the run's view. A
+    /// directory, so a restarted daemon can bind the socket again where the run sees it.
     #[serde(default)]
     pub bridge_socket: Option<PathBuf>,
     /// The sandbox the command runs in. Required: a plan without one is refused rather

@@ -99,6 +99,7 @@ pub async fn serve(cfg: Config) -> Result<(), ServeError> {
     let hub = Hub::new(executor.registry().clone())?;
     let recovered = executor.recover()?;
     crate::bridge::abandon_after_restart(&executor);
+    crate::bridge::reopen_after_restart(&executor);
     let scheduler = Scheduler::new(
         executor.registry().clone(),
         executor.clone(),

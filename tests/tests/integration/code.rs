@@ -187,3 +187,47 @@ except ToolError as e:
     assert_eq!(t["state"], "succeeded", "{t}");
     assert!(c.output(&id).contains("no answer:"), "{}", c.output(&id));
 }
+
+#[test]
+fn a_script_keeps_its_bridge_across_a_daemon_restart() {
+    if sidejob_tests::skip_unless(has("python3"), "python3 is not installed") {
+        return;
+    }
+    let mut d = Daemon::start();
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let script = r#"
+import os, time
+tools.jobs.list()
+print("connected", flush=True)
+while not os.path.exists("restarted"):
+    time.sleep(0.02)
+for attempt in range(200):
+    try:
+        r = tools.bash("echo after-restart")
+        print("after:", r["output"].strip())
+        break
+    except ToolError:
+        time.sleep(0.05)
+"#;
+    let r = code(&mut c, &s, "python", script, json!({"background": true}));
+    let id = r["task_id"].as_str().unwrap().to_owned();
+    assert!(
+        wait_until(Duration::from_secs(20), || c
+            .output(&id)
+            .contains("connected")),
+        "{}",
+        d.log()
+    );
+    d.restart();
+    std::fs::write(d.workspace.join("restarted"), b"").unwrap();
+    let mut c = d.client();
+    let t = c.wait_settled(&id);
+    assert_eq!(t["state"], "succeeded", "{t}");
+    assert!(
+        c.output(&id).contains("after: after-restart"),
+        "{}\n{}",
+        c.output(&id),
+        d.log()
+    );
+}
