@@ -508,3 +508,42 @@ fn a_hard_link_to_a_protected_file_is_refused() {
     )
     .ok());
 }
+
+#[test]
+fn a_profile_path_that_is_a_symlink_shows_what_it_names() {
+    let Some(ws) = Ws::new() else { return };
+    // Like /etc/resolv.conf -> /run/...: the link leads out of the view, so the view holds
+    // the file it names, at the link's path; the rest of its directory stays out.
+    let dir = ws.outside.path().join("etc");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("real.conf"), "nameserver 192.0.2.1\n").unwrap();
+    std::fs::write(dir.join("other"), "other").unwrap();
+    let link = ws.outside.path().join("resolv.conf");
+    std::os::unix::fs::symlink(dir.join("real.conf"), &link).unwrap();
+    let body = profile_with("", "").replace(
+        "readable = [",
+        &format!("readable = [\"{}\", ", link.display()),
+    );
+    let p = ws.profile("links", &body);
+    let out = exec(
+        &ws,
+        &["--profile", &p],
+        &[&ws.probe(), "read", link.to_str().unwrap()],
+    );
+    assert_eq!(
+        out.report()["detail"],
+        "nameserver 192.0.2.1\n",
+        "{}",
+        out.stdout
+    );
+    let other = exec(
+        &ws,
+        &["--profile", &p],
+        &[&ws.probe(), "read", dir.join("other").to_str().unwrap()],
+    );
+    assert!(!other.ok(), "{}", other.stdout);
+    // Control: a symlink into the view (/lib64 -> usr/lib64 on merged-/usr systems) stays a
+    // symlink and resolves inside.
+    let ls = exec(&ws, &["--profile", &p], &[&ws.probe(), "ls", "/lib64/"]);
+    assert!(ls.ok(), "{}", ls.stdout);
+}

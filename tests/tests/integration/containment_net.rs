@@ -27,8 +27,11 @@ fn tcp_to_a_host_listener_is_refused_and_the_listener_sees_nothing() {
         out.stdout
     );
     assert!(l.accept().is_err(), "the listener saw a connection");
-    // Control: from the host it connects.
+    // Controls: from the host it connects, and so does a run under the network profile.
     assert!(outside(&["tcp", &addr]).ok());
+    assert!(l.accept().is_ok());
+    let host = exec(&ws, &["--profile", "network"], &[&ws.probe(), "tcp", &addr]);
+    assert!(host.ok(), "{}", host.stdout);
     assert!(l.accept().is_ok());
 }
 

@@ -64,14 +64,34 @@ pub fn open_sources(mounts: &[MountSpec]) -> Result<Vec<Source>, LaunchError> {
             Err(e) if e.kind() == io::ErrorKind::NotFound && !m.required => continue,
             Err(e) => return Err(err("open", src)(e)),
         };
-        let info = sys::fstat(&fd).map_err(err("stat", src))?;
+        let mut info = sys::fstat(&fd).map_err(err("stat", src))?;
+        let mut fd = fd;
         if info.is_symlink() {
-            let link = std::fs::read_link(src).map_err(err("readlink", src))?;
-            out.push(Source::Symlink {
-                target: m.target.clone(),
-                link,
+            // A symlink into the view is recreated as it is (/bin -> usr/bin); one that leads
+            // out of it (/etc/resolv.conf -> /run/...) is replaced by what it points to, since
+            // the profile named the path to make its content visible.
+            let real = std::fs::canonicalize(src).ok();
+            let in_view = real.as_ref().is_some_and(|r| {
+                mounts
+                    .iter()
+                    .any(|o| o.source.is_some() && r.starts_with(&o.target))
             });
-            continue;
+            match real {
+                Some(real) if !in_view => {
+                    fd = sys::open_path(&real, true).map_err(err("open", &real))?;
+                    info = sys::fstat(&fd).map_err(err("stat", &real))?;
+                }
+                // Dangling: leave it out unless required.
+                None if !m.required => continue,
+                _ => {
+                    let link = std::fs::read_link(src).map_err(err("readlink", src))?;
+                    out.push(Source::Symlink {
+                        target: m.target.clone(),
+                        link,
+                    });
+                    continue;
+                }
+            }
         }
         // Bind the real path: no symlink on the way is followed while the view is built.
         out.push(Source::Bind {
