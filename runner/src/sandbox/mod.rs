@@ -19,8 +19,6 @@ pub use resolve::{MountSpec, SandboxPlan};
 /// The tail of the output kept once `max_output_bytes` is reached (SPEC §4).
 pub const OUTPUT_TAIL_BYTES: u64 = 1024 * 1024;
 
-/// The profiles shipped in `sandbox-profiles/` (compiled in; see [`Catalog`]).
-pub const SHIPPED_PROFILES: &[&str] = &["read-only", "workspace-write", "ci", "network"];
 
 /// Everything the supervisor needs to start, watch and settle one run.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -71,21 +69,6 @@ impl LaunchPlan {
     pub fn plan_path(&self) -> PathBuf {
         self.run_dir.join("plan.json")
     }
-}
-
-/// The command's environment when a plan names nothing else: a fixed, scrubbed set.
-pub fn base_env(workspace: &str, task_id: &str, session_id: &str) -> Vec<(String, String)> {
-    vec![
-        (
-            "PATH".into(),
-            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
-        ),
-        ("HOME".into(), workspace.into()),
-        ("LANG".into(), "C.UTF-8".into()),
-        ("TERM".into(), "dumb".into()),
-        ("SIDEJOB_TASK_ID".into(), task_id.into()),
-        ("SIDEJOB_SESSION_ID".into(), session_id.into()),
-    ]
 }
 
 /// Resolves a command name against a `PATH` value, as `execvp` would.
