@@ -19,7 +19,6 @@ pub use resolve::{MountSpec, SandboxPlan};
 /// The tail of the output kept once `max_output_bytes` is reached (SPEC §4).
 pub const OUTPUT_TAIL_BYTES: u64 = 1024 * 1024;
 
-
 /// Everything the supervisor needs to start, watch and settle one run.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
