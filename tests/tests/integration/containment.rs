@@ -547,3 +547,33 @@ fn a_profile_path_that_is_a_symlink_shows_what_it_names() {
     let ls = exec(&ws, &["--profile", &p], &[&ws.probe(), "ls", "/lib64/"]);
     assert!(ls.ok(), "{}", ls.stdout);
 }
+
+#[test]
+fn a_git_worktrees_dot_git_file_stays_read_only() {
+    let Some(ws) = Ws::new() else { return };
+    // In a `git worktree`, .git is a file naming the real git directory: rewriting it would
+    // point git at hooks the run planted.
+    let gitfile = ws.path().join(".git");
+    std::fs::write(&gitfile, "gitdir: /srv/repo/.git/worktrees/ws\n").unwrap();
+    let out = inside(
+        &ws,
+        &["write", gitfile.to_str().unwrap(), "gitdir: /tmp/evil\n"],
+    );
+    assert!(!out.ok(), "{}", out.stdout);
+    let mv = inside(
+        &ws,
+        &[
+            "rename",
+            gitfile.to_str().unwrap(),
+            ws.path().join("moved").to_str().unwrap(),
+        ],
+    );
+    assert!(!mv.ok(), "{}", mv.stdout);
+    assert_eq!(
+        std::fs::read_to_string(&gitfile).unwrap(),
+        "gitdir: /srv/repo/.git/worktrees/ws\n"
+    );
+    // Control: the run goes ahead and the rest of the workspace is writable.
+    let other = ws.path().join("notes");
+    assert!(inside(&ws, &["write", other.to_str().unwrap(), "x"]).ok());
+}

@@ -392,14 +392,36 @@ pub fn protect(
                 "the directory holding protected paths is a symlink",
             ));
         }
+        if info.is_file() && info.nlink > 1 {
+            return Err(refuse(
+                &path,
+                "a protected file has other hard links that would stay writable",
+            ));
+        }
         let tree = sys::open_tree_clone(&fd).map_err(err("clone mount", &path))?;
+        // A file here (a git worktree's `.git`, naming the real git directory) would let the
+        // run point git elsewhere: it stays read-only too.
+        if info.is_file() {
+            sys::mount_setattr(
+                &tree,
+                MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+                0,
+            )
+            .map_err(err("make read-only", &path))?;
+        }
         sys::move_mount(&tree, &fd).map_err(err("pin", &path))?;
     }
     for p in protected {
         let path = in_view(staging, p);
         let fd = match sys::open_path(&path, true) {
             Ok(fd) => fd,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            // Missing, or below a file (`.git/hooks` when `.git` is a worktree's file).
+            Err(e)
+                if e.kind() == io::ErrorKind::NotFound
+                    || e.raw_os_error() == Some(libc::ENOTDIR) =>
+            {
+                continue
+            }
             Err(e) => return Err(err("open", &path)(e)),
         };
         let info = sys::fstat(&fd).map_err(err("stat", &path))?;
