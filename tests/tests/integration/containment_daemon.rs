@@ -277,3 +277,30 @@ fn an_unprivileged_daemon_refuses_what_it_cannot_enforce_and_runs_best_effort_pr
     // Control: the default profile needs nothing this daemon lacks.
     c.ok("session.open", json!({"workspace": ws}));
 }
+
+#[test]
+fn a_workspace_swapped_for_a_symlink_is_refused_not_followed() {
+    let Some(mut st) = setup() else { return };
+    let elsewhere = st.d.root.path().join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    // Control: the session's workspace is writable as it is.
+    let ok = format!("write {}/ok x", st.d.workspace.display());
+    let (r, _) = probe(&mut st, &ok, json!({}));
+    assert_eq!(r["ok"], true, "{r}");
+    // Swap the workspace for a symlink to another directory, behind the daemon's back.
+    let real = st.d.root.path().join("workspace.real");
+    std::fs::rename(&st.d.workspace, &real).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &st.d.workspace).unwrap();
+    let cmd = format!(
+        "{}/probe write {}/planted x",
+        real.display(),
+        st.d.workspace.display()
+    );
+    let r = st.c.bash(&st.s, &cmd, json!({}));
+    let task = st.c.wait_settled(r["task_id"].as_str().unwrap());
+    assert_eq!(task["state"], "failed", "{task}");
+    assert!(
+        !elsewhere.join("planted").exists(),
+        "the symlink's target was written"
+    );
+}

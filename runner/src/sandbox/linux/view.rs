@@ -66,10 +66,21 @@ pub fn open_sources(mounts: &[MountSpec]) -> Result<Vec<Source>, LaunchError> {
         };
         let mut info = sys::fstat(&fd).map_err(err("stat", src))?;
         let mut fd = fd;
+        if info.is_symlink() && m.required {
+            // The workspace was swapped for a symlink after it was checked.
+            return Err(LaunchError {
+                step: "open",
+                path: Some(src.clone()),
+                source: io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "the workspace is now a symlink",
+                ),
+            });
+        }
         if info.is_symlink() {
-            // A symlink into the view is recreated as it is (/bin -> usr/bin); one that leads
-            // out of it (/etc/resolv.conf -> /run/...) is replaced by what it points to, since
-            // the profile named the path to make its content visible.
+            // A symlink into the view is recreated as it is (/bin -> usr/bin); a read-only one
+            // that leads out of it (/etc/resolv.conf -> /run/...) is replaced by what it points
+            // to, since the profile named the path to make its content visible.
             let real = std::fs::canonicalize(src).ok();
             let in_view = real.as_ref().is_some_and(|r| {
                 mounts
@@ -77,7 +88,9 @@ pub fn open_sources(mounts: &[MountSpec]) -> Result<Vec<Source>, LaunchError> {
                     .any(|o| o.source.is_some() && r.starts_with(&o.target))
             });
             match real {
-                Some(real) if !in_view => {
+                // Only for read-only entries: a writable path swapped for a symlink must not
+                // make its target writable (it stays a dangling symlink in the view).
+                Some(real) if !in_view && !m.write => {
                     fd = sys::open_path(&real, true).map_err(err("open", &real))?;
                     info = sys::fstat(&fd).map_err(err("stat", &real))?;
                 }
