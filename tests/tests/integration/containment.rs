@@ -222,6 +222,9 @@ fn home_root_run_and_state_directories_are_not_in_the_view() {
             out.stdout
         );
     }
+    // The terminal devices are a private devpts instance: no other session's pty is there.
+    let pts = inside(&ws, &["ls", "/dev/pts"]);
+    assert_eq!(pts.report()["detail"], "ptmx", "{}", pts.stdout);
     // Control: the view does hold what the profile names.
     let usr = inside(&ws, &["ls", "/usr"]);
     assert!(
@@ -244,6 +247,10 @@ fn a_symlink_in_the_workspace_does_not_lead_outside() {
         "{}",
         out.stdout
     );
+    // Writing through it does not reach the host file either.
+    let w = inside(&ws, &["write", link.to_str().unwrap(), "overwritten"]);
+    assert!(!w.ok(), "{}", w.stdout);
+    assert_eq!(std::fs::read_to_string(&secret).unwrap(), "TOP-SECRET");
     // Control: the same symlink reads on the host; a symlink to a workspace file reads inside.
     assert!(outside(&["read", link.to_str().unwrap()]).ok());
     std::fs::write(ws.path().join("target.txt"), "T").unwrap();
