@@ -220,6 +220,9 @@ pub fn main() -> i32 {
         Command::Doctor { json } => return doctor::doctor(json),
         _ => {}
     }
+    if !matches!(cli.command, Command::Serve { .. }) {
+        crate::sys::default_sigpipe();
+    }
     let socket = cli
         .socket
         .clone()

@@ -469,3 +469,12 @@ pub fn async_fd(fd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
     unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
         .map_err(|e| e.into_parts().1)
 }
+
+/// Restores the default action of SIGPIPE (Rust ignores it), so a client command whose output
+/// pipe closes (`sidejob tasks | head`) ends quietly like other Unix tools. Never for the daemon.
+pub fn default_sigpipe() {
+    // SAFETY: setting a signal's disposition to SIG_DFL is always valid.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
