@@ -234,32 +234,44 @@ pub fn create(h: &Hierarchy, task_id: &str, limits: &Limits) -> Result<RunCgroup
     for (c, base) in &h.bases {
         let dir = base.join(&name);
         if !made.contains(&dir) {
-            if !base.exists() {
-                std::fs::create_dir_all(base).map_err(|source| CgroupError {
-                    step: "create",
-                    path: base.clone(),
-                    source,
-                })?;
-            } else {
-                sweep(base);
+            // The `sidejob` directory is removed by the last run to leave it, possibly between
+            // our creating it and our child in it: then make both again.
+            let mut attempt = 0;
+            loop {
+                attempt += 1;
+                if !base.exists() {
+                    std::fs::create_dir_all(base).map_err(|source| CgroupError {
+                        step: "create",
+                        path: base.clone(),
+                        source,
+                    })?;
+                } else {
+                    sweep(base);
+                }
+                if h.version == Version::V2 {
+                    let ctrls: Vec<String> = h
+                        .bases
+                        .iter()
+                        .map(|(c, _)| format!("+{}", c.name()))
+                        .collect();
+                    write(
+                        base.join("cgroup.subtree_control"),
+                        &ctrls.join(" "),
+                        "enable controllers",
+                    )?;
+                }
+                match std::fs::create_dir(&dir) {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound && attempt < 3 => continue,
+                    Err(source) => {
+                        return Err(CgroupError {
+                            step: "create",
+                            path: dir.clone(),
+                            source,
+                        })
+                    }
+                }
             }
-            if h.version == Version::V2 {
-                let ctrls: Vec<String> = h
-                    .bases
-                    .iter()
-                    .map(|(c, _)| format!("+{}", c.name()))
-                    .collect();
-                write(
-                    base.join("cgroup.subtree_control"),
-                    &ctrls.join(" "),
-                    "enable controllers",
-                )?;
-            }
-            std::fs::create_dir(&dir).map_err(|source| CgroupError {
-                step: "create",
-                path: dir.clone(),
-                source,
-            })?;
             made.push(dir.clone());
         }
         run.dirs.push((*c, dir));
@@ -373,6 +385,10 @@ impl RunCgroup {
                     // EBUSY while the last exiting task is still being released.
                     Err(_) => std::thread::sleep(std::time::Duration::from_millis(1)),
                 }
+            }
+            // The `sidejob` directory too, once no run is left in it (it fails while one is).
+            if let Some(base) = d.parent() {
+                let _ = std::fs::remove_dir(base);
             }
         }
     }
