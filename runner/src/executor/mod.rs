@@ -6,12 +6,17 @@
 //! stays `pending` for a wake. After that, later claims of a `pending` result go through the
 //! registry's conditional update.
 
+mod call;
+mod control;
 mod hints;
+mod lanes;
 mod output;
 mod recover;
 mod spawn;
 
+use control::stdin_writer;
 use hints::{with_hint, Polling};
+use lanes::Lane;
 
 pub use output::{excerpt, page, tail};
 
@@ -88,21 +93,6 @@ pub struct CallRequest {
     pub parent_task_id: Option<String>,
     /// For schedule occurrences: makes the occurrence start at most once.
     pub occurrence_key: Option<String>,
-}
-
-/// A session's slots and its queue of calls waiting for one.
-#[derive(Clone)]
-struct Lane {
-    slots: Arc<Semaphore>,
-    queue: mpsc::UnboundedSender<Queued>,
-    waiting: Arc<AtomicUsize>,
-}
-
-/// A call waiting for a slot.
-struct Queued {
-    live: Arc<Live>,
-    plan: LaunchPlan,
-    stdin: Option<OwnedFd>,
 }
 
 struct StdinChunk {
@@ -208,114 +198,6 @@ impl Executor {
     /// no delivery (unlike `task.wait`).
     pub fn settled_signal(&self, task_id: &str) -> Option<watch::Receiver<bool>> {
         self.get_live(task_id).map(|l| l.done.subscribe())
-    }
-
-    /// Runs a `tool.call` to its answer: inline if the run settles before `yield_after_ms`,
-    /// else `running`. `closed` resolves if the caller's connection goes away, in which case
-    /// the task moves to the background so its result is not lost.
-    pub async fn call(
-        self: &Arc<Self>,
-        req: CallRequest,
-        closed: impl std::future::Future<Output = ()>,
-    ) -> Result<ToolCallResult, ExecError> {
-        let yield_after = req
-            .yield_after_ms
-            .or(self.cfg.default_yield_after_ms)
-            .unwrap_or_else(|| {
-                self.tools
-                    .get(&req.tool)
-                    .map(|t| t.describe().default_yield_after_ms)
-                    .unwrap_or(30_000)
-            });
-        let detach = req.background || yield_after == 0;
-        let hint = self
-            .polling
-            .observe(&req.session.session_id, &req.args, detach);
-        let (row, fg) = self.submit(req, !detach)?;
-        let Some(mut fg) = fg else {
-            return Ok(with_hint(self.running(&row.task_id, &row), hint));
-        };
-
-        let yield_at = tokio::time::sleep(Duration::from_millis(yield_after));
-        let deadline_ms = self.cfg.interactive_deadline_ms;
-        let deadline = tokio::time::sleep(Duration::from_millis(deadline_ms));
-        tokio::pin!(yield_at, deadline, closed);
-        let mut deadline_hit = false;
-        let mut closed_seen = false;
-        loop {
-            tokio::select! {
-                ev = &mut fg => {
-                    return Ok(with_hint(match ev {
-                        Ok(FgEvent::Settled(row)) => self.completed(&row, deadline_hit),
-                        Ok(FgEvent::Backgrounded) | Err(_) => self.running(&row.task_id, &row),
-                    }, hint));
-                }
-                _ = &mut yield_at => {
-                    if self.try_yield(&row.task_id) {
-                        return Ok(with_hint(self.running(&row.task_id, &row), hint));
-                    }
-                    // Settled in the same instant: the result is already on its way to `fg`.
-                }
-                _ = &mut deadline, if !deadline_hit && deadline_ms < yield_after => {
-                    deadline_hit = true;
-                    let message = format!(
-                        "the call was still in the foreground after the interactive deadline of {} s and was stopped",
-                        deadline_ms / 1000
-                    );
-                    self.stop(&row.task_id, StopReason::Timeout, self.cfg.cancel_grace_ms, Some(message));
-                }
-                _ = &mut closed, if !closed_seen => {
-                    closed_seen = true;
-                    if self.try_yield(&row.task_id) {
-                        return Ok(self.running(&row.task_id, &row));
-                    }
-                }
-            }
-        }
-    }
-
-    fn running(&self, task_id: &str, row: &TaskRow) -> ToolCallResult {
-        ToolCallResult::Running(RunningCall {
-            task_id: task_id.to_owned(),
-            output: tail(Path::new(&row.output_path()), self.cfg.inline_output_bytes),
-            output_path: row.output_path(),
-            result_path: row.result_path(),
-            hint: Some(format!(
-                "still running in the background; its result will be delivered when it settles (task.wait {{\"task_id\": \"{task_id}\"}} to block on it)"
-            )),
-        })
-    }
-
-    fn completed(&self, row: &TaskRow, deadline_hit: bool) -> ToolCallResult {
-        let (output, cut) = excerpt(Path::new(&row.output_path()), self.cfg.inline_output_bytes);
-        let hint = (deadline_hit && row.reason == Some(FailReason::Timeout)).then(|| {
-            "pass yield_after_ms (for example 30000) or background: true so long commands move to the background instead of being stopped; \
-             a background run wakes you when it finishes".to_owned()
-        });
-        let rendered = self.tools.get(&row.tool).and_then(|t| {
-            t.render(&sidejob_plugin_api::json::RenderInput {
-                tool: row.tool.clone(),
-                state: row.state.as_str().into(),
-                exit_code: row.exit_code,
-                output: output.clone(),
-                task: serde_json::to_value(row.to_wire()).unwrap_or_default(),
-            })
-        });
-        ToolCallResult::Completed(CompletedCall {
-            rendered,
-            task_id: row.task_id.clone(),
-            state: row.state,
-            reason: row.reason,
-            exit_code: row.exit_code,
-            signal: row.signal,
-            output,
-            output_truncated: row.output_truncated.unwrap_or(false) || cut,
-            duration_ms: row.duration_ms.unwrap_or(0),
-            hint,
-            error: row.error.clone(),
-            output_path: row.output_path(),
-            result_path: row.result_path(),
-        })
     }
 
     /// Records the task, writes its launch plan and starts driving it. With `foreground`, the
@@ -486,81 +368,8 @@ impl Executor {
         };
         // Start at once when there is a free slot, so the task is `running` by the time the
         // call returns; otherwise it waits as `queued`.
-        // Calls already waiting go first: the queue keeps submission order.
-        let lane = self.lane(&live.session_id);
-        let permits = (lane.waiting.load(Ordering::SeqCst) == 0)
-            .then(|| self.try_slots(&live.session_id))
-            .flatten();
-        match permits {
-            Some(permits) => self.start_and_watch(live, &plan, stdin_pipe, permits),
-            None => self.enqueue(live, plan, stdin_pipe),
-        }
+        self.start_or_queue(live, plan, stdin_pipe);
         Ok((row, rx))
-    }
-
-    /// The session's lane: its slots and the queue of calls waiting for one, served in
-    /// submission order by one task per session.
-    fn lane(self: &Arc<Self>, session_id: &str) -> Lane {
-        let mut map = self.per_session.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(lane) = map.get(session_id) {
-            return lane.clone();
-        }
-        let (tx, rx) = mpsc::unbounded_channel();
-        let lane = Lane {
-            slots: Arc::new(Semaphore::new(self.cfg.max_running_per_session.max(1))),
-            queue: tx,
-            waiting: Arc::new(AtomicUsize::new(0)),
-        };
-        map.insert(session_id.to_owned(), lane.clone());
-        tokio::spawn(self.clone().serve_lane(lane.clone(), rx));
-        lane
-    }
-
-    fn session_slots(self: &Arc<Self>, session_id: &str) -> Arc<Semaphore> {
-        self.lane(session_id).slots
-    }
-
-    /// Queues a call until its session and the daemon have a free slot.
-    fn enqueue(self: &Arc<Self>, live: Arc<Live>, plan: LaunchPlan, stdin: Option<OwnedFd>) {
-        let lane = self.lane(&live.session_id);
-        lane.waiting.fetch_add(1, Ordering::SeqCst);
-        if lane.queue.send(Queued { live, plan, stdin }).is_err() {
-            lane.waiting.fetch_sub(1, Ordering::SeqCst);
-        }
-    }
-
-    /// Starts queued calls in order as slots free up.
-    async fn serve_lane(self: Arc<Self>, lane: Lane, mut rx: mpsc::UnboundedReceiver<Queued>) {
-        while let Some(q) = rx.recv().await {
-            if q.live.lock().settled {
-                lane.waiting.fetch_sub(1, Ordering::SeqCst);
-                continue; // canceled while queued
-            }
-            let session = lane.slots.clone().acquire_owned().await;
-            let global = self.global.clone().acquire_owned().await;
-            lane.waiting.fetch_sub(1, Ordering::SeqCst);
-            let (Ok(session), Ok(global)) = (session, global) else {
-                return;
-            };
-            self.start_and_watch(q.live, &q.plan, q.stdin, (global, session));
-        }
-    }
-
-    /// Starts the run now and watches it in the background, holding its slots until it settles.
-    fn start_and_watch(
-        self: &Arc<Self>,
-        live: Arc<Live>,
-        plan: &LaunchPlan,
-        stdin: Option<OwnedFd>,
-        permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
-    ) {
-        if let Some((child, pidfd)) = self.start(&live, plan, stdin) {
-            let this = self.clone();
-            tokio::spawn(async move {
-                this.watch(live, pidfd, Some(child)).await;
-                drop(permits);
-            });
-        }
     }
 
     /// Starts the supervisor (unless the task was canceled meanwhile) and records it; a
@@ -600,15 +409,6 @@ impl Executor {
             warn!(task_id = %live.task_id, "cannot record the run's start: {e}");
         }
         Some((child, pidfd))
-    }
-
-    fn try_slots(
-        self: &Arc<Self>,
-        session_id: &str,
-    ) -> Option<(OwnedSemaphorePermit, OwnedSemaphorePermit)> {
-        let global = self.global.clone().try_acquire_owned().ok()?;
-        let session = self.session_slots(session_id).try_acquire_owned().ok()?;
-        Some((global, session))
     }
 
     fn start_supervisor(
@@ -767,265 +567,10 @@ impl Executor {
         self.live_map().remove(&live.task_id);
     }
 
-    /// Moves a foreground task to the background if a call still holds it. Returns false if
-    /// it already settled (its result is then on its way to the call) or was not foreground.
-    pub fn try_yield(&self, task_id: &str) -> bool {
-        let Some(live) = self.get_live(task_id) else {
-            return false;
-        };
-        let mut st = live.lock();
-        if st.fg.take().is_none() {
-            return false;
-        }
-        if let Err(e) = self.registry.mark_yielded(task_id, &live.session_id) {
-            warn!(task_id, "cannot record the yield: {e}");
-        }
-        true
-    }
-
-    /// `task.background`: tells the blocked call to return `running` now.
-    pub fn background(&self, task_id: &str) -> bool {
-        let Some(live) = self.get_live(task_id) else {
-            return false;
-        };
-        let mut st = live.lock();
-        let Some(fg) = st.fg.take() else { return false };
-        if let Err(e) = self.registry.mark_yielded(task_id, &live.session_id) {
-            warn!(task_id, "cannot record the move to the background: {e}");
-        }
-        let _ = fg.send(FgEvent::Backgrounded);
-        true
-    }
-
-    /// The result of an inline answer could not be written to the caller: hand it back so a
-    /// wait or a wake can deliver it.
-    pub fn undeliver(&self, task_id: &str) {
-        match self
-            .registry
-            .claim_delivery(task_id, Delivery::Inline, Delivery::Pending)
-        {
-            Ok(true) => info!(
-                task_id,
-                "inline result could not be written; delivery is pending again"
-            ),
-            Ok(false) => {}
-            Err(e) => warn!(task_id, "cannot return the delivery: {e}"),
-        }
-    }
-
-    /// `task.wait`: the task as it is when it settles or when `timeout` passes. A terminal
-    /// result nobody has received yet is delivered to this wait.
-    pub async fn wait(
-        &self,
-        task_id: &str,
-        timeout: Duration,
-    ) -> Result<Option<TaskRow>, ExecError> {
-        if let Some(live) = self.get_live(task_id) {
-            let rx = {
-                let mut st = live.lock();
-                (!st.settled).then(|| {
-                    let (tx, rx) = oneshot::channel();
-                    st.waiters.push(tx);
-                    rx
-                })
-            };
-            if let Some(mut rx) = rx {
-                if let Ok(Ok(row)) = tokio::time::timeout(timeout, &mut rx).await {
-                    return Ok(Some(row));
-                }
-                // Timed out. Decide under the task's lock whether this wait got the result
-                // after all (the settle counted it as a waiter and sent the row) or leaves
-                // empty-handed (then it must not be counted: close it first).
-                let _st = live.lock();
-                if let Ok(row) = rx.try_recv() {
-                    return Ok(Some(row));
-                }
-                rx.close();
-            }
-        }
-        let Some(row) = self.registry.get_task(task_id)? else {
-            return Ok(None);
-        };
-        if row.state.is_terminal()
-            && row.delivery == Some(Delivery::Pending)
-            && self
-                .registry
-                .claim_delivery(task_id, Delivery::Pending, Delivery::Wait)?
-        {
-            return Ok(self.registry.get_task(task_id)?);
-        }
-        Ok(Some(row))
-    }
-
-    /// Asks a run to stop without waiting for it (see [`Executor::stop`]). False if it had
-    /// already settled.
-    pub fn request_cancel(&self, task_id: &str, why: Option<String>) -> bool {
-        self.stop(task_id, StopReason::Canceled, self.cfg.cancel_grace_ms, why)
-    }
-
-    /// Waits up to `timeout` for a task to settle; true if it has.
-    pub async fn settled_within(&self, task_id: &str, timeout: Duration) -> bool {
-        let Some(live) = self.get_live(task_id) else {
-            return true;
-        };
-        let mut done = live.done.subscribe();
-        let settled = tokio::time::timeout(timeout, done.wait_for(|d| *d))
-            .await
-            .is_ok();
-        settled
-    }
-
-    /// Asks a run to stop: SIGTERM to the whole run, SIGKILL after `grace_ms` (the supervisor
-    /// escalates, so this holds even if the daemon dies meanwhile). A task still queued is
-    /// settled as canceled at once.
-    fn stop(
-        &self,
-        task_id: &str,
-        reason: StopReason,
-        grace_ms: u64,
-        message: Option<String>,
-    ) -> bool {
-        let Some(live) = self.get_live(task_id) else {
-            return false;
-        };
-        let mut st = live.lock();
-        if st.settled {
-            return false;
-        }
-        match st.supervisor.clone() {
-            Some(pidfd) => {
-                let req = CancelRequest {
-                    reason,
-                    grace_ms,
-                    message,
-                };
-                let path = CancelRequest::path(&live.run_dir);
-                if let Err(e) = serde_json::to_vec(&req)
-                    .map_err(std::io::Error::other)
-                    .and_then(|b| std::fs::write(&path, b))
-                {
-                    warn!(task_id, "cannot write {}: {e}", path.display());
-                }
-                if let Err(e) = sys::pidfd_send_signal(pidfd.get_ref(), libc::SIGTERM) {
-                    // ESRCH: the supervisor is already gone; its watcher settles the task.
-                    info!(task_id, "signal to supervisor: {e}");
-                }
-            }
-            None => {
-                let mut s = lost_settlement(FailReason::Lost, String::new());
-                s.state = TaskState::Canceled;
-                s.reason = None;
-                s.error = message;
-                let settled = self.settle_locked(&live, &mut st, s);
-                drop(st);
-                self.finish(&live, settled);
-            }
-        }
-        true
-    }
-
-    /// `task.cancel`.
-    pub async fn cancel(
-        &self,
-        task_id: &str,
-        grace_ms: Option<u64>,
-    ) -> Result<CancelOutcome, ExecError> {
-        let grace = grace_ms.unwrap_or(self.cfg.cancel_grace_ms);
-        // Cancelling a subagent cancels everything below it.
-        crate::bridge::subagent::cancel_children(self, task_id);
-        let mut done = match self.get_live(task_id) {
-            Some(live) => live.done.subscribe(),
-            None => return Ok(CancelOutcome::AlreadyTerminal),
-        };
-        if !self.stop(task_id, StopReason::Canceled, grace, None) {
-            return Ok(CancelOutcome::AlreadyTerminal);
-        }
-        let limit = Duration::from_millis(grace.saturating_add(2_000));
-        let _ = tokio::time::timeout(limit, done.wait_for(|d| *d)).await;
-        let row = self.registry.get_task(task_id)?;
-        Ok(match row.map(|r| r.state) {
-            Some(TaskState::Canceled) => CancelOutcome::Canceled,
-            Some(s) if s.is_terminal() => CancelOutcome::AlreadyTerminal,
-            _ => CancelOutcome::CancellationPending,
-        })
-    }
-
-    /// Cancels every live task of a session (session close). Returns their ids.
-    pub fn cancel_session(&self, session_id: &str) -> Result<Vec<String>, ExecError> {
-        let ids: Vec<String> = self
-            .registry
-            .live_tasks_of_session(session_id)?
-            .into_iter()
-            .map(|r| r.task_id)
-            .collect();
-        for id in &ids {
-            self.stop(
-                id,
-                StopReason::Canceled,
-                self.cfg.cancel_grace_ms,
-                Some("the session was closed".into()),
-            );
-        }
-        Ok(ids)
-    }
-
-    /// `task.message`: queue bytes for the task's stdin (never blocks).
-    pub fn message(&self, task_id: &str, data: &[u8], eof: bool) -> Result<u64, ExecError> {
-        let live = self
-            .get_live(task_id)
-            .ok_or_else(|| ExecError::InvalidState(format!("task {task_id} has settled")))?;
-        let st = live.lock();
-        let Some(tx) = st.stdin.as_ref() else {
-            return Err(ExecError::InvalidState(format!(
-                "task {task_id} has no open stdin (start it with stdin: \"pipe\"; after eof, stdin is closed)"
-            )));
-        };
-        let queued = live.stdin_queued.load(Ordering::Relaxed);
-        if queued + data.len() as u64 > MAX_QUEUED_STDIN {
-            return Err(ExecError::LimitExceeded(format!(
-                "{queued} bytes are already waiting for task {task_id}'s stdin"
-            )));
-        }
-        live.stdin_queued
-            .fetch_add(data.len() as u64, Ordering::Relaxed);
-        tx.send(StdinChunk {
-            data: data.to_vec(),
-            eof,
-        })
-        .map_err(|_| ExecError::InvalidState(format!("task {task_id}'s stdin is closed")))?;
-        drop(st);
-        if eof {
-            live.lock().stdin = None;
-        }
-        Ok(data.len() as u64)
-    }
-
     /// Re-attaches to the runs of a previous daemon (see `recover.rs`).
     pub fn recover(self: &Arc<Self>) -> Result<recover::Recovered, ExecError> {
         recover::recover(self)
     }
-}
-
-/// A writer task for a run's stdin pipe; chunks queue in memory so callers never block.
-fn stdin_writer(
-    w: OwnedFd,
-    queued: Arc<AtomicU64>,
-) -> std::io::Result<mpsc::UnboundedSender<StdinChunk>> {
-    use std::os::fd::AsRawFd;
-    sys::set_nonblocking(w.as_raw_fd(), true)?;
-    let mut pipe = tokio::net::unix::pipe::Sender::from_owned_fd(w)?;
-    let (tx, mut rx) = mpsc::unbounded_channel::<StdinChunk>();
-    tokio::spawn(async move {
-        while let Some(chunk) = rx.recv().await {
-            let ok = pipe.write_all(&chunk.data).await.is_ok();
-            queued.fetch_sub(chunk.data.len() as u64, Ordering::Relaxed);
-            if !ok || chunk.eof {
-                break;
-            }
-        }
-        // Dropping the pipe closes the command's stdin.
-    });
-    Ok(tx)
 }
 
 pub(crate) fn settlement_from_result(r: &RunResult) -> Settlement {
