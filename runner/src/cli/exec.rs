@@ -45,9 +45,32 @@ fn make_run_dir() -> std::io::Result<PathBuf> {
     } else {
         std::env::temp_dir()
     };
+    sweep(&base);
     let dir = base.join(name);
     std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
     Ok(dir)
+}
+
+/// Removes run directories left by `sidejob exec` processes that were killed before they
+/// could clean up (their pid is gone).
+fn sweep(base: &Path) {
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("sidejob-exec-"))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|p| p.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if crate::sys::kill(pid, 0).is_err_and(|e| e.raw_os_error() == Some(libc::ESRCH)) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 /// Runs `sidejob exec`; returns the process exit code.

@@ -284,6 +284,22 @@ fn killing_the_supervisor_takes_the_whole_run_with_it() {
         assert!(Instant::now() < deadline, "the run outlived its supervisor");
         std::thread::sleep(Duration::from_millis(20));
     }
+    // The killed exec could not remove its run directory; the next exec sweeps it.
+    let leftover = format!("sidejob-exec-{}-", child.id());
+    let left = |l: &str| {
+        std::fs::read_dir("/dev/shm")
+            .map(|d| {
+                d.flatten()
+                    .any(|e| e.file_name().to_string_lossy().starts_with(l))
+            })
+            .unwrap_or(false)
+    };
+    let _ = Command::new(sidejob_bin())
+        .args(["exec", "--workspace"])
+        .arg(ws.path())
+        .args(["--", "/bin/true"])
+        .status();
+    assert!(!left(&leftover), "the killed run's directory was not swept");
 }
 
 // ---- environment -----------------------------------------------------------------------------
