@@ -25,7 +25,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{debug, info_span, warn, Instrument};
 
 use crate::config::Config;
-use crate::executor::{page, CallRequest, ExecError, Executor};
+use crate::executor::{task_page, CallRequest, ExecError, Executor};
 use crate::ids;
 use crate::plugin_host::ToolPlan;
 use crate::protocol::*;
@@ -566,14 +566,7 @@ async fn dispatch(
         "task.list" => {
             own_session(scope, &mut p)?;
             let p: TaskListParams = params(method, p)?;
-            let tasks = registry
-                .list_tasks(&scope.session_id, 25)
-                .map_err(internal)?
-                .into_iter()
-                .filter(|t| p.states.as_ref().is_none_or(|s| s.contains(&t.state)))
-                .map(|t| t.to_wire())
-                .collect();
-            to_value(TaskListResult { tasks })
+            to_value(exec.task_list(&scope.session_id, p.states.as_deref())?)
         }
         "task.get" => {
             let p: TaskIdParams = params(method, p)?;
@@ -581,16 +574,7 @@ async fn dispatch(
         }
         "task.output" => {
             let p: TaskOutputParams = params(method, p)?;
-            let row = scoped_task(exec, scope, &p.task_id)?;
-            let path = PathBuf::from(row.output_path());
-            to_value(page(
-                &path,
-                p.offset,
-                p.max_bytes,
-                p.tail_bytes,
-                row.state.is_terminal(),
-                row.output_truncated.unwrap_or(false),
-            ))
+            to_value(task_page(&scoped_task(exec, scope, &p.task_id)?, &p))
         }
         "task.wait" => {
             let p: TaskWaitParams = params(method, p)?;

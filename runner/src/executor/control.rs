@@ -1,8 +1,27 @@
 //! Acting on live tasks: yield, background, wait, cancel, stdin (SPEC §4).
 
 use super::*;
+use crate::protocol::TaskListResult;
 
 impl Executor {
+    /// `task.list`: a session's live tasks and its most recent terminal ones (SPEC §4),
+    /// optionally only those in `states`.
+    pub fn task_list(
+        &self,
+        session_id: &str,
+        states: Option<&[TaskState]>,
+    ) -> Result<TaskListResult, ExecError> {
+        const HISTORY: usize = 25;
+        let tasks = self
+            .registry
+            .list_tasks(session_id, HISTORY)?
+            .into_iter()
+            .filter(|t| states.is_none_or(|s| s.contains(&t.state)))
+            .map(|t| t.to_wire())
+            .collect();
+        Ok(TaskListResult { tasks })
+    }
+
     /// Moves a foreground task to the background if a call still holds it. Returns false if
     /// it already settled (its result is then on its way to the call) or was not foreground.
     pub fn try_yield(&self, task_id: &str) -> bool {

@@ -18,7 +18,7 @@ use control::stdin_writer;
 use hints::{with_hint, Polling};
 use lanes::Lane;
 
-pub use output::{excerpt, page, tail};
+pub use output::{excerpt, page, tail, task_page};
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;

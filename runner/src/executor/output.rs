@@ -92,3 +92,18 @@ pub fn page(
         truncated,
     }
 }
+
+/// `task.output` for a task row.
+pub fn task_page(
+    row: &crate::registry::TaskRow,
+    p: &crate::protocol::TaskOutputParams,
+) -> TaskOutputResult {
+    page(
+        Path::new(&row.output_path()),
+        p.offset,
+        p.max_bytes,
+        p.tail_bytes,
+        row.state.is_terminal(),
+        row.output_truncated.unwrap_or(false),
+    )
+}

@@ -7,7 +7,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
 use super::{Daemon, Peer};
-use crate::executor::{page, CallRequest, ExecError};
+use crate::executor::{task_page, CallRequest, ExecError};
 use crate::ids;
 use crate::protocol::*;
 use crate::registry::{RegistryError, TaskRow};
@@ -229,13 +229,7 @@ pub async fn dispatch(
         "task.list" => {
             let p: TaskListParams = params(method, p)?;
             session::get_for(registry, peer.uid, &p.session_id)?;
-            let tasks = registry
-                .list_tasks(&p.session_id, 25)?
-                .into_iter()
-                .filter(|t| p.states.as_ref().is_none_or(|s| s.contains(&t.state)))
-                .map(|t| t.to_wire())
-                .collect();
-            to_value(TaskListResult { tasks })
+            to_value(d.executor.task_list(&p.session_id, p.states.as_deref())?)
         }
         "task.get" => {
             let p: TaskIdParams = params(method, p)?;
@@ -243,17 +237,7 @@ pub async fn dispatch(
         }
         "task.output" => {
             let p: TaskOutputParams = params(method, p)?;
-            let row = task_for(d, peer, &p.task_id)?;
-            let terminal = row.state.is_terminal();
-            let path = std::path::PathBuf::from(row.output_path());
-            to_value(page(
-                &path,
-                p.offset,
-                p.max_bytes,
-                p.tail_bytes,
-                terminal,
-                row.output_truncated.unwrap_or(false),
-            ))
+            to_value(task_page(&task_for(d, peer, &p.task_id)?, &p))
         }
         "task.wait" => {
             let p: TaskWaitParams = params(method, p)?;
