@@ -37,6 +37,10 @@ pub struct Config {
     pub inline_output_bytes: usize,
     /// Directories of third-party plugin libraries (`*.so`), loaded and watched for changes.
     pub plugin_dirs: Vec<PathBuf>,
+    /// Where sandbox profiles beyond (or overriding) the shipped ones live [default:
+    /// `$SIDEJOB_PROFILES_DIR`, else `/etc/sidejob/sandbox-profiles` for root, else
+    /// `$XDG_CONFIG_HOME/sidejob/sandbox-profiles`]. Watched: edits apply without a restart.
+    pub profiles_dir: Option<PathBuf>,
     /// Load the plugins shipped with sidejob (`libsidejob_plugin_*.so` next to the binary).
     pub shipped_plugins: bool,
     /// The `subagent` tool.
@@ -63,6 +67,7 @@ impl Default for Config {
             max_output_bytes: 64 * 1024 * 1024,
             inline_output_bytes: 64 * 1024,
             plugin_dirs: Vec::new(),
+            profiles_dir: None,
             shipped_plugins: true,
             subagent: SubagentConfig::default(),
             schedule_lease_ms: 30_000,

@@ -2,7 +2,11 @@
 //! `sidejob exec` need no configuration), and a profile directory on disk, if there is one,
 //! overrides them by name and adds its own.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+use tracing::{info, warn};
 
 use super::profile::{self, Profile, ProfileError};
 
@@ -62,6 +66,9 @@ impl Catalog {
     /// `/etc/sidejob/sandbox-profiles` for root, else
     /// `$XDG_CONFIG_HOME/sidejob/sandbox-profiles` (or `~/.config/...`).
     pub fn default_dir() -> Option<PathBuf> {
+        if let Some(dir) = CONFIGURED_DIR.get() {
+            return Some(dir.clone());
+        }
         if let Some(p) = std::env::var_os("SIDEJOB_PROFILES_DIR").filter(|p| !p.is_empty()) {
             return Some(PathBuf::from(p));
         }
@@ -83,7 +90,7 @@ impl Catalog {
         if let Some(dir) = &self.dir {
             let path = dir.join(format!("{name}.toml"));
             match std::fs::read_to_string(&path) {
-                Ok(text) => return Ok(profile::load(name, &path.display().to_string(), &text)?),
+                Ok(text) => return load_keeping_last_good(name, &path, &text),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(source) => return Err(CatalogError::Read { path, source }),
             }
@@ -140,9 +147,69 @@ impl Catalog {
         names
     }
 
+    /// Sets the profile directory for this process (the daemon's `profiles_dir`); call it
+    /// once, before profiles are looked up. Later calls are ignored.
+    pub fn configure_dir(dir: PathBuf) {
+        let _ = CONFIGURED_DIR.set(dir);
+    }
+
+    /// Loads every on-disk profile now, so an edit is validated (and logged) when it is made,
+    /// not when a run first needs it. Returns one line per profile.
+    pub fn refresh(&self) -> Vec<String> {
+        let Some(dir) = &self.dir else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for name in self.names() {
+            let path = dir.join(format!("{name}.toml"));
+            if !path.exists() {
+                continue;
+            }
+            out.push(match self.get(&name) {
+                Ok(_) => format!("profile {name}: ok"),
+                Err(e) => format!("profile {name}: {e}"),
+            });
+        }
+        out
+    }
+
     /// The shipped profiles' names and texts (for `sidejob doctor` and tests).
     pub fn shipped() -> &'static [(&'static str, &'static str)] {
         SHIPPED
+    }
+}
+
+/// The profile directory the daemon was configured with, if any.
+static CONFIGURED_DIR: OnceLock<PathBuf> = OnceLock::new();
+
+/// The last version of each on-disk profile that validated, by path.
+fn last_good() -> &'static Mutex<HashMap<PathBuf, Profile>> {
+    static LAST_GOOD: OnceLock<Mutex<HashMap<PathBuf, Profile>>> = OnceLock::new();
+    LAST_GOOD.get_or_init(Default::default)
+}
+
+/// Parses and validates an on-disk profile. An edit that does not validate keeps the previous
+/// version in force (and says why, once per edit); a profile never valid is an error.
+fn load_keeping_last_good(name: &str, path: &Path, text: &str) -> Result<Profile, CatalogError> {
+    let mut cache = last_good().lock().unwrap_or_else(|e| e.into_inner());
+    match profile::load(name, &path.display().to_string(), text) {
+        Ok(p) => {
+            if cache.get(path).is_some_and(|old| old != &p) {
+                info!(profile = name, path = %path.display(), "profile changed: the new version is in force");
+            }
+            cache.insert(path.to_path_buf(), p.clone());
+            Ok(p)
+        }
+        Err(e) => match cache.get(path) {
+            Some(previous) => {
+                warn!(
+                    profile = name,
+                    "{e}; keeping the previous version until the file validates"
+                );
+                Ok(previous.clone())
+            }
+            None => Err(e.into()),
+        },
     }
 }
 
@@ -181,6 +248,31 @@ mod tests {
         assert!(c.names().contains(&"extra".to_owned()));
         let e = c.get("broken").unwrap_err().to_string();
         assert!(e.contains("broken.toml:2: limits.pids"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_edit_that_does_not_validate_keeps_the_previous_version() {
+        let dir = std::env::temp_dir().join(format!("sidejob-catalog-edit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let c = Catalog::new(Some(dir.clone()));
+        std::fs::write(dir.join("mine.toml"), "description = \"v1\"\n").unwrap();
+        assert_eq!(c.get("mine").unwrap().description, "v1");
+        std::fs::write(dir.join("mine.toml"), "[limits]\npids = -1\n").unwrap();
+        assert_eq!(
+            c.get("mine").unwrap().description,
+            "v1",
+            "the broken edit must not take effect"
+        );
+        assert!(c
+            .refresh()
+            .iter()
+            .any(|l| l.starts_with("profile mine: ok")));
+        std::fs::write(dir.join("mine.toml"), "description = \"v2\"\n").unwrap();
+        assert_eq!(c.get("mine").unwrap().description, "v2");
+        // A profile that never validated is an error, not a silent fallback.
+        std::fs::write(dir.join("never.toml"), "[limits]\npids = -1\n").unwrap();
+        assert!(c.get("never").is_err());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -1,6 +1,7 @@
 //! The daemon: the control socket, connections, framing and peer credentials (SPEC §11).
 
 mod dispatch;
+mod profiles;
 mod wakes;
 
 use dispatch::Reply;
@@ -88,6 +89,10 @@ pub async fn serve(cfg: Config) -> Result<(), ServeError> {
     let mut term = signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = signal(tokio::signal::unix::SignalKind::interrupt())?;
     let lock = lock_state_dir(&cfg.state_dir)?;
+    if let Some(dir) = &cfg.profiles_dir {
+        crate::sandbox::Catalog::configure_dir(dir.clone());
+    }
+    let _profile_watch = crate::sandbox::Catalog::default_dir().and_then(profiles::watch);
     let listener = bind_socket(&cfg.socket)?;
     let registry = Arc::new(Registry::open(&cfg.state_dir)?);
     let exe = std::env::current_exe().map_err(|source| ServeError::Io {

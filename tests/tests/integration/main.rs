@@ -18,6 +18,7 @@ mod isolation;
 mod mcp;
 mod output;
 mod plugins;
+mod profiles;
 mod protocol;
 mod protocol_errors;
 mod registry;
