@@ -305,42 +305,28 @@ impl Executor {
         })?;
 
         let row = TaskRow {
-            task_id: task_id.clone(),
-            session_id: req.session.session_id.clone(),
-            owner_uid: req.session.owner_uid,
-            tool: req.tool.clone(),
-            kind: TaskKind::Call,
-            state: TaskState::Queued,
             mode: if foreground {
                 "foreground"
             } else {
                 "background"
             }
             .into(),
-            reason: None,
-            exit_code: None,
-            signal: None,
-            summary: tool_plan.summary,
-            args: req.args.to_string(),
-            created_at: ids::now_rfc3339(),
-            started_at: None,
-            ended_at: None,
             run_dir: run_dir.display().to_string(),
-            delivery: None,
             service: req.service || tool_plan.service,
             parent_task_id: req.parent_task_id.clone(),
-            profile,
             timeout_ms: req.timeout_ms,
             stdin: req.stdin,
-            supervisor_pid: None,
-            supervisor_start_time: None,
-            duration_ms: None,
-            output_bytes: None,
-            output_truncated: None,
-            leftover_processes: None,
-            error: None,
             wake: req.wake.as_str().into(),
             occurrence_key: req.occurrence_key.clone(),
+            profile,
+            ..TaskRow::new(
+                task_id.clone(),
+                &req.session,
+                req.tool.clone(),
+                TaskKind::Call,
+                tool_plan.summary,
+                req.args.to_string(),
+            )
         };
         self.registry.insert_task(&row)?;
         let live = Live::new(&row);

@@ -217,6 +217,55 @@ impl TaskRow {
         ])
     }
 
+    /// A new task of `session`, not yet started (a call is `queued`, a monitor `scheduled`),
+    /// under the session's profile: everything a run fills in later is empty.
+    pub fn new(
+        task_id: String,
+        session: &SessionRow,
+        tool: String,
+        kind: TaskKind,
+        summary: String,
+        args: String,
+    ) -> TaskRow {
+        let state = match kind {
+            TaskKind::Call => TaskState::Queued,
+            TaskKind::Monitor => TaskState::Scheduled,
+        };
+        TaskRow {
+            run_dir: format!("{}/.background/{task_id}", session.session_dir),
+            task_id,
+            session_id: session.session_id.clone(),
+            owner_uid: session.owner_uid,
+            tool,
+            kind,
+            state,
+            mode: "background".into(),
+            reason: None,
+            exit_code: None,
+            signal: None,
+            summary,
+            args,
+            created_at: crate::ids::now_rfc3339(),
+            started_at: None,
+            ended_at: None,
+            delivery: None,
+            service: false,
+            parent_task_id: None,
+            profile: session.profile.clone(),
+            timeout_ms: None,
+            stdin: StdinMode::Null,
+            supervisor_pid: None,
+            supervisor_start_time: None,
+            duration_ms: None,
+            output_bytes: None,
+            output_truncated: None,
+            leftover_processes: None,
+            error: None,
+            wake: crate::protocol::WakeMode::OnTerminal.as_str().into(),
+            occurrence_key: None,
+        }
+    }
+
     pub fn output_path(&self) -> String {
         format!("{}/output.log", self.run_dir)
     }

@@ -20,7 +20,7 @@ use crate::executor::{CallRequest, ExecError, Executor};
 use crate::ids;
 use crate::protocol::{
     CancelOutcome, ScheduleAction, ScheduleCreateParams, ScheduleCreateResult, ScheduleInfo,
-    StdinMode, TaskKind, TaskState, WakeMode,
+    StdinMode, TaskKind,
 };
 use crate::registry::{NotificationRow, Registry, RegistryError, ScheduleRow, SessionRow, TaskRow};
 use crate::wake::Hub;
@@ -233,39 +233,14 @@ impl Scheduler {
         let task_id = ids::ulid();
         let schedule_id = ids::ulid();
         let next_due = trigger.first_due(now);
-        let monitor = TaskRow {
-            task_id: task_id.clone(),
-            session_id: session.session_id.clone(),
-            owner_uid: session.owner_uid,
-            tool: "schedule".into(),
-            kind: TaskKind::Monitor,
-            state: TaskState::Scheduled,
-            mode: "background".into(),
-            reason: None,
-            exit_code: None,
-            signal: None,
-            summary: format!("{}: {what}", trigger.describe()),
-            args: serde_json::to_string(&p.action).unwrap_or_default(),
-            created_at: ids::now_rfc3339(),
-            started_at: None,
-            ended_at: None,
-            run_dir: format!("{}/.background/{task_id}", session.session_dir),
-            delivery: None,
-            service: false,
-            parent_task_id: None,
-            profile: session.profile.clone(),
-            timeout_ms: None,
-            stdin: StdinMode::Null,
-            supervisor_pid: None,
-            supervisor_start_time: None,
-            duration_ms: None,
-            output_bytes: None,
-            output_truncated: None,
-            leftover_processes: None,
-            error: None,
-            wake: WakeMode::OnTerminal.as_str().into(),
-            occurrence_key: None,
-        };
+        let monitor = TaskRow::new(
+            task_id.clone(),
+            session,
+            "schedule".into(),
+            TaskKind::Monitor,
+            format!("{}: {what}", trigger.describe()),
+            serde_json::to_string(&p.action).unwrap_or_default(),
+        );
         let row = ScheduleRow {
             schedule_id: schedule_id.clone(),
             session_id: session.session_id.clone(),
