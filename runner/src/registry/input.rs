@@ -45,34 +45,16 @@ impl Registry {
     /// `awaiting_input → running` once the host answered (or the request was abandoned).
     /// Returns false unless the task was `awaiting_input`.
     pub fn mark_input_answered(&self, task_id: &str, session_id: &str) -> Result<bool> {
-        self.write(|tx| {
-            let state: Option<String> = tx
-                .query_row(
-                    "SELECT state FROM tasks WHERE task_id = ?1",
-                    [task_id],
-                    |r| r.get(0),
-                )
-                .ok();
-            if state.as_deref() != Some("awaiting_input") {
-                return Ok(false);
-            }
-            let patch = obj([("state", "running".into())]);
-            Self::apply(
-                tx,
-                "task.input_answered",
-                Entity::Task,
-                task_id,
-                session_id,
-                Op::Update,
-                &patch,
-            )?;
-            Ok(true)
-        })
+        self.leave_awaiting_input(task_id, session_id, "task.input_answered")
     }
 
     /// A question that cannot be answered any more (its bridge died with the previous
     /// daemon): `awaiting_input → running`. Returns false unless the task was waiting.
     pub fn abandon_input(&self, task_id: &str, session_id: &str) -> Result<bool> {
+        self.leave_awaiting_input(task_id, session_id, "task.input_abandoned")
+    }
+
+    fn leave_awaiting_input(&self, task_id: &str, session_id: &str, event: &str) -> Result<bool> {
         self.write(|tx| {
             let state: Option<String> = tx
                 .query_row(
@@ -87,7 +69,7 @@ impl Registry {
             let patch = obj([("state", "running".into())]);
             Self::apply(
                 tx,
-                "task.input_abandoned",
+                event,
                 Entity::Task,
                 task_id,
                 session_id,
