@@ -166,8 +166,9 @@ impl Registry {
         let tx = conn.transaction()?;
         let out = f(&tx)?;
         tx.commit()?;
-        let last: i64 =
-            conn.query_row("SELECT COALESCE(MAX(seq), 0) FROM events", [], |r| r.get(0))?;
+        // Every insert goes through `apply`, which inserts the event last, and only this
+        // connection writes: the last inserted rowid is the newest event's seq.
+        let last = conn.last_insert_rowid();
         drop(conn);
         self.last_seq.send_if_modified(|seq| {
             let changed = *seq != last;
