@@ -143,22 +143,19 @@ impl Registry {
     }
 
     pub fn get_schedule(&self, schedule_id: &str) -> Result<Option<ScheduleRow>> {
-        self.read(|c| {
-            Ok(
-                c.prepare_cached("SELECT * FROM schedules WHERE schedule_id = ?1")?
-                    .query_row([schedule_id], ScheduleRow::from_row)
-                    .optional()?,
-            )
-        })
+        self.schedule_where("schedule_id", schedule_id)
     }
 
+    /// The schedule a monitor task owns.
     pub fn schedule_of_task(&self, task_id: &str) -> Result<Option<ScheduleRow>> {
+        self.schedule_where("task_id", task_id)
+    }
+
+    fn schedule_where(&self, column: &'static str, value: &str) -> Result<Option<ScheduleRow>> {
         self.read(|c| {
-            Ok(
-                c.prepare_cached("SELECT * FROM schedules WHERE task_id = ?1")?
-                    .query_row([task_id], ScheduleRow::from_row)
-                    .optional()?,
-            )
+            let mut stmt =
+                c.prepare_cached(&format!("SELECT * FROM schedules WHERE {column} = ?1"))?;
+            Ok(stmt.query_row([value], ScheduleRow::from_row).optional()?)
         })
     }
 
