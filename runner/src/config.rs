@@ -13,6 +13,9 @@ use crate::sys;
 pub struct Config {
     /// The control socket.
     pub socket: PathBuf,
+    /// The group the control socket is handed to (mode 0660), so that its members — and
+    /// only they, besides the daemon's own user — can connect. A name or a numeric gid.
+    pub socket_group: Option<String>,
     /// Where `sidejob.db` and the default session directories live.
     pub state_dir: PathBuf,
     /// Where sessions' directories go when `session.open` names none.
@@ -55,6 +58,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             socket: default_socket_path(),
+            socket_group: None,
             state_dir: default_state_dir(),
             sessions_dir: None,
             default_profile: "workspace-write".into(),
@@ -117,6 +121,39 @@ impl Config {
         self.sessions_dir
             .clone()
             .unwrap_or_else(|| self.state_dir.join("sessions"))
+    }
+
+    /// The private halves of run directories (`<state_dir>/runs/<task_id>`): the launch plan,
+    /// cancel requests, the supervisor's pid and log. Nothing a caller can write.
+    pub fn runs_dir(&self) -> PathBuf {
+        self.state_dir.join("runs")
+    }
+
+    /// The directories only the daemon may use, each with what it is: a workspace that is,
+    /// holds or lies inside one of them is refused (a run would see or change them).
+    pub fn daemon_dirs(&self) -> Vec<(&'static str, PathBuf)> {
+        let mut dirs = vec![
+            ("the daemon's state directory", self.state_dir.clone()),
+            ("the directory of sessions", self.sessions_dir()),
+            ("the bridge directory", default_bridge_dir()),
+        ];
+        if let Some(dir) = self.socket.parent() {
+            dirs.push(("the control socket's directory", dir.to_path_buf()));
+        }
+        dirs
+    }
+}
+
+/// Where runs' bridge sockets live: `/run/sidejob-bridge` for root, else
+/// `$XDG_RUNTIME_DIR/sidejob-bridge`, else `/tmp/sidejob-bridge-<uid>`.
+pub fn default_bridge_dir() -> PathBuf {
+    let uid = sys::getuid();
+    if uid == 0 {
+        return PathBuf::from("/run/sidejob-bridge");
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        Some(d) => PathBuf::from(d).join("sidejob-bridge"),
+        None => PathBuf::from(format!("/tmp/sidejob-bridge-{uid}")),
     }
 }
 

@@ -8,6 +8,7 @@ pub mod ids;
 pub mod plugin_host;
 pub mod protocol;
 pub mod registry;
+pub mod run_dir;
 pub mod sandbox;
 pub mod schedule;
 pub mod server;

@@ -30,14 +30,16 @@ use crate::ids;
 use crate::plugin_host::ToolPlan;
 use crate::protocol::*;
 use crate::registry::{SessionRow, TaskRow};
+use crate::run_dir::PrivateDir;
 use crate::sandbox::{MountSpec, SandboxPlan};
 
 /// The longest `task.wait` a bridge honours (a run's own deadline still applies).
 const MAX_WAIT_MS: u64 = 24 * 3600 * 1000;
 
-/// Who a bridge acts for. Kept in the run directory (out of the run's reach) so a restarted
-/// daemon can serve the bridge again.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+/// Who a bridge acts for. Derived from the registry's row of the task that holds it (never
+/// from a file a run or its caller could write), so a restarted daemon serves it again with
+/// exactly the authority it had.
+#[derive(Debug, Clone)]
 pub struct Scope {
     /// The session whose tasks the bridge may see and start.
     pub session_id: String,
@@ -45,10 +47,26 @@ pub struct Scope {
     pub caller_task_id: String,
     /// The session the caller task itself belongs to (differs for a subagent).
     pub caller_session_id: String,
+    /// The session owner (questions and wakes go to them).
     pub owner_uid: u32,
-    pub owner_gid: u32,
+    /// The caller task's effective profile: the widest any call through the bridge may have.
+    pub ceiling: String,
     /// The uid/gid the run runs as (owner of the socket); `None` keeps the daemon's.
     pub run_as: (Option<u32>, Option<u32>),
+}
+
+impl Scope {
+    /// The scope of a task's bridge, if it has one.
+    pub fn of_task(row: &TaskRow) -> Option<Scope> {
+        Some(Scope {
+            session_id: row.bridge_session_id.clone()?,
+            caller_task_id: row.task_id.clone(),
+            caller_session_id: row.session_id.clone(),
+            owner_uid: row.owner_uid,
+            ceiling: row.profile.clone(),
+            run_as: (row.run_uid, row.run_gid),
+        })
+    }
 }
 
 /// The directory of a run's bridge: `<bridge dir>/<task_id>`, holding the socket `sock`. Not
@@ -62,25 +80,12 @@ fn socket_in(dir: &Path) -> PathBuf {
     dir.join("sock")
 }
 
-/// Where a run's bridge scope is kept (the run directory, which the run cannot see).
-fn scope_path(run_dir: &Path) -> PathBuf {
-    run_dir.join("bridge.json")
-}
-
-/// `/run/sidejob-bridge` for root, else `$XDG_RUNTIME_DIR/sidejob-bridge`, else
-/// `/tmp/sidejob-bridge-<uid>`; created 0711 (the runs' users must reach their socket) and
-/// refused if it is not ours.
+/// `crate::config::default_bridge_dir()`, created 0711 (the runs' users must reach their
+/// socket) and refused if it is not ours.
 fn bridge_dir() -> std::io::Result<PathBuf> {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let uid = crate::sys::getuid();
-    let dir = if uid == 0 {
-        PathBuf::from("/run/sidejob-bridge")
-    } else {
-        match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
-            Some(d) => PathBuf::from(d).join("sidejob-bridge"),
-            None => PathBuf::from(format!("/tmp/sidejob-bridge-{uid}")),
-        }
-    };
+    let dir = crate::config::default_bridge_dir();
     match std::fs::create_dir(&dir) {
         Ok(()) => std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))?,
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
@@ -96,16 +101,6 @@ fn bridge_dir() -> std::io::Result<PathBuf> {
     Ok(dir)
 }
 
-/// The run's private tmp on the host, where a plan's `files` are written.
-pub fn tmp_dir(run_dir: &Path) -> PathBuf {
-    run_dir.join("tmp")
-}
-
-/// The file a plan's `stdin` is written to; the run reads it as its stdin.
-pub fn stdin_path(run_dir: &Path) -> PathBuf {
-    run_dir.join("stdin")
-}
-
 /// Daemon configuration handed to plugins as `context.config`.
 pub fn plugin_config(cfg: &Config) -> Value {
     json!({ "subagent": cfg.subagent })
@@ -116,13 +111,13 @@ pub fn plugin_config(cfg: &Config) -> Value {
 pub struct Extras {
     pub env: Vec<(String, String)>,
     pub bridge_socket: Option<PathBuf>,
-    /// Where the plan's files were written (the run's tmp), when it has any.
+    /// Where the plan's files were written (in the run's private directory), if it has any.
     pub files_dir: Option<PathBuf>,
     bridge: Option<(UnixListener, PathBuf, Scope)>,
 }
 
 impl Extras {
-    /// Adds the plan's files to the run's view: the run's tmp, read-only, at the same path
+    /// Adds the plan's files to the run's view, read-only, at the same path
     /// (`context.tmp_dir`), so a plan can name its files in its argv.
     pub fn with_files_mount(&self, mut sandbox: SandboxPlan) -> SandboxPlan {
         if let Some(dir) = &self.files_dir {
@@ -132,9 +127,15 @@ impl Extras {
                 exec: true,
                 write: false,
                 required: true,
+                as_caller: false,
             });
         }
         sandbox
+    }
+
+    /// The session the run's bridge is scoped to (recorded in the task's row).
+    pub fn bridge_session_id(&self) -> Option<String> {
+        self.bridge.as_ref().map(|(_, _, s)| s.session_id.clone())
     }
 
     /// Starts serving the bridge, if the plan has one. Call once the task is live.
@@ -145,14 +146,16 @@ impl Extras {
     }
 }
 
-/// Carries out the parts of a tool's plan that happen before the run starts.
+/// Carries out the parts of a tool's plan that happen before the run starts. `profile` is
+/// the run's effective profile: its child session (if any) gets it, and it bounds every call
+/// made through the bridge.
 pub fn prepare(
     exec: &Executor,
     session: &SessionRow,
-    owner: (u32, u32),
+    profile: &str,
     run_as: (Option<u32>, Option<u32>),
     task_id: &str,
-    run_dir: &Path,
+    private: &PrivateDir,
     plan: &ToolPlan,
 ) -> Result<Extras, ExecError> {
     let io = |step: &'static str, path: &Path| {
@@ -162,12 +165,26 @@ pub fn prepare(
     let mut env = Vec::new();
     let mut files_dir = None;
     if !plan.files.is_empty() {
-        let tmp = tmp_dir(run_dir);
-        files_dir = Some(tmp.clone());
+        let dir = private.files();
+        std::fs::create_dir(&dir).map_err(io("create plan file directory", &dir))?;
         for f in &plan.files {
-            let path = tmp.join(&f.path);
-            if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir).map_err(io("create plan file directory", dir))?;
+            // Plugins are trusted code, but a plan's file names come from a call's arguments
+            // as often as not: each must stay beneath the files directory.
+            let rel = Path::new(&f.path);
+            if rel.is_absolute()
+                || rel
+                    .components()
+                    .any(|c| !matches!(c, std::path::Component::Normal(_)))
+            {
+                return Err(ExecError::InvalidParams(format!(
+                    "the tool's plan names a file {:?} outside its files directory",
+                    f.path
+                )));
+            }
+            let path = dir.join(rel);
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent)
+                    .map_err(io("create plan file directory", parent))?;
             }
             std::fs::write(&path, &f.content).map_err(io("write plan file", &path))?;
             if f.executable {
@@ -176,28 +193,25 @@ pub fn prepare(
                     .map_err(io("make plan file executable", &path))?;
             }
         }
-        chown_tree(&tmp, run_as).map_err(io("hand plan files to the run's user", &tmp))?;
+        chown_tree(&dir, run_as).map_err(io("hand plan files to the run's user", &dir))?;
+        files_dir = Some(dir);
     }
     if let Some(data) = &plan.stdin {
-        let path = stdin_path(run_dir);
-        std::fs::write(&path, data).map_err(io("write the plan's stdin", &path))?;
+        std::fs::write(private.stdin(), data)
+            .map_err(io("write the plan's stdin", &private.stdin()))?;
     }
     let mut scope_session = session.session_id.clone();
     if plan.child_session {
-        let child = subagent::open_child(
-            exec.registry(),
-            exec.config(),
-            session.owner_uid,
-            session,
-            task_id,
-        )?;
+        let child =
+            subagent::open_child(exec.registry(), exec.config(), session, profile, task_id)?;
         env.push(("SIDEJOB_CHILD_SESSION_ID".into(), child.session_id.clone()));
         scope_session = child.session_id;
     }
     let mut bridge = None;
     let mut bridge_socket = None;
     if plan.bridge || plan.child_session {
-        let dir = run_bridge_dir(task_id).map_err(io("prepare bridge directory", run_dir))?;
+        let dir =
+            run_bridge_dir(task_id).map_err(io("prepare bridge directory", private.path()))?;
         make_private_dir(&dir, run_as).map_err(io("create bridge directory", &dir))?;
         let path = socket_in(&dir);
         let listener = bind(&path, run_as).map_err(io("bind bridge socket", &path))?;
@@ -205,17 +219,10 @@ pub fn prepare(
             session_id: scope_session,
             caller_task_id: task_id.into(),
             caller_session_id: session.session_id.clone(),
-            owner_uid: owner.0,
-            owner_gid: owner.1,
+            owner_uid: session.owner_uid,
+            ceiling: profile.to_owned(),
             run_as,
         };
-        let record = serde_json::to_vec(&scope).map_err(|e| ExecError::Io {
-            step: "record bridge scope",
-            path: scope_path(run_dir),
-            source: std::io::Error::other(e),
-        })?;
-        std::fs::write(scope_path(run_dir), record)
-            .map_err(io("record bridge scope", &scope_path(run_dir)))?;
         env.push(("SIDEJOB_BRIDGE".into(), path.display().to_string()));
         bridge_socket = Some(dir.clone());
         bridge = Some((listener, dir, scope));
@@ -228,13 +235,14 @@ pub fn prepare(
     })
 }
 
-/// Hands a tree to the user the run runs as (nothing to do when it runs as the daemon).
+/// Hands a tree to the user the run runs as (nothing to do when it runs as the daemon). The
+/// tree is the daemon's own (in the run's private directory), so following paths is safe.
 fn chown_tree(path: &Path, (uid, gid): (Option<u32>, Option<u32>)) -> std::io::Result<()> {
     if uid.is_none() && gid.is_none() {
         return Ok(());
     }
-    std::os::unix::fs::chown(path, uid, gid)?;
-    if path.is_dir() {
+    std::os::unix::fs::lchown(path, uid, gid)?;
+    if std::fs::symlink_metadata(path)?.is_dir() {
         for e in std::fs::read_dir(path)? {
             chown_tree(&e?.path(), (uid, gid))?;
         }
@@ -259,7 +267,8 @@ fn make_private_dir(dir: &Path, (uid, gid): (Option<u32>, Option<u32>)) -> std::
 
 /// At start-up: serves again the bridges of the runs a previous daemon left running. The
 /// sandbox mounted each run's bridge directory, so a socket bound there again is the one the
-/// run sees. Connections open at the restart are gone (their calls raise an error).
+/// run sees. Who the bridge acts for comes from the task's registry row. Connections open at
+/// the restart are gone (their calls raise an error).
 pub fn reopen_after_restart(exec: &Arc<Executor>) {
     use crate::protocol::TaskState;
     let Ok(live) = exec.registry().tasks_in_states(&[
@@ -270,16 +279,8 @@ pub fn reopen_after_restart(exec: &Arc<Executor>) {
         return;
     };
     for t in live {
-        let run_dir = PathBuf::from(&t.run_dir);
-        let Ok(bytes) = std::fs::read(scope_path(&run_dir)) else {
+        let Some(scope) = Scope::of_task(&t) else {
             continue;
-        };
-        let scope: Scope = match serde_json::from_slice(&bytes) {
-            Ok(s) => s,
-            Err(e) => {
-                warn!(task_id = %t.task_id, "cannot read the bridge scope: {e}");
-                continue;
-            }
         };
         let reopened = run_bridge_dir(&t.task_id).and_then(|dir| {
             make_private_dir(&dir, scope.run_as)?;
@@ -537,8 +538,7 @@ async fn dispatch(
                     )
                 })?;
             let req = CallRequest {
-                owner_uid: scope.owner_uid,
-                owner_gid: scope.owner_gid,
+                owner: crate::session::owner_creds(&session, None),
                 session,
                 tool: p.tool,
                 args: if p.args.is_null() { json!({}) } else { p.args },
@@ -548,6 +548,8 @@ async fn dispatch(
                 stdin: p.stdin.unwrap_or_default(),
                 service: p.service.unwrap_or(false),
                 profile: p.profile,
+                // Nothing started through the bridge is wider than the run that holds it.
+                ceiling: Some(scope.ceiling.clone()),
                 // A subagent's own jobs report through the subagent, not by waking the host;
                 // its services are handed over to the parent and wake it as usual.
                 wake: p.wake.unwrap_or(

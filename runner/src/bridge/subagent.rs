@@ -5,8 +5,11 @@
 //! still reports back. Cancelling the subagent cancels everything below it.
 
 use std::io::Write;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::Path;
 use std::time::Duration;
+
+use nix::fcntl::OFlag;
 
 use serde_json::json;
 use tracing::{info, warn};
@@ -15,8 +18,9 @@ use crate::config::Config;
 use crate::executor::{ExecError, Executor};
 use crate::protocol::SessionOpenParams;
 use crate::registry::{Registry, SessionRow, TaskRow};
+use crate::run_dir;
 use crate::session;
-use crate::supervisor::CancelRequest;
+use crate::sys::dirfd;
 
 /// How many sessions may lie above a subagent's child session.
 pub const MAX_DEPTH: u32 = 3;
@@ -61,12 +65,14 @@ pub fn root_session(registry: &Registry, session_id: &str) -> String {
     current
 }
 
-/// Opens the child session of subagent task `task_id` below `parent`.
+/// Opens the child session of subagent task `task_id` below `parent`, under `profile` — the
+/// subagent's own effective profile, so a subagent narrowed to `read-only` cannot get the
+/// parent session's wider profile back through its child session.
 pub fn open_child(
     registry: &Registry,
     cfg: &Config,
-    owner_uid: u32,
     parent: &SessionRow,
+    profile: &str,
     task_id: &str,
 ) -> Result<SessionRow, ExecError> {
     let depth = depth_of(registry, parent) + 1;
@@ -81,15 +87,16 @@ pub fn open_child(
     session::open(
         registry,
         cfg,
-        owner_uid,
+        &session::owner_creds(parent, None),
         SessionOpenParams {
             session_id: Some(id.clone()),
             workspace: parent.workspace.clone(),
             session_dir: None,
-            profile: Some(parent.profile.clone()),
+            profile: Some(profile.to_owned()),
             // Services handed over to the parent wake it the way its own tasks do.
             proactive_wake: Some(parent.proactive_wake),
             parent_session_id: Some(parent.session_id.clone()),
+            adopt: None,
         },
     )
     .map_err(|e| ExecError::InvalidParams(format!("cannot open the subagent's session: {e}")))?;
@@ -129,15 +136,21 @@ pub fn cancel_children(exec: &Executor, task_id: &str) {
 
 /// Runs after a task's supervisor exited and before the task settles. For a subagent: waits
 /// for the child's non-service tasks, hands the services over to `parent_session`, records
-/// them in `handover.json` and at the end of the output, and closes the child session.
-pub async fn finish(exec: &Executor, task_id: &str, parent_session: &str, run_dir: &Path) {
+/// them in `handover.json` and at the end of the output (through the run directory's
+/// descriptor `public`), and closes the child session.
+pub async fn finish(
+    exec: &Executor,
+    task_id: &str,
+    parent_session: &str,
+    public: Option<BorrowedFd<'_>>,
+    canceled: bool,
+) {
     let child = child_session_id(task_id);
     match exec.registry().get_session(&child) {
         Ok(Some(s)) if s.parent_session_id.as_deref() == Some(parent_session) => {}
         _ => return,
     }
     // A canceled subagent hands nothing over: everything below it is being stopped.
-    let canceled = CancelRequest::path(run_dir).exists();
     loop {
         let waiting: Vec<TaskRow> = live_below(exec, &child)
             .into_iter()
@@ -162,28 +175,62 @@ pub async fn finish(exec: &Executor, task_id: &str, parent_session: &str, run_di
         }
     }
     info!(task_id, child_session = %child, handed_over = handed.len(), "subagent finished");
-    let record = json!({"child_session": child, "handed_over": handed});
-    if let Err(e) = std::fs::write(run_dir.join("handover.json"), record.to_string()) {
-        warn!(task_id, "cannot write handover.json: {e}");
-    }
-    if !handed.is_empty() {
-        let mut line = format!("\n[sidejob] services handed over to session {parent_session}:");
-        for h in &handed {
-            line.push_str(&format!(
-                " {} ({})",
-                h["task_id"].as_str().unwrap_or(""),
-                h["summary"].as_str().unwrap_or("")
-            ));
-        }
-        line.push('\n');
-        if let Ok(mut f) = std::fs::OpenOptions::new()
-            .append(true)
-            .open(run_dir.join("output.log"))
-        {
-            let _ = f.write_all(line.as_bytes());
-        }
+    if let Some(dir) = public {
+        record_handover(exec, task_id, dir, parent_session, &child, &handed);
     }
     if let Err(e) = exec.registry().close_session(&child) {
         warn!(task_id, "cannot close the subagent's session: {e}");
+    }
+}
+
+/// `handover.json` and a line at the end of `output.log`, written through the run
+/// directory's descriptor as files of the session's owner.
+fn record_handover(
+    exec: &Executor,
+    task_id: &str,
+    dir: BorrowedFd<'_>,
+    parent_session: &str,
+    child: &str,
+    handed: &[serde_json::Value],
+) {
+    let Ok(Some(task)) = exec.registry().get_task(task_id) else {
+        return;
+    };
+    let owner = (task.owner_uid, task.owner_gid);
+    let record = json!({"child_session": child, "handed_over": handed});
+    if let Err(e) = run_dir::create_file(dir, run_dir::HANDOVER, Some(owner))
+        .and_then(|mut f| f.write_all(record.to_string().as_bytes()))
+    {
+        warn!(task_id, "cannot write handover.json: {e}");
+    }
+    if handed.is_empty() {
+        return;
+    }
+    let mut line = format!("\n[sidejob] services handed over to session {parent_session}:");
+    for h in handed {
+        line.push_str(&format!(
+            " {} ({})",
+            h["task_id"].as_str().unwrap_or(""),
+            h["summary"].as_str().unwrap_or("")
+        ));
+    }
+    line.push('\n');
+    let appended = dirfd::open_at(
+        dir,
+        Path::new(run_dir::OUTPUT),
+        OFlag::O_WRONLY | OFlag::O_APPEND,
+        0,
+    )
+    .and_then(|fd| {
+        let st = dirfd::stat_fd(fd.as_fd())?;
+        if !dirfd::is_file(&st) || st.st_uid != task.owner_uid {
+            return Err(std::io::Error::other(
+                "output.log is not the run's own file",
+            ));
+        }
+        std::fs::File::from(fd).write_all(line.as_bytes())
+    });
+    if let Err(e) = appended {
+        warn!(task_id, "cannot append the hand-over to output.log: {e}");
     }
 }

@@ -1,6 +1,7 @@
 //! `sidejob doctor`: which sandbox layers this host can apply, and why not, plus a live
 //! check that runs `/bin/true` under the default profile through the real supervisor.
 
+use std::os::fd::AsFd;
 use std::time::{Instant, SystemTime};
 
 use serde_json::json;
@@ -134,11 +135,14 @@ fn trial_run() -> serde_json::Value {
     let catalog = Catalog::new(Catalog::default_dir());
     let run = || -> Result<String, String> {
         let profile = catalog.get("workspace-write").map_err(|e| e.to_string())?;
-        let base = std::env::temp_dir().join(format!("sidejob-doctor-{}", std::process::id()));
+        // A fresh directory of our own (mode 0700, never one that exists), as `exec` makes;
+        // not under /dev, which the view replaces with its own.
+        let base =
+            super::exec::make_private_dir(&std::env::temp_dir()).map_err(|e| e.to_string())?;
         let ws = base.join("workspace");
         let run_dir = base.join("run");
-        std::fs::create_dir_all(&ws).map_err(|e| e.to_string())?;
-        std::fs::create_dir_all(&run_dir).map_err(|e| e.to_string())?;
+        std::fs::create_dir(&ws).map_err(|e| e.to_string())?;
+        std::fs::create_dir(&run_dir).map_err(|e| e.to_string())?;
         let r = resolve::resolve(
             &profile,
             &Context {
@@ -156,7 +160,10 @@ fn trial_run() -> serde_json::Value {
             argv: vec!["/bin/true".into()],
             env: r.env,
             cwd: ws.clone(),
-            run_dir,
+            output_dir: run_dir.clone(),
+            output_owner: None,
+            caller: None,
+            run_dir: run_dir.clone(),
             uid: None,
             gid: None,
             timeout_ms: Some(10_000),
@@ -167,7 +174,12 @@ fn trial_run() -> serde_json::Value {
             sandbox: r.sandbox,
         };
         let t = Instant::now();
-        let res = crate::supervisor::supervise(&plan, SystemTime::now());
+        let res = crate::sys::dirfd::open_dir(&run_dir)
+            .map_err(|e| crate::supervisor::SuperviseError::Output {
+                path: run_dir.clone(),
+                source: e,
+            })
+            .and_then(|dir| crate::supervisor::supervise(&plan, SystemTime::now(), dir.as_fd()));
         let ms = t.elapsed().as_secs_f64() * 1000.0;
         let _ = std::fs::remove_dir_all(&base);
         match res {

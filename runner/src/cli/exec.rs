@@ -4,6 +4,7 @@
 //! ended it, 124 on timeout, 125 when the sandbox could not be built, 126/127 when the
 //! command could not be run).
 
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -22,6 +23,8 @@ pub struct ExecArgs {
     pub timeout: Option<Duration>,
     pub env: Vec<String>,
     pub json: bool,
+    /// Pass this process's stdin to the command (through a pipe when it is a terminal).
+    pub stdin: bool,
     pub command: Vec<String>,
 }
 
@@ -37,15 +40,22 @@ fn fail(msg: impl std::fmt::Display, hint: Option<&str>) -> i32 {
 /// is staged in the run's own mount namespace). `/dev/shm` when usable: nothing there
 /// needs to survive the run, so it need not touch a disk.
 fn make_run_dir() -> std::io::Result<PathBuf> {
-    use std::os::unix::fs::DirBuilderExt;
-    let name = format!("sidejob-exec-{}-{}", std::process::id(), crate::ids::ulid());
     let shm = Path::new("/dev/shm");
     let base = if shm.is_dir() {
         shm.to_path_buf()
     } else {
         std::env::temp_dir()
     };
-    sweep(&base);
+    make_private_dir(&base)
+}
+
+/// A fresh directory `<base>/sidejob-exec-<pid>-<ulid>`, mode 0700: made here (never one that
+/// exists, so nothing planted in a shared `/tmp` is used), and swept by a later `exec` if
+/// this process is killed before it removes it.
+pub(crate) fn make_private_dir(base: &Path) -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let name = format!("sidejob-exec-{}-{}", std::process::id(), crate::ids::ulid());
+    sweep(base);
     let dir = base.join(name);
     std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
     Ok(dir)
@@ -144,6 +154,9 @@ pub fn exec(a: ExecArgs) -> i32 {
         env,
         cwd,
         run_dir: run_dir.clone(),
+        output_dir: run_dir.clone(),
+        output_owner: None,
+        caller: None,
         uid,
         gid,
         timeout_ms,
@@ -153,14 +166,34 @@ pub fn exec(a: ExecArgs) -> i32 {
         bridge_socket: None,
         sandbox: resolved.sandbox,
     };
-    let started = SystemTime::now();
-    let result = match supervisor::supervise(&plan, started) {
-        Ok(r) => r,
+    let copier = match command_stdin(a.stdin) {
+        Ok(c) => c,
         Err(e) => {
-            let reason = e.reason();
-            supervisor::failed_result(&plan, started, reason, e.to_string())
+            let _ = std::fs::remove_dir_all(&run_dir);
+            return fail(format!("cannot set up the command's stdin: {e}"), None);
         }
     };
+    let started = SystemTime::now();
+    let result = match crate::sys::dirfd::open_dir(&run_dir) {
+        Ok(dir) => match supervisor::supervise(&plan, started, dir.as_fd()) {
+            Ok(r) => r,
+            Err(e) => {
+                let reason = e.reason();
+                supervisor::failed_result(&plan, started, reason, e.to_string())
+            }
+        },
+        Err(e) => supervisor::failed_result(
+            &plan,
+            started,
+            FailReason::SpawnError,
+            format!("cannot open the run directory {}: {e}", run_dir.display()),
+        ),
+    };
+    if let Some(pid) = copier {
+        // It may be blocked reading the terminal: it must not take the next line typed.
+        let _ = crate::sys::kill(pid, libc::SIGKILL);
+        let _ = crate::sys::waitpid(pid, false);
+    }
     let _ = std::fs::remove_dir_all(&run_dir);
     let code = exit_code(&result);
     if a.json {
@@ -187,6 +220,42 @@ pub fn exec(a: ExecArgs) -> i32 {
         eprintln!("sidejob exec: limits hit: {}", result.violations.join(", "));
     }
     code
+}
+
+/// Makes descriptor 0 what the command gets as stdin (the run inherits it): `/dev/null`, or
+/// with `--stdin` this process's own stdin — through a pipe fed by a small copier process
+/// when it is a terminal, so the command never holds the terminal itself (it could change its
+/// settings, or read what is typed after the run ends). Returns the copier's pid.
+fn command_stdin(want: bool) -> std::io::Result<Option<i32>> {
+    use crate::sys;
+    use std::os::fd::AsRawFd;
+    if !want {
+        let null = std::fs::File::open("/dev/null")?;
+        sys::dup2(null.as_raw_fd(), 0)?;
+        return Ok(None);
+    }
+    if !std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+        return Ok(None); // a pipe or a file: the command may read it as it is
+    }
+    let (r, w) = sys::pipe()?;
+    match sys::fork()? {
+        sys::Fork::Child => {
+            drop(r);
+            let stdin = std::io::stdin();
+            let mut buf = [0u8; 8192];
+            loop {
+                match std::io::Read::read(&mut stdin.lock(), &mut buf) {
+                    Ok(0) | Err(_) => sys::exit_now(0),
+                    Ok(n) => sys::write_all_fd(&w, &buf[..n]),
+                }
+            }
+        }
+        sys::Fork::Parent(pid) => {
+            drop(w);
+            sys::dup2(r.as_raw_fd(), 0)?;
+            Ok(Some(pid))
+        }
+    }
 }
 
 /// The exit code `sidejob exec` passes through for a result.

@@ -170,6 +170,10 @@ enum Command {
         /// Print result.json at the end
         #[arg(long)]
         json: bool,
+        /// Give the command this process's standard input, through a pipe (never the
+        /// terminal itself) [default: the command's stdin is /dev/null]
+        #[arg(long)]
+        stdin: bool,
         /// The command and its arguments
         #[arg(last = true, required = true)]
         command: Vec<String>,
@@ -206,6 +210,7 @@ pub fn main() -> i32 {
             timeout,
             env,
             json,
+            stdin,
             command,
         } => {
             return exec::exec(exec::ExecArgs {
@@ -214,6 +219,7 @@ pub fn main() -> i32 {
                 timeout,
                 env,
                 json,
+                stdin,
                 command,
             })
         }

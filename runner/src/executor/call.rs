@@ -70,7 +70,7 @@ impl Executor {
     pub(super) fn running(&self, task_id: &str, row: &TaskRow) -> ToolCallResult {
         ToolCallResult::Running(RunningCall {
             task_id: task_id.to_owned(),
-            output: tail(Path::new(&row.output_path()), self.cfg.inline_output_bytes),
+            output: tail(row, self.cfg.inline_output_bytes),
             output_path: row.output_path(),
             result_path: row.result_path(),
             hint: Some(format!(
@@ -80,7 +80,7 @@ impl Executor {
     }
 
     pub(super) fn completed(&self, row: &TaskRow, deadline_hit: bool) -> ToolCallResult {
-        let (output, cut) = excerpt(Path::new(&row.output_path()), self.cfg.inline_output_bytes);
+        let (output, cut) = excerpt(row, self.cfg.inline_output_bytes);
         let hint = (deadline_hit && row.reason == Some(FailReason::Timeout)).then(|| {
             "pass yield_after_ms (for example 30000) or background: true so long commands move to the background instead of being stopped; \
              a background run wakes you when it finishes".to_owned()

@@ -154,7 +154,7 @@ impl Executor {
                     grace_ms,
                     message,
                 };
-                let path = CancelRequest::path(&live.run_dir);
+                let path = live.private.cancel();
                 if let Err(e) = serde_json::to_vec(&req)
                     .map_err(std::io::Error::other)
                     .and_then(|b| std::fs::write(&path, b))

@@ -14,26 +14,20 @@ pub(super) struct Lane {
 /// A call waiting for a slot.
 pub(super) struct Queued {
     live: Arc<Live>,
-    plan: LaunchPlan,
     stdin: Option<OwnedFd>,
 }
 
 impl Executor {
     /// Starts a call now if its session and the daemon have a free slot and nobody is
     /// waiting before it; otherwise queues it.
-    pub(super) fn start_or_queue(
-        self: &Arc<Self>,
-        live: Arc<Live>,
-        plan: LaunchPlan,
-        stdin: Option<OwnedFd>,
-    ) {
+    pub(super) fn start_or_queue(self: &Arc<Self>, live: Arc<Live>, stdin: Option<OwnedFd>) {
         let lane = self.lane(&live.session_id);
         let permits = (lane.waiting.load(Ordering::SeqCst) == 0)
             .then(|| self.try_slots(&live.session_id))
             .flatten();
         match permits {
-            Some(permits) => self.start_and_watch(live, &plan, stdin, permits),
-            None => self.enqueue(live, plan, stdin),
+            Some(permits) => self.start_and_watch(live, stdin, permits),
+            None => self.enqueue(live, stdin),
         }
     }
 
@@ -60,15 +54,10 @@ impl Executor {
     }
 
     /// Queues a call until its session and the daemon have a free slot.
-    pub(super) fn enqueue(
-        self: &Arc<Self>,
-        live: Arc<Live>,
-        plan: LaunchPlan,
-        stdin: Option<OwnedFd>,
-    ) {
+    pub(super) fn enqueue(self: &Arc<Self>, live: Arc<Live>, stdin: Option<OwnedFd>) {
         let lane = self.lane(&live.session_id);
         lane.waiting.fetch_add(1, Ordering::SeqCst);
-        if lane.queue.send(Queued { live, plan, stdin }).is_err() {
+        if lane.queue.send(Queued { live, stdin }).is_err() {
             lane.waiting.fetch_sub(1, Ordering::SeqCst);
         }
     }
@@ -90,7 +79,7 @@ impl Executor {
             let (Ok(session), Ok(global)) = (session, global) else {
                 return;
             };
-            self.start_and_watch(q.live, &q.plan, q.stdin, (global, session));
+            self.start_and_watch(q.live, q.stdin, (global, session));
         }
     }
 
@@ -98,11 +87,10 @@ impl Executor {
     pub(super) fn start_and_watch(
         self: &Arc<Self>,
         live: Arc<Live>,
-        plan: &LaunchPlan,
         stdin: Option<OwnedFd>,
         permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
     ) {
-        if let Some((child, pidfd)) = self.start(&live, plan, stdin) {
+        if let Some((child, pidfd)) = self.start(&live, stdin) {
             let this = self.clone();
             tokio::spawn(async move {
                 this.watch(live, pidfd, Some(child)).await;

@@ -21,7 +21,7 @@ use lanes::Lane;
 pub use output::{excerpt, page, tail, task_page};
 
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -40,9 +40,11 @@ use crate::protocol::{
     TaskState, ToolCallResult, WakeMode,
 };
 use crate::registry::{NotificationRow, Registry, RegistryError, SessionRow, Settlement, TaskRow};
+use crate::run_dir::{self, PrivateDir};
 use crate::sandbox::{self, LaunchPlan};
 use crate::supervisor::{CancelRequest, RunResult, StopReason};
 use crate::sys;
+use crate::sys::dirfd::Creds;
 
 /// Bytes a task's stdin queue may hold before `task.message` is refused.
 const MAX_QUEUED_STDIN: u64 = 16 * 1024 * 1024;
@@ -76,8 +78,9 @@ pub enum FgEvent {
 
 /// One `tool.call`, after the server has checked who may make it.
 pub struct CallRequest {
-    pub owner_uid: u32,
-    pub owner_gid: u32,
+    /// The session owner's credentials: the run's paths (its workspace above all) are
+    /// opened with them, and the run runs as this user when the daemon is root.
+    pub owner: Creds,
     pub session: SessionRow,
     pub tool: String,
     pub args: serde_json::Value,
@@ -87,6 +90,9 @@ pub struct CallRequest {
     pub stdin: StdinMode,
     pub service: bool,
     pub profile: Option<String>,
+    /// The widest profile this call may have: the effective profile of the run that made it
+    /// (through its bridge, or as a subagent's child session). `None`: the session's.
+    pub ceiling: Option<String>,
     /// Whether a background completion wakes the host.
     pub wake: WakeMode,
     /// The task that started this one (a schedule's monitor, a bridge caller).
@@ -115,7 +121,13 @@ struct LiveState {
 struct Live {
     task_id: String,
     session_id: String,
-    run_dir: PathBuf,
+    owner_uid: u32,
+    /// `<state_dir>/runs/<task_id>`: plan, cancel request, supervisor pid and log.
+    private: PrivateDir,
+    /// `<session_dir>/.background/<task_id>`, opened when it was made (or, after a restart,
+    /// without following symlinks): the supervisor writes output.log and result.json
+    /// through it and the daemon reads result.json back through it.
+    public: Option<OwnedFd>,
     state: Mutex<LiveState>,
     done: watch::Sender<bool>,
     stdin_queued: Arc<AtomicU64>,
@@ -123,11 +135,13 @@ struct Live {
 }
 
 impl Live {
-    fn new(row: &TaskRow) -> Arc<Live> {
+    fn new(row: &TaskRow, private: PrivateDir, public: Option<OwnedFd>) -> Arc<Live> {
         Arc::new(Live {
             task_id: row.task_id.clone(),
             session_id: row.session_id.clone(),
-            run_dir: PathBuf::from(&row.run_dir),
+            owner_uid: row.owner_uid,
+            private,
+            public,
             state: Mutex::new(LiveState::default()),
             done: watch::channel(false).0,
             stdin_queued: Arc::new(AtomicU64::new(0)),
@@ -141,6 +155,26 @@ impl Live {
 
     fn lock(&self) -> MutexGuard<'_, LiveState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The run's result.json, if it wrote one that describes this task.
+    fn read_result(&self) -> std::io::Result<Option<RunResult>> {
+        let Some(dir) = &self.public else {
+            return Ok(None);
+        };
+        let result = run_dir::read_result(dir.as_fd(), self.owner_uid)?;
+        match result {
+            Some(r) if r.task_id != self.task_id || r.session_id != self.session_id => {
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!(
+                        "result.json describes task {} of session {}",
+                        r.task_id, r.session_id
+                    ),
+                ))
+            }
+            other => Ok(other),
+        }
     }
 }
 
@@ -216,25 +250,29 @@ impl Executor {
         let task_id = ids::ulid();
         let workspace = PathBuf::from(&req.session.workspace);
         let session_dir = PathBuf::from(&req.session.session_dir);
-        let run_dir = session_dir.join(".background").join(&task_id);
+        let private = PrivateDir::new(&self.cfg.runs_dir(), &task_id);
+        let ceiling = req
+            .ceiling
+            .clone()
+            .unwrap_or_else(|| req.session.profile.clone());
         let plugin_config = crate::bridge::plugin_config(&self.cfg);
         let ctx = PlanContext {
             workspace: &workspace,
             session_id: &req.session.session_id,
             task_id: &task_id,
             session_dir: &session_dir,
-            tmp_dir: &crate::bridge::tmp_dir(&run_dir),
-            profile: &req.session.profile,
+            tmp_dir: &private.files(),
+            profile: &ceiling,
             depth: crate::bridge::subagent::depth_of(&self.registry, &req.session),
             config: &plugin_config,
         };
         let tool_plan = tool
             .plan(&req.args, &ctx)
             .map_err(|e| ExecError::InvalidParams(e.0))?;
-        // The session's profile, or the narrower one the call (or the tool) names, resolved
-        // for this run.
+        // The ceiling (the session's profile, or the narrower one of the run that made this
+        // call), or the narrower one the call (or the tool) names, resolved for this run.
         let sb = sandbox::for_call(
-            &req.session.profile,
+            &ceiling,
             req.profile.as_deref().or(tool_plan.profile.as_deref()),
             &workspace,
             &session_dir,
@@ -244,17 +282,30 @@ impl Executor {
             sandbox::CallSandboxError::Unavailable(m) => ExecError::SandboxUnavailable(m),
         })?;
         let profile = sb.profile.clone();
+        let owner = (req.session.owner_uid, req.session.owner_gid);
 
-        std::fs::create_dir_all(&run_dir).map_err(|source| ExecError::Io {
-            step: "create run directory",
-            path: run_dir.clone(),
-            source,
-        })?;
+        let io = |step: &'static str, path: &Path| {
+            let path = path.to_path_buf();
+            move |source| ExecError::Io { step, path, source }
+        };
+        private
+            .create()
+            .map_err(io("create the run's private directory", private.path()))?;
+        let public_path = PathBuf::from(run_dir::public_path(&req.session.session_dir, &task_id));
+        let public = run_dir::create_public(&session_dir, owner, &task_id)
+            .map_err(io("create run directory", &public_path));
+        let public = match public {
+            Ok(fd) => fd,
+            Err(e) => {
+                private.remove();
+                return Err(e);
+            }
+        };
         // Root runs other users' commands as those users, never as root.
         let (uid, gid) = match sb.run_as {
             sandbox::RunAs::Ids { uid, gid } => (Some(uid), Some(gid)),
-            sandbox::RunAs::Caller if sys::getuid() == 0 && req.owner_uid != 0 => {
-                (Some(req.owner_uid), Some(req.owner_gid))
+            sandbox::RunAs::Caller if sys::getuid() == 0 && owner.0 != 0 => {
+                (Some(owner.0), Some(owner.1))
             }
             sandbox::RunAs::Caller => (None, None),
         };
@@ -268,10 +319,10 @@ impl Executor {
         let extras = crate::bridge::prepare(
             self,
             &req.session,
-            (req.owner_uid, req.owner_gid),
+            &profile,
             (uid, gid),
             &task_id,
-            &run_dir,
+            &private,
             &tool_plan,
         )?;
         env.extend(tool_plan.env);
@@ -284,7 +335,10 @@ impl Executor {
             argv: tool_plan.argv,
             env,
             cwd: tool_plan.cwd,
-            run_dir: run_dir.clone(),
+            run_dir: private.path().to_path_buf(),
+            output_dir: public_path.clone(),
+            output_owner: Some(owner),
+            caller: Some(req.owner.clone()),
             uid,
             gid,
             timeout_ms: Some(req.timeout_ms.map_or(cap, |t| t.min(cap))),
@@ -298,11 +352,8 @@ impl Executor {
         };
         let plan_bytes = serde_json::to_vec_pretty(&plan)
             .map_err(|e| ExecError::InvalidParams(e.to_string()))?;
-        std::fs::write(plan.plan_path(), plan_bytes).map_err(|source| ExecError::Io {
-            step: "write launch plan",
-            path: plan.plan_path(),
-            source,
-        })?;
+        std::fs::write(private.plan(), plan_bytes)
+            .map_err(io("write launch plan", &private.plan()))?;
 
         let row = TaskRow {
             mode: if foreground {
@@ -311,7 +362,7 @@ impl Executor {
                 "background"
             }
             .into(),
-            run_dir: run_dir.display().to_string(),
+            run_dir: public_path.display().to_string(),
             service: req.service || tool_plan.service,
             parent_task_id: req.parent_task_id.clone(),
             timeout_ms: req.timeout_ms,
@@ -319,6 +370,9 @@ impl Executor {
             wake: req.wake.as_str().into(),
             occurrence_key: req.occurrence_key.clone(),
             profile,
+            run_uid: uid,
+            run_gid: gid,
+            bridge_session_id: extras.bridge_session_id(),
             ..TaskRow::new(
                 task_id.clone(),
                 &req.session,
@@ -329,7 +383,7 @@ impl Executor {
             )
         };
         self.registry.insert_task(&row)?;
-        let live = Live::new(&row);
+        let live = Live::new(&row, private, Some(public));
         let rx = foreground.then(|| {
             let (tx, rx) = oneshot::channel();
             live.lock().fg = Some(tx);
@@ -343,7 +397,7 @@ impl Executor {
             StdinMode::Pipe => {
                 let io = |source| ExecError::Io {
                     step: "create stdin pipe for",
-                    path: run_dir.clone(),
+                    path: public_path.clone(),
                     source,
                 };
                 let (r, w) = sys::pipe().map_err(io)?;
@@ -354,7 +408,7 @@ impl Executor {
         };
         // Start at once when there is a free slot, so the task is `running` by the time the
         // call returns; otherwise it waits as `queued`.
-        self.start_or_queue(live, plan, stdin_pipe);
+        self.start_or_queue(live, stdin_pipe);
         Ok((row, rx))
     }
 
@@ -363,14 +417,13 @@ impl Executor {
     fn start(
         &self,
         live: &Arc<Live>,
-        plan: &LaunchPlan,
         stdin_pipe: Option<OwnedFd>,
-    ) -> Option<(std::process::Child, Arc<AsyncFd<OwnedFd>>)> {
+    ) -> Option<(i32, Arc<AsyncFd<OwnedFd>>)> {
         let mut st = live.lock();
         if st.settled {
             return None; // canceled while queued
         }
-        let (child, pidfd) = match self.start_supervisor(plan, stdin_pipe, &mut st) {
+        let (pid, pidfd) = match self.start_supervisor(live, stdin_pipe, &mut st) {
             Ok(started) => started,
             Err(e) => {
                 let s = lost_settlement(
@@ -383,7 +436,6 @@ impl Executor {
                 return None;
             }
         };
-        let pid = child.id() as i32;
         let start_time = sys::process_start_time(pid).unwrap_or(0);
         if let Err(e) = self.registry.mark_started(
             &live.task_id,
@@ -394,47 +446,48 @@ impl Executor {
         ) {
             warn!(task_id = %live.task_id, "cannot record the run's start: {e}");
         }
-        Some((child, pidfd))
+        Some((pid, pidfd))
     }
 
     fn start_supervisor(
         &self,
-        plan: &LaunchPlan,
+        live: &Live,
         stdin_pipe: Option<OwnedFd>,
         st: &mut LiveState,
-    ) -> std::io::Result<(std::process::Child, Arc<AsyncFd<OwnedFd>>)> {
+    ) -> std::io::Result<(i32, Arc<AsyncFd<OwnedFd>>)> {
+        let public = live.public.as_ref().ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "the run directory could not be opened",
+            )
+        })?;
         let stdin_read = match stdin_pipe {
             Some(r) => Some(r),
-            // A plugin's plan may give the command fixed stdin (bridge::stdin_path).
-            None => std::fs::File::open(crate::bridge::stdin_path(&plan.run_dir))
+            // A plugin's plan may give the command fixed stdin (bridge::prepare).
+            None => std::fs::File::open(live.private.stdin())
                 .ok()
                 .map(OwnedFd::from),
         };
-        let child = spawn::spawn_supervisor(&self.exe, &plan.run_dir, stdin_read)?;
+        let pid = spawn::spawn_supervisor(&self.exe, &live.private, public.as_fd(), stdin_read)?;
         // The child is ours and unreaped, so its pid cannot have been reused yet.
-        let pidfd = Arc::new(sys::async_fd(sys::pidfd_open(child.id() as i32)?)?);
+        let pidfd = Arc::new(sys::async_fd(sys::pidfd_open(pid)?)?);
         st.supervisor = Some(pidfd.clone());
-        Ok((child, pidfd))
+        Ok((pid, pidfd))
     }
 
     /// Waits (without polling) for the supervisor to exit, then settles from result.json.
-    async fn watch(
-        &self,
-        live: Arc<Live>,
-        pidfd: Arc<AsyncFd<OwnedFd>>,
-        mut child: Option<std::process::Child>,
-    ) {
+    /// `child` is the supervisor's pid when this daemon started it (and so must reap it).
+    async fn watch(&self, live: Arc<Live>, pidfd: Arc<AsyncFd<OwnedFd>>, child: Option<i32>) {
         if let Err(e) = pidfd.readable().await {
             warn!(task_id = %live.task_id, "cannot watch the supervisor: {e}");
         }
-        let status = child.as_mut().and_then(|c| c.wait().ok());
-        let result_path = live.run_dir.join("result.json");
-        let settlement = match RunResult::read(&result_path) {
+        let status = child.and_then(|pid| sys::waitpid(pid, false).ok().flatten());
+        let settlement = match live.read_result() {
             Ok(Some(result)) => settlement_from_result(&result),
-            Ok(None) | Err(_) if CancelRequest::path(&live.run_dir).exists() => {
+            Ok(None) | Err(_) if live.private.cancel().exists() => {
                 // Stopped before it had set up its signal handling, so before the command
                 // started: settle as the stop asked.
-                let req: Option<CancelRequest> = std::fs::read(CancelRequest::path(&live.run_dir))
+                let req: Option<CancelRequest> = std::fs::read(live.private.cancel())
                     .ok()
                     .and_then(|b| serde_json::from_slice(&b).ok());
                 let mut s = lost_settlement(FailReason::Timeout, String::new());
@@ -449,18 +502,22 @@ impl Executor {
                 s
             }
             Ok(None) | Err(_) => {
-                let log = std::fs::read_to_string(live.run_dir.join("supervisor.log"))
-                    .unwrap_or_default();
+                let log = std::fs::read_to_string(live.private.log()).unwrap_or_default();
                 let log = log.trim();
-                match status.and_then(|s| s.code()) {
-                    Some(2) => lost_settlement(
+                match status {
+                    Some((_, sys::Exit::Code(2))) => lost_settlement(
                         FailReason::SpawnError,
                         format!("the supervisor could not start the run: {log}"),
                     ),
                     _ => lost_settlement(
                         FailReason::Lost,
                         format!(
-                            "the supervisor ended without writing result.json ({status:?}){}",
+                            "the supervisor ended without writing result.json ({}){}",
+                            match status {
+                                Some((_, sys::Exit::Code(c))) => format!("exit code {c}"),
+                                Some((_, sys::Exit::Signal(s))) => format!("signal {s}"),
+                                None => "not our child".into(),
+                            },
                             if log.is_empty() {
                                 String::new()
                             } else {
@@ -472,7 +529,14 @@ impl Executor {
             }
         };
         // A subagent waits for its child session's tasks first (bridge/subagent.rs).
-        crate::bridge::subagent::finish(self, &live.task_id, &live.session_id, &live.run_dir).await;
+        crate::bridge::subagent::finish(
+            self,
+            &live.task_id,
+            &live.session_id,
+            live.public.as_ref().map(|f| f.as_fd()),
+            live.private.cancel().exists(),
+        )
+        .await;
         let settled = {
             let mut st = live.lock();
             self.settle_locked(&live, &mut st, settlement)
@@ -529,7 +593,7 @@ impl Executor {
     fn wake_notification(&self, live: &Live, s: &Settlement) -> Option<NotificationRow> {
         let task = self.registry.get_task(&live.task_id).ok().flatten()?;
         let session = self.registry.get_session(&live.session_id).ok().flatten()?;
-        let output = tail(Path::new(&task.output_path()), 4096);
+        let output = tail(&task, 4096);
         let (severity, kind, text) =
             crate::wake::text::completion(&task, s, session.proactive_wake, &output);
         Some(NotificationRow {
@@ -547,10 +611,12 @@ impl Executor {
         })
     }
 
-    /// After settling: wake cancel-waiters and forget the live entry.
+    /// After settling: wake cancel-waiters, forget the live entry and remove the run's
+    /// private directory (the task's result is in the registry and its public half).
     fn finish(&self, live: &Live, _settled: Option<TaskRow>) {
         let _ = live.done.send(true);
         self.live_map().remove(&live.task_id);
+        live.private.remove();
     }
 
     /// Re-attaches to the runs of a previous daemon (see `recover.rs`).

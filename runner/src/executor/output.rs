@@ -2,9 +2,22 @@
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
+use std::os::fd::AsFd;
 use std::path::Path;
 
 use crate::protocol::TaskOutputResult;
+use crate::registry::TaskRow;
+use crate::run_dir;
+
+/// Opens a task's `output.log` through its run directory's descriptor, without following
+/// symlinks, and only if it is the session owner's file (see `run_dir`). `None` when there is
+/// none (yet) or it is not what it should be.
+pub fn open_output(row: &TaskRow) -> Option<File> {
+    let run = Path::new(&row.run_dir);
+    let session_dir = run.parent()?.parent()?;
+    let dir = run_dir::open_public(session_dir, row.owner_uid, &row.task_id).ok()?;
+    run_dir::open_file(dir.as_fd(), run_dir::OUTPUT, row.owner_uid).ok()
+}
 
 /// Default and largest page `task.output` returns.
 pub const DEFAULT_PAGE_BYTES: u64 = 64 * 1024;
@@ -19,8 +32,8 @@ fn read_range(f: &mut File, offset: u64, len: u64) -> std::io::Result<Vec<u8>> {
 
 /// The whole output if it fits in `max`, else its head and tail around a marker. Returns the
 /// text and whether anything was left out.
-pub fn excerpt(path: &Path, max: usize) -> (String, bool) {
-    let Ok(mut f) = File::open(path) else {
+pub fn excerpt(row: &TaskRow, max: usize) -> (String, bool) {
+    let Some(mut f) = open_output(row) else {
         return (String::new(), false);
     };
     let size = f.metadata().map(|m| m.len()).unwrap_or(0);
@@ -36,15 +49,15 @@ pub fn excerpt(path: &Path, max: usize) -> (String, bool) {
         "{}\n[sidejob: {} bytes not shown; read {} for all of it]\n{}",
         String::from_utf8_lossy(&head),
         size - 2 * half,
-        path.display(),
+        row.output_path(),
         String::from_utf8_lossy(&tail)
     );
     (text, true)
 }
 
 /// The last `max` bytes of the output (what a yielded call has printed so far).
-pub fn tail(path: &Path, max: usize) -> String {
-    let Ok(mut f) = File::open(path) else {
+pub fn tail(row: &TaskRow, max: usize) -> String {
+    let Some(mut f) = open_output(row) else {
         return String::new();
     };
     let size = f.metadata().map(|m| m.len()).unwrap_or(0);
@@ -56,14 +69,14 @@ pub fn tail(path: &Path, max: usize) -> String {
 /// One page of output for `task.output`. `terminal` says whether the run has settled (and so
 /// whether reaching the end means end of file).
 pub fn page(
-    path: &Path,
+    f: Option<File>,
     offset: Option<u64>,
     max_bytes: Option<u64>,
     tail_bytes: Option<u64>,
     terminal: bool,
     truncated: bool,
 ) -> TaskOutputResult {
-    let mut f = File::open(path).ok();
+    let mut f = f;
     let size = f
         .as_ref()
         .and_then(|f| f.metadata().ok())
@@ -94,12 +107,9 @@ pub fn page(
 }
 
 /// `task.output` for a task row.
-pub fn task_page(
-    row: &crate::registry::TaskRow,
-    p: &crate::protocol::TaskOutputParams,
-) -> TaskOutputResult {
+pub fn task_page(row: &TaskRow, p: &crate::protocol::TaskOutputParams) -> TaskOutputResult {
     page(
-        Path::new(&row.output_path()),
+        open_output(row),
         p.offset,
         p.max_bytes,
         p.tail_bytes,

@@ -14,8 +14,8 @@ use tracing::{info, warn};
 
 use super::{lost_settlement, settlement_from_result, ExecError, Executor, Live};
 use crate::protocol::{FailReason, TaskState};
+use crate::run_dir::{self, PrivateDir};
 use crate::sandbox::LaunchPlan;
-use crate::supervisor::RunResult;
 use crate::sys;
 
 /// What recovery did, for the log and for tests.
@@ -37,9 +37,15 @@ pub fn recover(ex: &Arc<Executor>) -> Result<Recovered, ExecError> {
     // Queued tasks start after every re-attached run holds its slot again.
     let mut to_start = Vec::new();
     for row in rows {
-        let live = Live::new(&row);
+        let private = PrivateDir::new(&ex.cfg.runs_dir(), &row.task_id);
+        let public = Path::new(&row.run_dir)
+            .parent()
+            .and_then(Path::parent)
+            .and_then(|session_dir| {
+                run_dir::open_public(session_dir, row.owner_uid, &row.task_id).ok()
+            });
+        let live = Live::new(&row, private, public);
         ex.live_map().insert(row.task_id.clone(), live.clone());
-        let run_dir = Path::new(&row.run_dir).to_path_buf();
         let settle = |s| {
             let settled = {
                 let mut st = live.lock();
@@ -47,15 +53,20 @@ pub fn recover(ex: &Arc<Executor>) -> Result<Recovered, ExecError> {
             };
             ex.finish(&live, settled);
         };
-        if let Ok(Some(result)) = RunResult::read(&run_dir.join("result.json")) {
-            settle(settlement_from_result(&result));
-            out.settled_from_result += 1;
-            continue;
-        }
+        // The run directory's result.json is its owner's to write: it settles a task only once
+        // the task's supervisor is known to be gone, never in place of a live one.
+        let from_result_or_lost = |why: String| match live.read_result() {
+            Ok(Some(result)) => (settlement_from_result(&result), true),
+            Ok(None) => (lost_settlement(FailReason::Lost, why), false),
+            Err(e) => (
+                lost_settlement(FailReason::Lost, format!("{why}; result.json: {e}")),
+                false,
+            ),
+        };
         let recorded = row
             .supervisor_pid
             .zip(row.supervisor_start_time)
-            .or_else(|| read_pid_file(&run_dir));
+            .or_else(|| read_pid_file(&live.private));
         if let Some((pid, start)) = recorded {
             match attach(pid, start) {
                 Some(pidfd) => {
@@ -80,29 +91,36 @@ pub fn recover(ex: &Arc<Executor>) -> Result<Recovered, ExecError> {
                     out.reattached += 1;
                 }
                 None => {
-                    // It may have finished between the two looks.
-                    match RunResult::read(&run_dir.join("result.json")) {
-                        Ok(Some(result)) => {
-                            settle(settlement_from_result(&result));
-                            out.settled_from_result += 1;
-                        }
-                        _ => {
-                            settle(lost_settlement(FailReason::Lost, format!("supervisor (pid {pid}) ended without writing result.json while sidejob was down")));
-                            out.lost += 1;
-                        }
+                    let (s, from_result) = from_result_or_lost(format!(
+                        "supervisor (pid {pid}) ended without writing result.json while sidejob was down"
+                    ));
+                    settle(s);
+                    if from_result {
+                        out.settled_from_result += 1;
+                    } else {
+                        out.lost += 1;
                     }
                 }
             }
             continue;
         }
         if row.state == TaskState::Queued {
-            match std::fs::read(run_dir.join("plan.json"))
+            // Never started: the plan is in the private directory, where only the daemon
+            // writes.
+            match std::fs::read(live.private.plan())
                 .ok()
                 .and_then(|b| serde_json::from_slice::<LaunchPlan>(&b).ok())
             {
-                Some(plan) => {
-                    to_start.push((live, plan));
+                Some(_) if live.public.is_some() => {
+                    to_start.push(live);
                     out.restarted += 1;
+                }
+                Some(_) => {
+                    settle(lost_settlement(
+                        FailReason::Lost,
+                        "the run directory is gone or is not the session owner's".into(),
+                    ));
+                    out.lost += 1;
                 }
                 None => {
                     settle(lost_settlement(
@@ -115,22 +133,25 @@ pub fn recover(ex: &Arc<Executor>) -> Result<Recovered, ExecError> {
             continue;
         }
         warn!(task_id = %row.task_id, "running task has no supervisor on record");
-        settle(lost_settlement(
-            FailReason::Lost,
-            "no supervisor was recorded for this run".into(),
-        ));
-        out.lost += 1;
+        let (s, from_result) =
+            from_result_or_lost("no supervisor was recorded for this run".into());
+        settle(s);
+        if from_result {
+            out.settled_from_result += 1;
+        } else {
+            out.lost += 1;
+        }
     }
-    for (live, plan) in to_start {
+    for live in to_start {
         info!(task_id = %live.task_id, "starting a task queued before the restart");
         // A stdin pipe cannot outlive the daemon that held its write end.
-        ex.enqueue(live, plan, None);
+        ex.enqueue(live, None);
     }
     Ok(out)
 }
 
-fn read_pid_file(run_dir: &Path) -> Option<(i32, u64)> {
-    let text = std::fs::read_to_string(run_dir.join("supervisor.pid")).ok()?;
+fn read_pid_file(private: &PrivateDir) -> Option<(i32, u64)> {
+    let text = std::fs::read_to_string(private.pid_file()).ok()?;
     let mut it = text.split_whitespace();
     Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
 }

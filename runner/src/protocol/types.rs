@@ -184,6 +184,9 @@ pub struct SessionOpenParams {
     pub proactive_wake: Option<bool>,
     #[serde(default)]
     pub parent_session_id: Option<String>,
+    /// Root only: reopen a session another uid owns (and act in it as that user).
+    #[serde(default)]
+    pub adopt: Option<bool>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -192,6 +195,9 @@ pub struct SessionOpenResult {
     pub session_dir: String,
     pub workspace: String,
     pub profile: String,
+    /// Whose session it is (differs from the caller's uid only when root adopted it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_uid: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -297,6 +303,9 @@ pub struct ToolCallParams {
     /// `on_terminal` (default): a background completion wakes the host; `silent`: it does not.
     #[serde(default)]
     pub wake: Option<WakeMode>,
+    /// Root only: start the call in a session another uid owns (it runs as that user).
+    #[serde(default)]
+    pub adopt: Option<bool>,
 }
 
 /// `tool.call`'s result: either the finished run, or a handle to the one still running.
@@ -607,6 +616,9 @@ pub struct ScheduleCreateParams {
     #[serde(default)]
     pub catch_up: Option<CatchUp>,
     pub action: ScheduleAction,
+    /// Root only: arm it in a session another uid owns (its calls run as that user).
+    #[serde(default)]
+    pub adopt: Option<bool>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]

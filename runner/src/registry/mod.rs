@@ -135,6 +135,14 @@ impl Registry {
             path: path.clone(),
             source,
         })?;
+        // The registry holds every user's commands and arguments: the daemon's only. SQLite
+        // creates its -wal and -shm files with the database's mode.
+        for suffix in ["", "-wal", "-shm"] {
+            use std::os::unix::fs::PermissionsExt;
+            let mut p = path.clone().into_os_string();
+            p.push(suffix);
+            let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600));
+        }
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;

@@ -10,6 +10,8 @@ use crate::protocol::{Delivery, FailReason, SessionInfo, StdinMode, Task, TaskKi
 pub struct SessionRow {
     pub session_id: String,
     pub owner_uid: u32,
+    /// The group the session's files are handed to (the owner's primary group at open).
+    pub owner_gid: u32,
     pub workspace: String,
     pub session_dir: String,
     pub profile: String,
@@ -25,6 +27,7 @@ impl SessionRow {
         Ok(SessionRow {
             session_id: r.get("session_id")?,
             owner_uid: r.get("owner_uid")?,
+            owner_gid: r.get("owner_gid")?,
             workspace: r.get("workspace")?,
             session_dir: r.get("session_dir")?,
             profile: r.get("profile")?,
@@ -40,6 +43,7 @@ impl SessionRow {
         obj([
             ("session_id", self.session_id.clone().into()),
             ("owner_uid", self.owner_uid.into()),
+            ("owner_gid", self.owner_gid.into()),
             ("workspace", self.workspace.clone().into()),
             ("session_dir", self.session_dir.clone().into()),
             ("profile", self.profile.clone().into()),
@@ -108,6 +112,13 @@ pub struct TaskRow {
     pub wake: String,
     /// For runs started by a schedule: `<schedule_id>:<occurrence>`, unique.
     pub occurrence_key: Option<String>,
+    /// The session owner's group (files of the run are handed to `owner_uid:owner_gid`).
+    pub owner_gid: u32,
+    /// Who the command runs as; `None` keeps the daemon's own ids.
+    pub run_uid: Option<u32>,
+    pub run_gid: Option<u32>,
+    /// The session the run's bridge is scoped to; `None`: the run has no bridge.
+    pub bridge_session_id: Option<String>,
 }
 
 /// Raw text of the enum columns, checked after the row is read.
@@ -155,6 +166,10 @@ impl TaskRow {
                 error: r.get("error")?,
                 wake: r.get("wake")?,
                 occurrence_key: r.get("occurrence_key")?,
+                owner_gid: r.get("owner_gid")?,
+                run_uid: r.get("run_uid")?,
+                run_gid: r.get("run_gid")?,
+                bridge_session_id: r.get("bridge_session_id")?,
             },
         })
     }
@@ -214,6 +229,10 @@ impl TaskRow {
             ("error", self.error.clone().into()),
             ("wake", self.wake.clone().into()),
             ("occurrence_key", self.occurrence_key.clone().into()),
+            ("owner_gid", self.owner_gid.into()),
+            ("run_uid", self.run_uid.into()),
+            ("run_gid", self.run_gid.into()),
+            ("bridge_session_id", self.bridge_session_id.clone().into()),
         ])
     }
 
@@ -263,6 +282,10 @@ impl TaskRow {
             error: None,
             wake: crate::protocol::WakeMode::OnTerminal.as_str().into(),
             occurrence_key: None,
+            owner_gid: session.owner_gid,
+            run_uid: None,
+            run_gid: None,
+            bridge_session_id: None,
         }
     }
 

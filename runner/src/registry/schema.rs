@@ -103,6 +103,17 @@ pub const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX schedules_due ON schedules (enabled, next_due_ms);
     "#,
+    // 3: who a session and a run act for, kept where no caller can write it. The group a
+    // session's files are handed to; the uid/gid a run runs as; the session a run's bridge
+    // is scoped to (a restarted daemon serves the bridge again from these, never from a file
+    // in a run directory).
+    r#"
+    ALTER TABLE sessions ADD COLUMN owner_gid INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE tasks ADD COLUMN owner_gid INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE tasks ADD COLUMN run_uid INTEGER;
+    ALTER TABLE tasks ADD COLUMN run_gid INTEGER;
+    ALTER TABLE tasks ADD COLUMN bridge_session_id TEXT;
+    "#,
 ];
 
 /// The tables the event log rebuilds, with their key column, in replay-check order.

@@ -32,8 +32,20 @@ pub struct LaunchPlan {
     /// The command's whole environment (nothing is inherited).
     pub env: Vec<(String, String)>,
     pub cwd: PathBuf,
-    /// `<session_dir>/.background/<task_id>`: output.log, result.json, plan.json live here.
+    /// The run's private directory (see `run_dir`): the plan lives there, and the sandbox's
+    /// root is staged on it.
     pub run_dir: PathBuf,
+    /// The run's public directory (`output.log`, `result.json`), as hosts see its path. The
+    /// supervisor writes there only through a descriptor (see `supervisor`).
+    pub output_dir: PathBuf,
+    /// The uid/gid the files the supervisor makes in `output_dir` are handed to (the
+    /// session's owner); `None` leaves them the supervisor's.
+    #[serde(default)]
+    pub output_owner: Option<(u32, u32)>,
+    /// The credentials caller paths (`MountSpec::as_caller`) are opened with; `None` uses
+    /// the supervisor's own.
+    #[serde(default)]
+    pub caller: Option<crate::sys::dirfd::Creds>,
     /// The uid/gid the command runs as; `None` keeps the supervisor's.
     pub uid: Option<u32>,
     pub gid: Option<u32>,
@@ -57,16 +69,13 @@ pub struct LaunchPlan {
 }
 
 impl LaunchPlan {
+    /// `output.log` as hosts see its path.
     pub fn output_path(&self) -> PathBuf {
-        self.run_dir.join("output.log")
+        self.output_dir.join(crate::run_dir::OUTPUT)
     }
 
-    pub fn result_path(&self) -> PathBuf {
-        self.run_dir.join("result.json")
-    }
-
-    pub fn plan_path(&self) -> PathBuf {
-        self.run_dir.join("plan.json")
+    pub fn private_dir(&self) -> crate::run_dir::PrivateDir {
+        crate::run_dir::PrivateDir::at(self.run_dir.clone())
     }
 }
 

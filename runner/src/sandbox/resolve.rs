@@ -19,6 +19,10 @@ pub struct MountSpec {
     pub write: bool,
     /// A required path that is missing fails the run; others are left out of the view.
     pub required: bool,
+    /// A path the caller named or owns (`{workspace}`, `{session_dir}`, `{home}`): opened
+    /// with the caller's credentials, so the view holds nothing the caller could not open.
+    #[serde(default)]
+    pub as_caller: bool,
 }
 
 /// The sandbox part of a launch plan: what the supervisor builds for the run.
@@ -90,17 +94,41 @@ fn substitute(path: &str, ctx: &Context) -> Result<Target, String> {
     })
 }
 
-/// Replaces placeholders in an environment value.
+/// Replaces placeholders in an environment value, in one pass from left to right: what a
+/// placeholder is replaced with is never looked at again (a workspace whose path holds the
+/// text `{tmp}` stays that path). A placeholder with no value here is left as it is.
 fn substitute_value(value: &str, ctx: &Context) -> String {
-    let mut v = value.replace("{workspace}", &ctx.workspace.to_string_lossy());
-    v = v.replace("{tmp}", VIEW_TMP);
-    if let Some(d) = ctx.session_dir {
-        v = v.replace("{session_dir}", &d.to_string_lossy());
+    let mut out = String::with_capacity(value.len());
+    let mut rest = value;
+    while let Some(open) = rest.find('{') {
+        out.push_str(&rest[..open]);
+        let tail = &rest[open..];
+        let value_of = |name: &str| -> Option<String> {
+            match name {
+                "{workspace}" => Some(ctx.workspace.to_string_lossy().into_owned()),
+                "{tmp}" => Some(VIEW_TMP.to_owned()),
+                "{session_dir}" => ctx.session_dir.map(|d| d.to_string_lossy().into_owned()),
+                "{home}" => ctx.home.map(|h| h.to_string_lossy().into_owned()),
+                _ => None,
+            }
+        };
+        let found = tail
+            .find('}')
+            .map(|close| &tail[..=close])
+            .and_then(|name| Some((name.len(), value_of(name)?)));
+        match found {
+            Some((len, v)) => {
+                out.push_str(&v);
+                rest = &tail[len..];
+            }
+            None => {
+                out.push('{');
+                rest = &tail[1..];
+            }
+        }
     }
-    if let Some(h) = ctx.home {
-        v = v.replace("{home}", &h.to_string_lossy());
-    }
-    v
+    out.push_str(rest);
+    out
 }
 
 fn env_allowed(name: &str, allow: &[String]) -> bool {
@@ -121,6 +149,7 @@ pub fn resolve(profile: &Profile, ctx: &Context) -> Result<Resolved, String> {
                 (Some(p.clone()), p, required)
             }
         };
+        let as_caller = source.is_some() && path.starts_with('{');
         match mounts
             .iter_mut()
             .find(|m| m.target == target && m.source == source)
@@ -128,6 +157,7 @@ pub fn resolve(profile: &Profile, ctx: &Context) -> Result<Resolved, String> {
             Some(m) => {
                 m.exec |= exec;
                 m.write |= write;
+                m.as_caller |= as_caller;
             }
             None => mounts.push(MountSpec {
                 source,
@@ -135,6 +165,7 @@ pub fn resolve(profile: &Profile, ctx: &Context) -> Result<Resolved, String> {
                 exec,
                 write,
                 required,
+                as_caller,
             }),
         }
         Ok(())
@@ -188,6 +219,22 @@ pub fn resolve(profile: &Profile, ctx: &Context) -> Result<Resolved, String> {
 mod tests {
     use super::*;
     use crate::sandbox::profile::load;
+
+    #[test]
+    fn placeholders_in_values_are_replaced_once() {
+        let ctx = Context {
+            workspace: Path::new("/w/{tmp}/{session_dir}"),
+            session_dir: Some(Path::new("/s/{home}")),
+            home: Some(Path::new("/h")),
+            caller_env: &[],
+        };
+        assert_eq!(
+            substitute_value("{workspace}:{tmp}:{session_dir}:{home}:{nope}:{", &ctx),
+            "/w/{tmp}/{session_dir}:/tmp:/s/{home}:/h:{nope}:{"
+        );
+        let no_home = Context { home: None, ..ctx };
+        assert_eq!(substitute_value("x{home}y", &no_home), "x{home}y");
+    }
 
     #[test]
     fn placeholders_resolve_and_paths_merge() {

@@ -192,7 +192,6 @@ impl Scheduler {
     pub fn create(
         &self,
         session: &SessionRow,
-        owner_gid: u32,
         p: ScheduleCreateParams,
     ) -> Result<ScheduleCreateResult, ScheduleError> {
         let now = now_ms();
@@ -245,7 +244,7 @@ impl Scheduler {
             schedule_id: schedule_id.clone(),
             session_id: session.session_id.clone(),
             owner_uid: session.owner_uid,
-            owner_gid,
+            owner_gid: session.owner_gid,
             task_id: task_id.clone(),
             trigger: serde_json::to_string(&trigger).unwrap_or_default(),
             action: serde_json::to_string(&p.action).unwrap_or_default(),
@@ -433,8 +432,7 @@ impl Scheduler {
                         return Ok(());
                     }
                     let req = CallRequest {
-                        owner_uid: s.owner_uid,
-                        owner_gid: s.owner_gid,
+                        owner: crate::session::owner_creds(&session, None),
                         session,
                         tool: call.tool,
                         args: call.args,
@@ -444,6 +442,7 @@ impl Scheduler {
                         stdin: StdinMode::Null,
                         service: false,
                         profile: call.profile,
+                        ceiling: None,
                         wake: call.wake.unwrap_or_default(),
                         parent_task_id: Some(s.task_id.clone()),
                         occurrence_key: Some(key.clone()),

@@ -105,6 +105,18 @@ pub async fn dispatch(
     closed: impl std::future::Future<Output = ()>,
 ) -> Result<Reply, RpcError> {
     let registry = d.executor.registry();
+    // An unprivileged daemon cannot run anything as another user: whatever it did for them
+    // would be done with its own user's authority. It serves its own user (and root) only.
+    let me = crate::sys::getuid();
+    if me != 0 && peer.uid != me && peer.uid != 0 {
+        return Err(RpcError::new(
+            ErrorKind::PermissionDenied,
+            format!(
+                "this daemon runs as uid {me} and serves only that user; uid {} needs a daemon of its own (or a root daemon)",
+                peer.uid
+            ),
+        ));
+    }
     match method {
         "initialize" => {
             let p: InitializeParams = params(method, p)?;
@@ -128,7 +140,12 @@ pub async fn dispatch(
         }
         "session.open" => {
             let p: SessionOpenParams = params(method, p)?;
-            to_value(session::open(registry, d.executor.config(), peer.uid, p)?)
+            to_value(session::open(
+                registry,
+                d.executor.config(),
+                &peer.creds(),
+                p,
+            )?)
         }
         "session.close" => {
             let p: SessionCloseParams = params(method, p)?;
@@ -193,7 +210,12 @@ pub async fn dispatch(
         }),
         "tool.call" => {
             let p: ToolCallParams = params(method, p)?;
-            let sess = session::get_for(registry, peer.uid, &p.session_id)?;
+            let sess = session::get_to_work_in(
+                registry,
+                peer.uid,
+                &p.session_id,
+                p.adopt.unwrap_or(false),
+            )?;
             if !sess.is_open() {
                 return Err(RpcError::new(
                     ErrorKind::InvalidState,
@@ -202,8 +224,7 @@ pub async fn dispatch(
                 .with_hint("open it again with session.open"));
             }
             let req = CallRequest {
-                owner_uid: peer.uid,
-                owner_gid: peer.gid,
+                owner: session::owner_creds(&sess, Some(&peer.creds())),
                 session: sess,
                 tool: p.tool,
                 args: if p.args.is_null() { json!({}) } else { p.args },
@@ -213,6 +234,7 @@ pub async fn dispatch(
                 stdin: p.stdin.unwrap_or_default(),
                 service: p.service.unwrap_or(false),
                 profile: p.profile,
+                ceiling: None,
                 wake: p.wake.unwrap_or_default(),
                 parent_task_id: None,
                 occurrence_key: None,

@@ -46,11 +46,13 @@ pub enum ServeError {
     Exec(#[from] crate::executor::ExecError),
 }
 
-/// Who is on the other end of a connection (`SO_PEERCRED`), and where its pushes go.
+/// Who is on the other end of a connection (`SO_PEERCRED`, `SO_PEERGROUPS`), and where its
+/// pushes go.
 #[derive(Debug, Clone)]
 pub struct Peer {
     pub uid: u32,
     pub gid: u32,
+    pub groups: Vec<u32>,
     /// The connection, for `events.subscribe` (absent where pushes make no sense).
     pub conn: Option<Conn>,
 }
@@ -67,6 +69,17 @@ pub struct Daemon {
     pub scheduler: Arc<Scheduler>,
 }
 
+impl Peer {
+    /// The peer's credentials, to act with on its behalf (see `sys::dirfd::as_caller`).
+    pub fn creds(&self) -> crate::sys::dirfd::Creds {
+        crate::sys::dirfd::Creds {
+            uid: self.uid,
+            gid: self.gid,
+            groups: self.groups.clone(),
+        }
+    }
+}
+
 static NEXT_CONN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// A line to write, and the task whose inline delivery rides on it.
@@ -78,12 +91,14 @@ struct Outgoing {
 /// Runs the daemon until SIGTERM or SIGINT. Runs keep going when it stops: their supervisors
 /// own them, and the next start re-attaches.
 pub async fn serve(cfg: Config) -> Result<(), ServeError> {
+    // Nothing the daemon creates is readable by others unless it says so (the socket, the
+    // bridge directory and the sessions directory set their modes explicitly). Supervisors
+    // set the usual 022 again for the commands they run.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
+    let mut cfg = cfg;
+    prepare_state_dir(&mut cfg)?;
+    raise_fd_limit();
     let cfg = Arc::new(cfg);
-    std::fs::create_dir_all(&cfg.state_dir).map_err(|source| ServeError::Io {
-        step: "create",
-        path: cfg.state_dir.clone(),
-        source,
-    })?;
     // Handle SIGTERM/SIGINT before the socket exists, so a stop that comes as soon as it
     // accepts is a clean stop too.
     let mut term = signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -93,7 +108,8 @@ pub async fn serve(cfg: Config) -> Result<(), ServeError> {
         crate::sandbox::Catalog::configure_dir(dir.clone());
     }
     let _profile_watch = crate::sandbox::Catalog::default_dir().and_then(profiles::watch);
-    let listener = bind_socket(&cfg.socket)?;
+    let socket_gid = cfg.socket_group.as_deref().map(resolve_group).transpose()?;
+    let listener = bind_socket(&cfg.socket, socket_gid)?;
     let registry = Arc::new(Registry::open(&cfg.state_dir)?);
     let exe = std::env::current_exe().map_err(|source| ServeError::Io {
         step: "locate",
@@ -150,6 +166,80 @@ fn signal(
     })
 }
 
+/// Makes the state directory private (0700: it holds the registry, with every user's
+/// commands, and the runs' private halves) and its `sessions` and `runs` directories, and
+/// pins its path to the real one (workspaces are checked against it).
+fn prepare_state_dir(cfg: &mut Config) -> Result<(), ServeError> {
+    use std::os::unix::fs::DirBuilderExt;
+    let io = |step: &'static str, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ServeError::Io { step, path, source }
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&cfg.state_dir)
+        .map_err(io("create", &cfg.state_dir))?;
+    let meta = std::fs::symlink_metadata(&cfg.state_dir).map_err(io("inspect", &cfg.state_dir))?;
+    if !meta.is_dir() || std::os::unix::fs::MetadataExt::uid(&meta) != crate::sys::getuid() {
+        return Err(ServeError::Io {
+            step: "use",
+            path: cfg.state_dir.clone(),
+            source: std::io::Error::other(
+                "the state directory must be a real directory owned by the daemon's user",
+            ),
+        });
+    }
+    // An older daemon made it 0755: close it now.
+    std::fs::set_permissions(&cfg.state_dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(io("make private", &cfg.state_dir))?;
+    cfg.state_dir = cfg
+        .state_dir
+        .canonicalize()
+        .map_err(io("resolve", &cfg.state_dir))?;
+    // Sessions' directories belong to their owners (0700 each); their parent only needs to
+    // be passable, for a sessions_dir configured outside the state directory.
+    for (dir, mode) in [(cfg.sessions_dir(), 0o711), (cfg.runs_dir(), 0o700)] {
+        match std::fs::DirBuilder::new().mode(mode).create(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io("create", &dir)(e)),
+        }
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode))
+            .map_err(io("set permissions on", &dir))?;
+    }
+    Ok(())
+}
+
+/// Every live run holds a pidfd and a directory descriptor: lift the soft limit on open
+/// descriptors to the hard one (commonly 1024 → 524288), as servers do.
+fn raise_fd_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        if soft < hard {
+            let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+        }
+    }
+}
+
+/// A `socket_group` by name or number.
+fn resolve_group(name: &str) -> Result<u32, ServeError> {
+    if let Ok(gid) = name.parse::<u32>() {
+        return Ok(gid);
+    }
+    match nix::unistd::Group::from_name(name) {
+        Ok(Some(g)) => Ok(g.gid.as_raw()),
+        _ => Err(ServeError::Io {
+            step: "find the socket group",
+            path: PathBuf::from(name),
+            source: std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "no such group (socket_group takes a group name or a numeric gid)",
+            ),
+        }),
+    }
+}
+
 /// One daemon per state directory: an exclusive lock held for the daemon's life.
 fn lock_state_dir(state_dir: &Path) -> Result<File, ServeError> {
     let path = state_dir.join("daemon.lock");
@@ -174,15 +264,19 @@ fn lock_state_dir(state_dir: &Path) -> Result<File, ServeError> {
     }
 }
 
-/// Binds the control socket (mode 0660), replacing the stale socket of a dead daemon and
-/// refusing to take over a live one.
-fn bind_socket(path: &Path) -> Result<UnixListener, ServeError> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|source| ServeError::Io {
-            step: "create",
-            path: dir.into(),
-            source,
-        })?;
+/// Binds the control socket (mode 0660, handed to `group` when one is configured), replacing
+/// the stale socket of a dead daemon and refusing to take over a live one.
+fn bind_socket(path: &Path, group: Option<u32>) -> Result<UnixListener, ServeError> {
+    if let Some(dir) = path.parent().filter(|d| !d.exists()) {
+        // Passable by everyone (0755 despite the daemon's umask): who may connect is the
+        // socket's own mode and group.
+        std::fs::create_dir_all(dir)
+            .and_then(|()| std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)))
+            .map_err(|source| ServeError::Io {
+                step: "create",
+                path: dir.into(),
+                source,
+            })?;
     }
     match std::fs::symlink_metadata(path) {
         Ok(meta) if !meta.file_type().is_socket() => {
@@ -213,6 +307,13 @@ fn bind_socket(path: &Path) -> Result<UnixListener, ServeError> {
             source,
         }
     })?;
+    if let Some(gid) = group {
+        std::os::unix::fs::lchown(path, None, Some(gid)).map_err(|source| ServeError::Io {
+            step: "hand the socket to its group",
+            path: path.into(),
+            source,
+        })?;
+    }
     Ok(listener)
 }
 
@@ -221,9 +322,30 @@ async fn connection(d: Arc<Daemon>, stream: UnixStream) {
     let (gap_tx, gap_rx) = watch::channel(None);
     let conn_id = NEXT_CONN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let peer = match stream.peer_cred() {
+        // An unprivileged daemon can only act as its own user: root connecting to it is
+        // served as that user (everything it does runs with that user's authority anyway).
+        Ok(c) if c.uid() == 0 && crate::sys::getuid() != 0 => {
+            let own = crate::sys::dirfd::Creds::own();
+            Peer {
+                uid: own.uid,
+                gid: own.gid,
+                groups: own.groups,
+                conn: Some(Conn {
+                    id: conn_id,
+                    channel: PushChannel {
+                        push: push_tx,
+                        gap: gap_tx,
+                    },
+                }),
+            }
+        }
         Ok(c) => Peer {
             uid: c.uid(),
             gid: c.gid(),
+            groups: {
+                use std::os::fd::AsFd;
+                crate::sys::peer_groups(stream.as_fd()).unwrap_or_else(|_| vec![c.gid()])
+            },
             conn: Some(Conn {
                 id: conn_id,
                 channel: PushChannel {

@@ -98,7 +98,12 @@ pub fn inbox_ack(d: &Arc<Daemon>, peer: &Peer, p: Value) -> Result<Reply, RpcErr
 
 pub fn schedule_create(d: &Arc<Daemon>, peer: &Peer, p: Value) -> Result<Reply, RpcError> {
     let p: ScheduleCreateParams = params("schedule.create", p)?;
-    let sess = session::get_for(d.executor.registry(), peer.uid, &p.session_id)?;
+    let sess = session::get_to_work_in(
+        d.executor.registry(),
+        peer.uid,
+        &p.session_id,
+        p.adopt.unwrap_or(false),
+    )?;
     if !sess.is_open() {
         return Err(RpcError::new(
             ErrorKind::InvalidState,
@@ -106,7 +111,7 @@ pub fn schedule_create(d: &Arc<Daemon>, peer: &Peer, p: Value) -> Result<Reply, 
         )
         .with_hint("open it again with session.open"));
     }
-    to_value(d.scheduler.create(&sess, peer.gid, p)?)
+    to_value(d.scheduler.create(&sess, p)?)
 }
 
 pub fn schedule_list(d: &Arc<Daemon>, peer: &Peer, p: Value) -> Result<Reply, RpcError> {

@@ -1,18 +1,28 @@
-//! Sessions: ids, directories, ownership (SPEC §3).
+//! Sessions: ids, directories, ownership.
+//!
+//! A session id is a global name, so two rules keep one user from taking another's:
+//! the ids the CLI and `sidejob mcp` derive (`cli-<uid>-…`, `mcp-<uid>-…`) are reserved for
+//! that uid, and root — who may see every session — acts in a session another uid owns only
+//! when it asks to (`adopt: true`), and then as that user, never as root.
 
-use std::path::{Path, PathBuf};
+pub mod dirs;
+
+use std::path::PathBuf;
+
+use tracing::info;
 
 use crate::config::Config;
 use crate::ids;
 use crate::protocol::{SessionOpenParams, SessionOpenResult};
 use crate::registry::{Registry, RegistryError, SessionRow};
 use crate::sandbox;
+use crate::sys::dirfd::Creds;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
     #[error("{0}")]
     InvalidParams(String),
-    #[error("session {0} belongs to another user")]
+    #[error("{0}")]
     PermissionDenied(String),
     #[error("session {0} not found")]
     NotFound(String),
@@ -28,47 +38,100 @@ pub enum SessionError {
     Registry(#[from] RegistryError),
 }
 
-/// Can `uid` see and touch a session owned by `owner`? Root sees all.
+/// Can `uid` see a session owned by `owner`? Root sees all.
 pub fn may_access(uid: u32, owner: u32) -> bool {
     uid == 0 || uid == owner
 }
 
-/// Looks a session up for `uid`: not found, or not theirs, are both errors.
+fn belongs_to_another(session_id: &str, owner: u32) -> SessionError {
+    SessionError::PermissionDenied(format!(
+        "session {session_id} belongs to another user (uid {owner})"
+    ))
+}
+
+/// The uid a session id is reserved for: `cli-<uid>-…` and `mcp-<uid>-…` are the ids the
+/// command line and the MCP server derive for that user.
+pub fn reserved_for(session_id: &str) -> Option<u32> {
+    let rest = session_id
+        .strip_prefix("cli-")
+        .or_else(|| session_id.strip_prefix("mcp-"))?;
+    let (uid, _) = rest.split_once('-')?;
+    uid.parse().ok()
+}
+
+fn check_id(session_id: &str) -> Result<(), SessionError> {
+    if ids::is_valid_session_id(session_id) {
+        Ok(())
+    } else {
+        Err(SessionError::InvalidParams(format!(
+            "invalid session id {session_id:?}: use 1-64 of [A-Za-z0-9_-]"
+        )))
+    }
+}
+
+/// Looks a session up for `uid` to read: not found, or not theirs, are both errors.
 pub fn get_for(
     registry: &Registry,
     uid: u32,
     session_id: &str,
 ) -> Result<SessionRow, SessionError> {
-    if !ids::is_valid_session_id(session_id) {
-        return Err(SessionError::InvalidParams(format!(
-            "invalid session id {session_id:?}: use 1-64 of [A-Za-z0-9_-]"
-        )));
-    }
+    check_id(session_id)?;
     let row = registry
         .get_session(session_id)?
         .ok_or_else(|| SessionError::NotFound(session_id.to_owned()))?;
     if !may_access(uid, row.owner_uid) {
-        return Err(SessionError::PermissionDenied(session_id.to_owned()));
+        return Err(belongs_to_another(session_id, row.owner_uid));
     }
     Ok(row)
+}
+
+/// Looks a session up for `uid` to start work in (`tool.call`, `schedule.create`). Root
+/// starts work in another user's session only with `adopt`; the work is then that user's.
+pub fn get_to_work_in(
+    registry: &Registry,
+    uid: u32,
+    session_id: &str,
+    adopt: bool,
+) -> Result<SessionRow, SessionError> {
+    let row = get_for(registry, uid, session_id)?;
+    if uid != row.owner_uid {
+        if !adopt {
+            return Err(SessionError::PermissionDenied(format!(
+                "session {session_id} belongs to uid {}; as root, pass adopt: true to act in it (as that user)",
+                row.owner_uid
+            )));
+        }
+        info!(
+            session_id,
+            owner_uid = row.owner_uid,
+            "root adopts another user's session"
+        );
+    }
+    Ok(row)
+}
+
+/// The credentials a session's paths are used with: its owner's. When the owner is the
+/// peer on the socket, its own credentials (groups as it has them now); otherwise (root
+/// adopting, a schedule firing, a restarted daemon) the owner's entry in the user database.
+pub fn owner_creds(row: &SessionRow, peer: Option<&Creds>) -> Creds {
+    match peer {
+        Some(p) if p.uid == row.owner_uid => p.clone(),
+        _ => crate::sys::user_creds(row.owner_uid, row.owner_gid),
+    }
 }
 
 /// `session.open`: creates the session, or reopens one the caller already owns.
 pub fn open(
     registry: &Registry,
     cfg: &Config,
-    uid: u32,
+    caller: &Creds,
     p: SessionOpenParams,
 ) -> Result<SessionOpenResult, SessionError> {
+    let uid = caller.uid;
     let session_id = p
         .session_id
         .unwrap_or_else(|| format!("s-{}", ids::ulid().to_ascii_lowercase()));
-    if !ids::is_valid_session_id(&session_id) {
-        return Err(SessionError::InvalidParams(format!(
-            "invalid session id {session_id:?}: use 1-64 of [A-Za-z0-9_-]"
-        )));
-    }
-    let workspace = absolute_dir("workspace", &p.workspace)?;
+    check_id(&session_id)?;
     let profile = p.profile.unwrap_or_else(|| cfg.default_profile.clone());
     // Known, valid and enforceable on this host: a session never starts with a profile its
     // runs would be refused under.
@@ -84,9 +147,9 @@ pub fn open(
         get_for(registry, uid, parent)?;
     }
     if let Some(existing) = registry.get_session(&session_id)? {
-        if !may_access(uid, existing.owner_uid) {
-            return Err(SessionError::PermissionDenied(session_id));
-        }
+        get_to_work_in(registry, uid, &session_id, p.adopt.unwrap_or(false))?;
+        let workspace =
+            dirs::check_workspace(cfg, &owner_creds(&existing, Some(caller)), &p.workspace)?;
         if existing.workspace != workspace.display().to_string() {
             return Err(SessionError::InvalidParams(format!(
                 "session {session_id} already exists with workspace {}; open a new session for another workspace",
@@ -101,44 +164,26 @@ pub fn open(
             session_dir: existing.session_dir,
             workspace: existing.workspace,
             profile: existing.profile,
+            owner_uid: Some(existing.owner_uid),
         });
     }
-    let session_dir = match p.session_dir {
-        Some(dir) => {
-            let dir = PathBuf::from(dir);
-            if !dir.is_absolute() {
-                return Err(SessionError::InvalidParams(format!(
-                    "session_dir {} must be an absolute path",
-                    dir.display()
-                )));
-            }
-            dir
-        }
-        None => cfg.sessions_dir().join(&session_id),
-    };
-    std::fs::create_dir_all(session_dir.join(".background")).map_err(|source| {
-        SessionError::Dir {
-            path: session_dir.clone(),
-            source,
-        }
-    })?;
-    let session_dir = session_dir
-        .canonicalize()
-        .map_err(|source| SessionError::Dir {
-            path: session_dir.clone(),
-            source,
-        })?;
-    // Runs write into the session directory; it must never be inside the workspace.
-    if session_dir.starts_with(&workspace) {
-        return Err(SessionError::InvalidParams(format!(
-            "session_dir {} is inside the workspace {}; choose a directory outside it",
-            session_dir.display(),
-            workspace.display()
+    if let Some(owner) = reserved_for(&session_id).filter(|o| *o != uid) {
+        return Err(SessionError::PermissionDenied(format!(
+            "session id {session_id} is reserved for uid {owner} (ids starting cli-<uid>- or mcp-<uid>- belong to that user); choose another id"
         )));
     }
+    let workspace = dirs::check_workspace(cfg, caller, &p.workspace)?;
+    let session_dir = dirs::make_session_dir(
+        cfg,
+        caller,
+        &session_id,
+        p.session_dir.as_deref(),
+        &workspace,
+    )?;
     let row = SessionRow {
         session_id: session_id.clone(),
         owner_uid: uid,
+        owner_gid: caller.gid,
         workspace: workspace.display().to_string(),
         session_dir: session_dir.display().to_string(),
         profile: profile.clone(),
@@ -154,25 +199,8 @@ pub fn open(
         session_dir: row.session_dir,
         workspace: row.workspace,
         profile,
+        owner_uid: Some(uid),
     })
-}
-
-fn absolute_dir(what: &str, path: &str) -> Result<PathBuf, SessionError> {
-    let p = Path::new(path);
-    if !p.is_absolute() {
-        return Err(SessionError::InvalidParams(format!(
-            "{what} {path:?} must be an absolute path"
-        )));
-    }
-    let real = p
-        .canonicalize()
-        .map_err(|e| SessionError::InvalidParams(format!("{what} {path}: {e}")))?;
-    if !real.is_dir() {
-        return Err(SessionError::InvalidParams(format!(
-            "{what} {path} is not a directory"
-        )));
-    }
-    Ok(real)
 }
 
 /// A session and every session below it (children, grandchildren, …).

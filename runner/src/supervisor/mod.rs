@@ -11,10 +11,8 @@ pub mod output;
 pub mod result;
 
 use std::ffi::CString;
-use std::fs::OpenOptions;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -23,9 +21,10 @@ use serde::{Deserialize, Serialize};
 pub use result::RunResult;
 
 use crate::protocol::{FailReason, TaskState};
+use crate::run_dir::PrivateDir;
 use crate::sandbox::linux::{self, PrepareError};
 use crate::sandbox::{resolve_program, LaunchPlan, OUTPUT_TAIL_BYTES};
-use crate::sys::{self, Exit, Fork, SigSet};
+use crate::sys::{self, dirfd, Exit, Fork, SigSet};
 
 /// How long output is still read after the run's init has exited. Everything in the
 /// namespace is dead by then, so this only bounds a pathological pipe.
@@ -40,6 +39,7 @@ pub enum StopReason {
     Timeout,
 }
 
+/// `cancel.json` in the run's private directory (`run_dir::PrivateDir::cancel`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CancelRequest {
     pub reason: StopReason,
@@ -47,12 +47,6 @@ pub struct CancelRequest {
     /// Shown as the result's `error`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
-}
-
-impl CancelRequest {
-    pub fn path(run_dir: &Path) -> PathBuf {
-        run_dir.join("cancel.json")
-    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -91,15 +85,33 @@ impl SuperviseError {
     }
 }
 
-/// Entry point of `sidejob supervise <run_dir>`; returns the process exit code.
-pub fn main(run_dir: &Path) -> i32 {
+/// Entry point of `sidejob supervise <private_dir>`; returns the process exit code. The
+/// run's public directory is descriptor 3 (`executor::spawn`).
+pub fn main(private_dir: &Path) -> i32 {
     let started = SystemTime::now();
     // Block the stop signals first: one that arrives during set-up stays pending and is read
     // from the signalfd later, instead of killing the supervisor before it can settle the run.
     let _ = SigSet::of(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGCHLD]).block();
-    // Nothing the daemon might have leaked stays open here (stdio excepted).
-    let _ = sys::close_from(3);
-    let plan_path = run_dir.join("plan.json");
+    // Nothing the daemon might have leaked stays open here (stdio and the run directory
+    // excepted).
+    let _ = sys::close_from(crate::run_dir::SUPERVISOR_PUBLIC_FD as u32 + 1);
+    let public = match sys::take_inherited_fd(crate::run_dir::SUPERVISOR_PUBLIC_FD).and_then(|fd| {
+        if dirfd::is_dir(&dirfd::stat_fd(fd.as_fd())?) {
+            Ok(fd)
+        } else {
+            Err(io::Error::other("descriptor 3 is not a directory"))
+        }
+    }) {
+        Ok(fd) => fd,
+        Err(e) => {
+            eprintln!("sidejob supervise: the run directory (inherited descriptor): {e}");
+            return 2;
+        }
+    };
+    // The daemon's umask (077) is not the run's: commands get the usual one.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
+    let private = PrivateDir::at(private_dir.to_path_buf());
+    let plan_path = private.plan();
     let plan: LaunchPlan = match std::fs::read(&plan_path).and_then(|b| {
         serde_json::from_slice(&b).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
     }) {
@@ -115,15 +127,15 @@ pub fn main(run_dir: &Path) -> i32 {
             return 2;
         }
     };
-    write_pid_file(run_dir);
-    let result = match supervise(&plan, started) {
+    write_pid_file(&private);
+    let result = match supervise(&plan, started, public.as_fd()) {
         Ok(result) => result,
         Err(e) => failed_result(&plan, started, e.reason(), e.to_string()),
     };
-    if let Err(e) = result.write_atomically(&plan.result_path()) {
+    if let Err(e) = result.write_atomically(public.as_fd(), plan.output_owner) {
         eprintln!(
             "sidejob supervise: cannot write {}: {e}",
-            plan.result_path().display()
+            plan.output_dir.join(crate::run_dir::RESULT).display()
         );
         return 1;
     }
@@ -132,14 +144,20 @@ pub fn main(run_dir: &Path) -> i32 {
 
 /// Records `pid start_time`, so a daemon that restarts before it recorded the spawn can still
 /// find this supervisor.
-fn write_pid_file(run_dir: &Path) {
+fn write_pid_file(private: &PrivateDir) {
     let pid = sys::getpid();
     let start = sys::process_start_time(pid).unwrap_or(0);
-    let _ = std::fs::write(run_dir.join("supervisor.pid"), format!("{pid} {start}\n"));
+    let _ = std::fs::write(private.pid_file(), format!("{pid} {start}\n"));
 }
 
-/// Runs the plan to the end and describes how it went.
-pub fn supervise(plan: &LaunchPlan, started: SystemTime) -> Result<RunResult, SuperviseError> {
+/// Runs the plan to the end and describes how it went. `out_dir` is the run's public
+/// directory: `output.log` is created there (never one that exists), handed to the session's
+/// owner.
+pub fn supervise(
+    plan: &LaunchPlan,
+    started: SystemTime,
+    out_dir: BorrowedFd<'_>,
+) -> Result<RunResult, SuperviseError> {
     let clock = Instant::now();
     let setup =
         |step: &'static str| move |source: io::Error| SuperviseError::Setup { step, source };
@@ -150,11 +168,7 @@ pub fn supervise(plan: &LaunchPlan, started: SystemTime) -> Result<RunResult, Su
     let sigfd = signals.signalfd().map_err(setup("signalfd"))?;
 
     let out_path = plan.output_path();
-    let file = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o640)
-        .open(&out_path)
+    let file = crate::run_dir::create_file(out_dir, crate::run_dir::OUTPUT, plan.output_owner)
         .map_err(|source| SuperviseError::Output {
             path: out_path.clone(),
             source,
@@ -179,8 +193,7 @@ pub fn supervise(plan: &LaunchPlan, started: SystemTime) -> Result<RunResult, Su
     layers.extend(sandbox.layers.iter().cloned());
     layers.sort();
 
-    // SAFETY: the supervisor is single-threaded (no tokio, no helper threads).
-    let init_pid = match unsafe { sys::fork() }.map_err(setup("fork run init"))? {
+    let init_pid = match sys::fork().map_err(setup("fork run init"))? {
         Fork::Child => {
             drop((out_r, err_r, status_r, sigfd, lifeline_w));
             init::run(
@@ -296,7 +309,7 @@ pub fn supervise(plan: &LaunchPlan, started: SystemTime) -> Result<RunResult, Su
             while let Ok(Some(sig)) = sys::read_signalfd(&sigfd) {
                 match sig {
                     libc::SIGTERM | libc::SIGINT if stop.is_none() => {
-                        let req = read_cancel_request(&plan.run_dir, plan.kill_grace_ms);
+                        let req = read_cancel_request(&plan.private_dir(), plan.kill_grace_ms);
                         stop = Some(req.reason);
                         stop_message = req.message;
                         kill_at = Some(Instant::now() + Duration::from_millis(req.grace_ms));
@@ -489,8 +502,8 @@ fn read_available(fd: &OwnedFd, out: &mut Vec<u8>) -> bool {
     }
 }
 
-fn read_cancel_request(run_dir: &Path, default_grace_ms: u64) -> CancelRequest {
-    std::fs::read(CancelRequest::path(run_dir))
+fn read_cancel_request(private: &PrivateDir, default_grace_ms: u64) -> CancelRequest {
+    std::fs::read(private.cancel())
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
         .unwrap_or(CancelRequest {

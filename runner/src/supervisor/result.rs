@@ -1,7 +1,6 @@
 //! `result.json` (SPEC §5): written once, atomically, by the supervisor.
 
-use std::io::Write;
-use std::path::Path;
+use std::os::fd::BorrowedFd;
 
 use serde::{Deserialize, Serialize};
 
@@ -34,29 +33,16 @@ pub struct RunResult {
 }
 
 impl RunResult {
-    /// Reads a result.json; `Ok(None)` if there is none (yet).
-    pub fn read(path: &Path) -> std::io::Result<Option<RunResult>> {
-        match std::fs::read(path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Writes to a temporary file, fsyncs it, renames it into place and fsyncs the directory,
-    /// so a reader sees either no result or the whole of it.
-    pub fn write_atomically(&self, path: &Path) -> std::io::Result<()> {
-        let tmp = path.with_extension("json.tmp");
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?)?;
-        f.write_all(b"\n")?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        if let Some(dir) = path.parent() {
-            crate::sys::fsync_dir(dir)?;
-        }
-        Ok(())
+    /// Writes `result.json` into the run's public directory atomically and durably (a fresh
+    /// temporary file, fsync, rename, fsync of the directory: a reader sees no result or the
+    /// whole of it), handed to `owner`.
+    pub fn write_atomically(
+        &self,
+        dir: BorrowedFd<'_>,
+        owner: Option<(u32, u32)>,
+    ) -> std::io::Result<()> {
+        let mut bytes = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
+        bytes.push(b'\n');
+        crate::sys::dirfd::write_atomically_at(dir, crate::run_dir::RESULT, &bytes, 0o600, owner)
     }
 }

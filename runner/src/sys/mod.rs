@@ -4,7 +4,9 @@
 //! Every wrapper returns `io::Result` with the OS error; callers add the step and the path.
 #![allow(unsafe_code)]
 
+pub mod dirfd;
 pub mod sandbox;
+pub mod spawn;
 
 use std::ffi::CString;
 use std::io;
@@ -128,19 +130,92 @@ pub enum Fork {
     Child,
 }
 
-/// `fork(2)`.
-///
-/// # Safety
-/// The calling process must be single-threaded (the supervisor is), so that the child does
-/// not inherit locks held by other threads.
-pub unsafe fn fork() -> io::Result<Fork> {
-    // SAFETY: guaranteed single-threaded by the caller's contract.
+/// How many threads this process has (field 20 of `/proc/self/stat`).
+fn thread_count() -> io::Result<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    stat.rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().nth(17))
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "malformed /proc/self/stat"))
+}
+
+/// `fork(2)`, refused unless this process has exactly one thread: a child forked from a
+/// multi-threaded process could inherit a lock another thread held (in the allocator, say)
+/// and deadlock. The supervisor and the run's init are single-threaded by design; this check
+/// makes that a verified fact rather than a promise.
+pub fn fork() -> io::Result<Fork> {
+    let threads = thread_count()?;
+    if threads != 1 {
+        return Err(io::Error::other(format!(
+            "refusing to fork a process with {threads} threads"
+        )));
+    }
+    // SAFETY: the process has one thread (checked just above, and nothing here starts one),
+    // so the child's memory holds no lock owned by a thread that does not exist in it.
     let pid = cvt(unsafe { libc::fork() })?;
     Ok(if pid == 0 {
         Fork::Child
     } else {
         Fork::Parent(pid)
     })
+}
+
+/// Sets the calling *thread's* filesystem credentials: supplementary groups, fsgid, fsuid.
+/// Raw system calls on purpose: the kernel keeps credentials per thread, while glibc's
+/// wrappers for `setgroups` apply to every thread. Used by [`dirfd::as_caller`] on a thread
+/// of its own.
+pub(crate) fn set_thread_fs_creds(uid: u32, gid: u32, groups: &[u32]) -> io::Result<()> {
+    // SAFETY: the kernel reads `groups.len()` gid_t values (u32 on every Linux ABI we build
+    // for) from the pointer, which points at exactly that many.
+    cvt_long(unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) })?;
+    // setfsgid/setfsuid return the previous value whether or not they succeeded; asking with
+    // an invalid id (-1) returns the current one, which tells.
+    // SAFETY: integer arguments only.
+    unsafe { libc::syscall(libc::SYS_setfsgid, gid) };
+    // SAFETY: integer arguments only.
+    let now_gid = unsafe { libc::syscall(libc::SYS_setfsgid, u32::MAX) } as u32;
+    // SAFETY: integer arguments only.
+    unsafe { libc::syscall(libc::SYS_setfsuid, uid) };
+    // SAFETY: integer arguments only.
+    let now_uid = unsafe { libc::syscall(libc::SYS_setfsuid, u32::MAX) } as u32;
+    if now_uid != uid || now_gid != gid {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("cannot take filesystem credentials {uid}:{gid}"),
+        ));
+    }
+    Ok(())
+}
+
+/// The supplementary groups of a Unix socket's peer (`SO_PEERGROUPS`, Linux 4.13), as they
+/// were when it connected.
+pub fn peer_groups(sock: std::os::fd::BorrowedFd<'_>) -> io::Result<Vec<u32>> {
+    let mut groups: Vec<u32> = vec![0; 64];
+    loop {
+        let mut len = (groups.len() * std::mem::size_of::<u32>()) as libc::socklen_t;
+        // SAFETY: the buffer holds `len` bytes and the kernel writes at most that many,
+        // reporting how many it wrote (or needs, with ERANGE) in `len`.
+        let r = unsafe {
+            libc::getsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERGROUPS,
+                groups.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        let n = len as usize / std::mem::size_of::<u32>();
+        if r == 0 {
+            groups.truncate(n);
+            return Ok(groups);
+        }
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::ERANGE) && n > groups.len() {
+            groups.resize(n, 0);
+            continue;
+        }
+        return Err(err);
+    }
 }
 
 /// How a waited-for process ended.
@@ -477,4 +552,35 @@ pub fn default_sigpipe() {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+}
+
+/// A user's credentials from the user database: `gid` as their primary group and their
+/// supplementary groups (`getgrouplist`). A uid with no entry has no supplementary groups.
+pub fn user_creds(uid: u32, gid: u32) -> dirfd::Creds {
+    use nix::unistd::{getgrouplist, Gid, Uid, User};
+    let groups = User::from_uid(Uid::from_raw(uid))
+        .ok()
+        .flatten()
+        .and_then(|u| {
+            let name = std::ffi::CString::new(u.name).ok()?;
+            getgrouplist(&name, Gid::from_raw(gid)).ok()
+        })
+        .map(|g| g.into_iter().map(|g| g.as_raw()).collect())
+        .unwrap_or_else(|| vec![gid]);
+    dirfd::Creds { uid, gid, groups }
+}
+
+/// Takes ownership of a descriptor this process inherited at a documented number (the
+/// supervisor's descriptor 3, the run's public directory). Refused if nothing is open there.
+/// Call once, first thing, before anything else could own that number.
+pub fn take_inherited_fd(fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: F_GETFD only reads the descriptor's flags; it fails with EBADF if not open.
+    cvt(unsafe { libc::fcntl(fd, libc::F_GETFD) })?;
+    // Close-on-exec from here on: nothing this process executes may inherit it.
+    // SAFETY: F_SETFD on an open descriptor (checked just above).
+    cvt(unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) })?;
+    // SAFETY: the descriptor is open (checked above) and, by this function's contract, owned
+    // by nothing else in this process: it was inherited, and this is the one place that
+    // claims it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }

@@ -247,10 +247,8 @@ fn abstract_connect(name: &str) -> Result<String, std::io::Error> {
     }
     let len = (std::mem::size_of::<libc::sa_family_t>() + 1 + bytes.len()) as libc::socklen_t;
     // SAFETY: a valid socket and an address of `len` bytes.
-    cvt(
-        unsafe { libc::connect(fd, &addr as *const _ as *const libc::sockaddr, len) }
-            as libc::c_long,
-    )?;
+    let r = unsafe { libc::connect(fd, &addr as *const _ as *const libc::sockaddr, len) };
+    cvt(r as libc::c_long)?;
     // SAFETY: writing 6 bytes from a static buffer.
     unsafe { libc::write(fd, b"probe\n".as_ptr().cast(), 6) };
     Ok("connected".into())

@@ -15,9 +15,23 @@ fn run_dir(r: &Value) -> PathBuf {
         .to_path_buf()
 }
 
-/// The supervisor's pid, from `supervisor.pid` in the run directory (once it has written it).
+/// A run's private directory, `<state_dir>/runs/<task_id>`, from its public one
+/// `<state_dir>/sessions/<session>/.background/<task_id>` (the daemon chose the session's
+/// directory).
+fn private_dir(run_dir: &Path) -> PathBuf {
+    let task = run_dir.file_name().expect("task id");
+    run_dir
+        .ancestors()
+        .nth(4)
+        .expect("state dir")
+        .join("runs")
+        .join(task)
+}
+
+/// The supervisor's pid, from `supervisor.pid` in the run's private directory (once it has
+/// written it).
 fn supervisor_pid(run_dir: &Path) -> i32 {
-    let file = run_dir.join("supervisor.pid");
+    let file = private_dir(run_dir).join("supervisor.pid");
     assert!(
         wait_until(Duration::from_secs(10), || std::fs::read_to_string(&file)
             .is_ok_and(|s| s.ends_with('\n'))),
@@ -284,14 +298,15 @@ fn a_reused_pid_is_never_mistaken_for_the_supervisor() {
     )
     .expect("point the row at the impostor");
     drop(db);
-    let recorded = std::fs::read_to_string(dir.join("supervisor.pid")).expect("pid file");
+    let recorded =
+        std::fs::read_to_string(private_dir(&dir).join("supervisor.pid")).expect("pid file");
     let start = recorded
         .split_whitespace()
         .nth(1)
         .expect("start time")
         .to_owned();
     std::fs::write(
-        dir.join("supervisor.pid"),
+        private_dir(&dir).join("supervisor.pid"),
         format!("{impostor_pid} {start}\n"),
     )
     .expect("pid file");

@@ -89,7 +89,15 @@ fn sigterm_stops_the_daemon_and_leaves_runs_to_settle() {
     drop(c);
     assert_eq!(d.terminate(), Some(0), "SIGTERM is a clean stop");
     assert!(d.state_dir.join("sidejob.db").exists());
-    assert!(run_dir.join("plan.json").exists(), "the run's files stay");
+    assert!(
+        d.state_dir
+            .join("runs")
+            .join(&id)
+            .join("plan.json")
+            .exists(),
+        "the run's private files stay"
+    );
+    assert!(run_dir.exists(), "the run's directory stays");
     assert!(
         std::os::unix::net::UnixStream::connect(&d.socket).is_err(),
         "nobody listens any more"

@@ -341,6 +341,7 @@ pub fn prepare(plan: &LaunchPlan) -> Result<Prepared, PrepareError> {
             exec: false,
             write: true,
             required: true,
+            as_caller: false,
         });
     }
     // Parents before children, whatever order the mounts were added in.
@@ -538,8 +539,7 @@ pub fn launch(
     view::pivot(&p.staging)?;
 
     // 9. The command. Init stays here to reap and to stop what the command leaves behind.
-    // SAFETY: the init is single-threaded (a fork of the single-threaded supervisor).
-    match unsafe { sys::fork() }.map_err(step("fork the command"))? {
+    match sys::fork().map_err(step("fork the command"))? {
         sys::Fork::Parent(pid) => Ok(pid),
         sys::Fork::Child => confine_and_exec(p, cmd, output, exec_error),
     }

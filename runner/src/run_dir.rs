@@ -1,0 +1,183 @@
+//! A run's two directories, and every file name in them.
+//!
+//! - The **private** half, `<state_dir>/runs/<task_id>/` (the state dir is 0700): what only
+//!   the daemon and the run's supervisor may write or trust — the launch plan, cancel
+//!   requests, the supervisor's pid and log, a plan's stdin and files. The sandbox's root is
+//!   also staged there. Removed once the task has settled.
+//! - The **public** half, `<session_dir>/.background/<task_id>/`: what the host reads —
+//!   `output.log` and `result.json` (and a subagent's `handover.json`). It belongs to the
+//!   session's owner (mode 0700), who may therefore swap things in it; so it is only ever
+//!   used through a descriptor, without following symlinks, and nothing read back from it
+//!   decides anything but what it describes.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use nix::fcntl::OFlag;
+
+use crate::session::dirs::{open_background, BACKGROUND};
+use crate::supervisor::RunResult;
+use crate::sys::dirfd;
+
+/// The command's output, in the public half.
+pub const OUTPUT: &str = "output.log";
+/// The run's result, in the public half.
+pub const RESULT: &str = "result.json";
+/// What a subagent handed over to its parent session, in the public half.
+pub const HANDOVER: &str = "handover.json";
+
+/// The supervisor's descriptor 3: the run's public directory, opened by the daemon when it
+/// made it. The supervisor creates `output.log` and `result.json` through it, so nothing done
+/// to the directory's path since can send them elsewhere.
+pub const SUPERVISOR_PUBLIC_FD: std::os::fd::RawFd = 3;
+
+/// The largest `result.json` the daemon reads back (a real one is about 1 KiB).
+const MAX_RESULT_BYTES: u64 = 256 * 1024;
+
+/// `<state_dir>/runs/<task_id>/`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrivateDir(PathBuf);
+
+impl PrivateDir {
+    pub fn new(runs_dir: &Path, task_id: &str) -> PrivateDir {
+        PrivateDir(runs_dir.join(task_id))
+    }
+
+    /// A private directory at a given path (`sidejob exec` keeps one in `/dev/shm`).
+    pub fn at(path: PathBuf) -> PrivateDir {
+        PrivateDir(path)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    /// The launch plan (`LaunchPlan` as JSON), written by the daemon before the run starts.
+    pub fn plan(&self) -> PathBuf {
+        self.0.join("plan.json")
+    }
+
+    /// Why the daemon asked the run to stop (`CancelRequest`), written before its SIGTERM.
+    pub fn cancel(&self) -> PathBuf {
+        self.0.join("cancel.json")
+    }
+
+    /// `pid start_time` of the supervisor, for a daemon that restarts before it recorded them.
+    pub fn pid_file(&self) -> PathBuf {
+        self.0.join("supervisor.pid")
+    }
+
+    /// The supervisor's stderr.
+    pub fn log(&self) -> PathBuf {
+        self.0.join("supervisor.log")
+    }
+
+    /// A plan's fixed stdin.
+    pub fn stdin(&self) -> PathBuf {
+        self.0.join("stdin")
+    }
+
+    /// A plan's files; mounted read-only in the run's view at this same path.
+    pub fn files(&self) -> PathBuf {
+        self.0.join("files")
+    }
+
+    /// Makes the directory (and `runs_dir`), private to the daemon.
+    pub fn create(&self) -> io::Result<()> {
+        use std::os::unix::fs::DirBuilderExt;
+        if let Some(parent) = self.0.parent() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(parent)?;
+        }
+        std::fs::DirBuilder::new().mode(0o700).create(&self.0)
+    }
+
+    /// Removes it and everything in it (nothing in it is needed once the task settled).
+    pub fn remove(&self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The public half's path (as shown to hosts: `output_path`, `result_path`).
+pub fn public_path(session_dir: &str, task_id: &str) -> String {
+    format!("{session_dir}/{BACKGROUND}/{task_id}")
+}
+
+/// Makes `<session_dir>/.background/<task_id>/` for a new run, handed to the session's
+/// owner, and opens it.
+pub fn create_public(session_dir: &Path, owner: (u32, u32), task_id: &str) -> io::Result<OwnedFd> {
+    let bg = open_background(session_dir, owner.0)?;
+    dirfd::mkdir_at(bg.as_fd(), task_id, 0o700)?;
+    let fd = dirfd::open_subdir(bg.as_fd(), Path::new(task_id))?;
+    dirfd::chown_fd(fd.as_fd(), owner.0, owner.1)?;
+    Ok(fd)
+}
+
+/// Opens an existing run's public half (after a daemon restart, or to read its output).
+pub fn open_public(session_dir: &Path, owner_uid: u32, task_id: &str) -> io::Result<OwnedFd> {
+    let bg = open_background(session_dir, owner_uid)?;
+    dirfd::open_subdir(bg.as_fd(), Path::new(task_id))
+}
+
+/// Creates a file of the run in its public half: never one that exists (a planted symlink or
+/// link makes this fail), handed to the session's owner, mode 0600.
+pub fn create_file(
+    dir: BorrowedFd<'_>,
+    name: &str,
+    owner: Option<(u32, u32)>,
+) -> io::Result<std::fs::File> {
+    let fd = dirfd::create_at(dir, name, 0o600)?;
+    if let Some((uid, gid)) = owner {
+        dirfd::chown_fd(fd.as_fd(), uid, gid)?;
+    }
+    Ok(std::fs::File::from(fd))
+}
+
+/// Opens a file of the run for reading: a regular file, not a symlink, and one the session's
+/// owner owns (the supervisor hands every file it makes to them) — a hard link to someone
+/// else's file, swapped in by whoever controls the directory, is refused.
+pub fn open_file(dir: BorrowedFd<'_>, name: &str, owner_uid: u32) -> io::Result<std::fs::File> {
+    let fd = dirfd::open_at(dir, Path::new(name), OFlag::O_RDONLY, 0)?;
+    let st = dirfd::stat_fd(fd.as_fd())?;
+    if !dirfd::is_file(&st) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{name} is not a regular file"),
+        ));
+    }
+    if st.st_uid != owner_uid {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{name} belongs to uid {}, not to the session's owner",
+                st.st_uid
+            ),
+        ));
+    }
+    Ok(std::fs::File::from(fd))
+}
+
+/// Reads `result.json` from a public half; `Ok(None)` if there is none (yet). What it says is
+/// data about the run, never authority: the caller checks it names the task it expects.
+pub fn read_result(dir: BorrowedFd<'_>, owner_uid: u32) -> io::Result<Option<RunResult>> {
+    use std::io::Read;
+    let f = match open_file(dir, RESULT, owner_uid) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut bytes = Vec::new();
+    f.take(MAX_RESULT_BYTES + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_RESULT_BYTES {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "result.json is too large",
+        ));
+    }
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}

@@ -1,0 +1,275 @@
+//! Acting in directories a caller controls without being tricked into acting elsewhere.
+//!
+//! Two tools, used together wherever the daemon or a supervisor touches a path that a caller
+//! named or can write:
+//! - descriptor-relative opens that never follow a symlink or leave the directory they start
+//!   from (`openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`), so a directory swapped for a
+//!   symlink, or a planted `output.log -> /etc/shadow`, fails instead of redirecting root;
+//! - [`as_caller`]: a short-lived thread whose *filesystem* credentials (fsuid, fsgid and
+//!   supplementary groups) are the caller's, so every permission check on the way — search
+//!   permission on each parent included — is the caller's, never root's.
+
+use std::ffi::OsStr;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use nix::fcntl::{self, OFlag, OpenHow, ResolveFlag, AT_FDCWD};
+use nix::sys::stat::{self, FileStat, Mode};
+use nix::unistd::{self, Gid, Uid, UnlinkatFlags};
+
+/// Who a caller is, as far as the filesystem is concerned.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Creds {
+    pub uid: u32,
+    pub gid: u32,
+    /// Supplementary groups (`SO_PEERGROUPS` for a socket peer).
+    #[serde(default)]
+    pub groups: Vec<u32>,
+}
+
+impl Creds {
+    /// This process's own credentials.
+    pub fn own() -> Creds {
+        Creds {
+            uid: unistd::geteuid().as_raw(),
+            gid: unistd::getegid().as_raw(),
+            groups: unistd::getgroups()
+                .map(|g| g.into_iter().map(|g| g.as_raw()).collect())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+fn errno(e: nix::Error) -> io::Error {
+    io::Error::from(e)
+}
+
+/// How every open here resolves: never through a symlink (magic links included), never
+/// above the directory it starts from.
+fn beneath() -> ResolveFlag {
+    ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS
+}
+
+/// Opens an absolute directory path for use as a `*at` base, refusing any symlink on the
+/// way (each component must be a real directory). The descriptor is `O_PATH`: it grants
+/// nothing by itself, it only names the directory.
+pub fn open_dir(path: &Path) -> io::Result<OwnedFd> {
+    if !path.is_absolute() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "path must be absolute",
+        ));
+    }
+    let how = OpenHow::new()
+        .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
+        .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS);
+    fcntl::openat2(AT_FDCWD, path, how).map_err(errno)
+}
+
+/// Opens `rel` beneath `dir` without following symlinks (`O_NOFOLLOW` on the last component
+/// too, so a symlink there is `ELOOP`). `mode` applies when `flags` create a file.
+pub fn open_at(dir: BorrowedFd<'_>, rel: &Path, flags: OFlag, mode: u32) -> io::Result<OwnedFd> {
+    let mut how = OpenHow::new()
+        .flags(flags | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW)
+        .resolve(beneath());
+    if flags.intersects(OFlag::O_CREAT | OFlag::O_TMPFILE) {
+        how = how.mode(Mode::from_bits_truncate(mode));
+    }
+    fcntl::openat2(dir, rel, how).map_err(errno)
+}
+
+/// A subdirectory of `dir` as an `O_PATH` base, without following symlinks.
+pub fn open_subdir(dir: BorrowedFd<'_>, rel: &Path) -> io::Result<OwnedFd> {
+    open_at(dir, rel, OFlag::O_PATH | OFlag::O_DIRECTORY, 0)
+}
+
+/// Creates the file `name` in `dir`: it must not exist (`O_EXCL`), so whatever a caller
+/// planted under that name — a symlink, a hard link, a file — makes this fail.
+pub fn create_at(dir: BorrowedFd<'_>, name: &str, mode: u32) -> io::Result<OwnedFd> {
+    open_at(
+        dir,
+        Path::new(name),
+        OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY,
+        mode,
+    )
+}
+
+/// `mkdirat`; an existing entry is `AlreadyExists`.
+pub fn mkdir_at(dir: BorrowedFd<'_>, name: &str, mode: u32) -> io::Result<()> {
+    stat::mkdirat(dir, name, Mode::from_bits_truncate(mode)).map_err(errno)
+}
+
+/// Makes the directory `name` in `dir` (or takes the one there) and opens it. With
+/// `owner`, a directory this call made is handed to that uid/gid.
+pub fn ensure_subdir(
+    dir: BorrowedFd<'_>,
+    name: &str,
+    mode: u32,
+    owner: Option<(u32, u32)>,
+) -> io::Result<OwnedFd> {
+    let made = match mkdir_at(dir, name, mode) {
+        Ok(()) => true,
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => false,
+        Err(e) => return Err(e),
+    };
+    let fd = open_subdir(dir, Path::new(name))?;
+    if let (true, Some((uid, gid))) = (made, owner) {
+        chown_fd(fd.as_fd(), uid, gid)?;
+    }
+    Ok(fd)
+}
+
+/// `fchownat(fd, "", AT_EMPTY_PATH)`: works on `O_PATH` descriptors too.
+pub fn chown_fd(fd: BorrowedFd<'_>, uid: u32, gid: u32) -> io::Result<()> {
+    unistd::fchownat(
+        fd,
+        "",
+        Some(Uid::from_raw(uid)),
+        Some(Gid::from_raw(gid)),
+        fcntl::AtFlags::AT_EMPTY_PATH,
+    )
+    .map_err(errno)
+}
+
+/// `fstat` of any descriptor (`O_PATH` included).
+pub fn stat_fd(fd: BorrowedFd<'_>) -> io::Result<FileStat> {
+    stat::fstat(fd).map_err(errno)
+}
+
+/// Is this a directory, a regular file?
+pub fn is_dir(st: &FileStat) -> bool {
+    st.st_mode & libc::S_IFMT == libc::S_IFDIR
+}
+
+pub fn is_file(st: &FileStat) -> bool {
+    st.st_mode & libc::S_IFMT == libc::S_IFREG
+}
+
+/// Renames within one directory; whatever is at `to` (a symlink included) is replaced, not
+/// followed.
+pub fn rename_at(dir: BorrowedFd<'_>, from: &str, to: &str) -> io::Result<()> {
+    fcntl::renameat(dir, from, dir, to).map_err(errno)
+}
+
+/// Removes the file `name` from `dir` (never what a symlink points to).
+pub fn unlink_at(dir: BorrowedFd<'_>, name: &str) -> io::Result<()> {
+    unistd::unlinkat(dir, name, UnlinkatFlags::NoRemoveDir).map_err(errno)
+}
+
+/// Removes the empty directory `name` from `dir`.
+pub fn rmdir_at(dir: BorrowedFd<'_>, name: &str) -> io::Result<()> {
+    unistd::unlinkat(dir, name, UnlinkatFlags::RemoveDir).map_err(errno)
+}
+
+/// Makes what was written through `fd` (or renamed in the directory `fd`) durable.
+pub fn fsync(fd: BorrowedFd<'_>) -> io::Result<()> {
+    unistd::fsync(fd).map_err(errno)
+}
+
+/// Reads the whole of a (small) file beneath `dir`, at most `limit` bytes: more is an error,
+/// so a caller cannot make the daemon allocate without bound.
+pub fn read_at(dir: BorrowedFd<'_>, rel: &Path, limit: u64) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    let fd = open_at(dir, rel, OFlag::O_RDONLY, 0)?;
+    let st = stat_fd(fd.as_fd())?;
+    if !is_file(&st) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "not a regular file",
+        ));
+    }
+    let mut out = Vec::new();
+    std::fs::File::from(fd)
+        .take(limit + 1)
+        .read_to_end(&mut out)?;
+    if out.len() as u64 > limit {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("larger than {limit} bytes"),
+        ));
+    }
+    Ok(out)
+}
+
+/// Writes `data` to `dir/name` atomically and durably: a fresh temporary file (`O_EXCL`,
+/// never one a caller planted), fsync, rename over `name`, fsync of the directory. Readers
+/// see no file or the whole of it. `owner` hands the file to that uid/gid before it appears.
+pub fn write_atomically_at(
+    dir: BorrowedFd<'_>,
+    name: &str,
+    data: &[u8],
+    mode: u32,
+    owner: Option<(u32, u32)>,
+) -> io::Result<()> {
+    use std::io::Write;
+    let tmp = format!(".{name}.tmp");
+    // A leftover (ours from a crash, or planted) is removed first; if something is put back
+    // before the create, the create fails rather than write through it.
+    match unlink_at(dir, &tmp) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let fd = create_at(dir, &tmp, mode)?;
+    if let Some((uid, gid)) = owner {
+        chown_fd(fd.as_fd(), uid, gid)?;
+    }
+    let mut f = std::fs::File::from(fd);
+    f.write_all(data)?;
+    f.sync_all()?;
+    rename_at(dir, &tmp, name)?;
+    fsync(dir)
+}
+
+/// Runs `f` with `creds` as the filesystem credentials.
+///
+/// Linux keeps credentials per thread: `f` runs on a short-lived thread whose fsuid, fsgid
+/// and supplementary groups are set with the raw system calls (glibc's `setgroups` would
+/// change every thread of the process), so no other thread of the daemon is affected and
+/// nothing needs restoring. With an fsuid other than 0 the kernel also drops that thread's
+/// file capabilities (`CAP_DAC_OVERRIDE`, `CAP_FOWNER`, …): every check is the caller's.
+///
+/// `None`, or credentials that are this process's own, run `f` here. An unprivileged process
+/// cannot take on another user's credentials: that is refused.
+pub fn as_caller<T: Send>(
+    creds: Option<&Creds>,
+    f: impl FnOnce() -> io::Result<T> + Send,
+) -> io::Result<T> {
+    let Some(c) = creds else { return f() };
+    let euid = unistd::geteuid().as_raw();
+    if c.uid == euid && (euid != 0 || c.gid == unistd::getegid().as_raw()) {
+        return f();
+    }
+    if euid != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "an unprivileged daemon (uid {euid}) cannot act with the credentials of uid {}",
+                c.uid
+            ),
+        ));
+    }
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            super::set_thread_fs_creds(c.uid, c.gid, &c.groups)?;
+            f()
+        })
+        .join()
+        .unwrap_or_else(|_| Err(io::Error::other("a thread acting as the caller panicked")))
+    })
+}
+
+/// The path of a descriptor under `/proc/self/fd`, for calls that only take paths (a bind
+/// mount's source): the magic link resolves to the descriptor's file, whatever its path is
+/// now.
+pub fn proc_fd_path(fd: BorrowedFd<'_>) -> std::path::PathBuf {
+    std::path::PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+}
+
+/// A name that is a single path component (no `/`, not `.` or `..`, not empty).
+pub fn is_plain_name(name: &OsStr) -> bool {
+    let b = name.as_bytes();
+    !b.is_empty() && b != b"." && b != b".." && !b.contains(&b'/') && !b.contains(&0)
+}
