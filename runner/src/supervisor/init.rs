@@ -93,10 +93,16 @@ pub fn run(cmd: &Command, sandbox: &Prepared, pipes: Pipes) -> ! {
             Err(_) => break, // ECHILD: nobody left
         }
     }
-    let report = match ended {
+    let mut report = match ended {
         Exit::Code(c) => format!("exit {c} {leftovers}"),
         Exit::Signal(s) => format!("signal {s} {leftovers}"),
     };
+    // A repository the run made on the `.git` stand-in (it stays in the run's tmpfs).
+    if let Some((shadow, _)) = &sandbox.git_shadow {
+        if std::fs::read_dir(shadow).is_ok_and(|mut d| d.next().is_some()) {
+            report.push_str(" git_repository");
+        }
+    }
     sys::write_all_fd(&status, report.as_bytes());
     // Closing the pipe now tells the supervisor the run is over; left to exit, the close
     // would wait for the teardown of this process's memory and namespaces.

@@ -183,7 +183,7 @@ pub fn supervise(
     let cmd = prepare_command(plan)?;
     // Checks the plan against this host, creates the run's cgroup, compiles the filters:
     // everything that can fail or allocate happens here, before any fork.
-    let sandbox = linux::prepare(plan)?;
+    let mut sandbox = linux::prepare(plan)?;
     let (out_r, out_w) = sys::pipe().map_err(setup("output pipe"))?;
     let (err_r, err_w) = sys::pipe().map_err(setup("exec error pipe"))?;
     let (status_r, status_w) = sys::pipe().map_err(setup("status pipe"))?;
@@ -371,6 +371,7 @@ pub fn supervise(
             .extend(cg.violations().into_iter().map(String::from));
         cg.remove();
     }
+    sandbox.release_git();
     let status = String::from_utf8_lossy(&status_buf).into_owned();
     let mut words = status.split_whitespace();
     let ended_how = match (
@@ -382,6 +383,10 @@ pub fn supervise(
         _ => None,
     };
     result.leftover_processes = words.next().and_then(|w| w.parse().ok()).unwrap_or(0);
+    // What init saw of the view after the command: only names it is known to send.
+    result
+        .violations
+        .extend(words.filter(|w| *w == "git_repository").map(String::from));
     match ended_how {
         Some(Exit::Code(c)) => result.exit_code = Some(c),
         Some(Exit::Signal(s)) => result.signal = Some(s),

@@ -261,6 +261,36 @@ pub fn as_caller<T: Send>(
     })
 }
 
+/// Runs `f` with `creds` as this thread's filesystem credentials and restores root's after:
+/// for the single-threaded run init, which must stay single-threaded to fork (a helper thread
+/// could still be counted when it forks). `None`, or a process that is not root, runs `f` as
+/// it is.
+pub fn with_creds_here<T>(
+    creds: Option<&Creds>,
+    f: impl FnOnce() -> io::Result<T>,
+) -> io::Result<T> {
+    let Some(c) = creds else { return f() };
+    if unistd::geteuid().as_raw() != 0 || c.uid == 0 {
+        return f();
+    }
+    let own = Creds::own();
+    super::set_thread_fs_creds(c.uid, c.gid, &c.groups)?;
+    let out = f();
+    // Back to root's: the kernel gives the file capabilities back with fsuid 0.
+    super::set_thread_fs_creds(own.uid, own.gid, &own.groups)?;
+    out
+}
+
+/// Opens a path a caller named (a `{workspace}`) as an `O_PATH` descriptor with no symlink
+/// on the way; a symlink as the last component is returned as itself (`O_NOFOLLOW`), for the
+/// caller to refuse or recreate.
+pub fn open_path_no_symlinks(path: &Path) -> io::Result<OwnedFd> {
+    let how = OpenHow::new()
+        .flags(OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
+        .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS);
+    fcntl::openat2(AT_FDCWD, path, how).map_err(errno)
+}
+
 /// The path of a descriptor under `/proc/self/fd`, for calls that only take paths (a bind
 /// mount's source): the magic link resolves to the descriptor's file, whatever its path is
 /// now.

@@ -584,3 +584,15 @@ pub fn take_inherited_fd(fd: RawFd) -> io::Result<OwnedFd> {
     // claims it.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
+
+/// `flock(2)` on a descriptor: `LOCK_SH`, `LOCK_EX`, `LOCK_UN`, with `LOCK_NB` to fail
+/// (`EWOULDBLOCK`) instead of waiting. The lock belongs to the open file description.
+pub fn flock(fd: std::os::fd::BorrowedFd<'_>, op: libc::c_int) -> io::Result<()> {
+    loop {
+        // SAFETY: integer arguments only; the descriptor is borrowed, so open for the call.
+        match cvt(unsafe { libc::flock(fd.as_raw_fd(), op) }) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => return other.map(drop),
+        }
+    }
+}

@@ -4,6 +4,7 @@
 //! that builds the sandbox and starts the command in it.
 
 pub mod cgroup;
+pub mod git;
 pub mod landlock;
 pub mod seccomp;
 pub mod view;
@@ -311,6 +312,8 @@ pub fn describe_missing(missing: &[(&'static str, String)]) -> String {
 pub enum PrepareError {
     #[error("sandbox unavailable: {}", describe_missing(.0))]
     Unavailable(Vec<(&'static str, String)>),
+    #[error("protect git in {path}: {source}")]
+    Git { path: PathBuf, source: io::Error },
     #[error(transparent)]
     Cgroup(#[from] cgroup::CgroupError),
 }
@@ -319,6 +322,13 @@ pub enum PrepareError {
 pub struct Prepared {
     /// The layers the run will have, for `result.json`.
     pub layers: Vec<String>,
+    /// Whose credentials the caller's paths are opened with.
+    caller: Option<crate::sys::dirfd::Creds>,
+    /// Git in the writable workspace (see [`git`]); released when the run is over.
+    git: Option<git::Guard>,
+    /// Where the view mounts a private tmpfs on an empty `.git` stand-in ([`git::Guard`]),
+    /// and that tmpfs's options (owned by the run's user).
+    pub git_shadow: Option<(PathBuf, CString)>,
     pub cgroup: Option<cgroup::RunCgroup>,
     plan: SandboxPlan,
     staging: PathBuf,
@@ -328,6 +338,15 @@ pub struct Prepared {
     seccomp: Option<Vec<libc::sock_filter>>,
     rlimits: Vec<(libc::__rlimit_resource_t, u64, u64)>,
     last_cap: u32,
+}
+
+impl Prepared {
+    /// After the run: lets go of its git stand-ins (the last run out removes them).
+    pub fn release_git(&mut self) {
+        if let Some(g) = self.git.take() {
+            g.release(self.caller.as_ref());
+        }
+    }
 }
 
 /// Checks the plan against this host, creates the cgroup and compiles the filters.
@@ -434,8 +453,34 @@ pub fn prepare(plan: &LaunchPlan) -> Result<Prepared, PrepareError> {
         Some(m) => format!("mode=1777,size={m}"),
         None => "mode=1777".into(),
     };
+    // Git in the writable workspace: its configuration and hooks read-only, its stand-ins
+    // made (with the caller's credentials) before the view is built.
+    let git =
+        match sb
+            .mounts
+            .iter()
+            .find(|m| m.write && m.as_caller && m.required)
+            .and_then(|m| m.source.as_ref())
+        {
+            Some(ws) => Some(git::prepare(ws, plan.caller.as_ref()).map_err(|source| {
+                PrepareError::Git {
+                    path: ws.clone(),
+                    source,
+                }
+            })?),
+            None => None,
+        };
+    let mut protected = sb.protected.clone();
     let mut pinned: Vec<PathBuf> = Vec::new();
-    for p in &sb.protected {
+    if let Some(g) = &git {
+        for p in &g.read_only {
+            if !protected.contains(p) {
+                protected.push(p.clone());
+            }
+        }
+        pinned.extend(g.pinned.iter().cloned());
+    }
+    for p in &protected {
         // The top directory below the workspace (e.g. `.git`) of a nested protected path.
         // The deepest writable mount holding it: the workspace, not a /tmp above it.
         let Some(ws) = sb
@@ -459,10 +504,21 @@ pub fn prepare(plan: &LaunchPlan) -> Result<Prepared, PrepareError> {
     }
     layers.sort();
     layers.dedup();
+    let mut plan_sb = sb.clone();
+    plan_sb.protected = protected;
     Ok(Prepared {
         layers,
+        caller: plan.caller.clone(),
+        git_shadow: git.as_ref().and_then(|g| g.shadow.clone()).map(|path| {
+            let mut opts = "mode=0755,size=64m".to_owned();
+            if let (Some(uid), Some(gid)) = (plan.uid, plan.gid) {
+                opts.push_str(&format!(",uid={uid},gid={gid}"));
+            }
+            (path, CString::new(opts).unwrap_or_default())
+        }),
+        git,
         cgroup,
-        plan: sb.clone(),
+        plan: plan_sb,
         staging: plan.run_dir.clone(),
         tmp_options: CString::new(tmp_options).unwrap_or_default(),
         pinned,
@@ -526,7 +582,7 @@ pub fn launch(
     .map_err(step("make mounts private"))?;
     // 6. Open every profile path before anything is mounted over the host's tree (the
     //    staging directory may lie above some of them).
-    let sources = view::open_sources(&p.plan.mounts)?;
+    let sources = view::open_sources(&p.plan.mounts, p.caller.as_ref())?;
     // 7. The minimal root view: an empty tmpfs, the profile's paths, a fresh /proc for this
     //    PID namespace, a minimal /dev, and the protected paths read-only on top.
     view::mount_root(&p.staging)?;
@@ -535,6 +591,9 @@ pub fn launch(
     view::mount_proc(&p.staging)?;
     view::mount_dev(&p.staging)?;
     view::protect(&p.staging, &p.pinned, &p.plan.protected)?;
+    if let Some((shadow, options)) = &p.git_shadow {
+        view::shadow_git(&p.staging, shadow, options)?;
+    }
     // 8. Make it the root; the host's tree is detached and unreachable from here on.
     view::pivot(&p.staging)?;
 

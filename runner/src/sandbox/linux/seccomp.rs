@@ -24,6 +24,11 @@ pub enum Action {
     DenyTerminalInjection,
     /// `socket`: fails with `EAFNOSUPPORT` for every family but `AF_UNIX` (network off).
     UnixOnly,
+    /// Fails with `EPERM` when the mode argument (this one) has the set-uid or set-gid bit.
+    DenySetidMode(u32),
+    /// Fails with `EPERM` when the call creates a file (`O_CREAT` or `O_TMPFILE` in the
+    /// `flags` argument) with a set-uid or set-gid `mode`.
+    DenySetidCreate { flags: u32, mode: u32 },
 }
 
 /// One rule: the call, what happens to it, and why.
@@ -53,6 +58,13 @@ pub const NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWNS
     | libc::CLONE_NEWPID
     | libc::CLONE_NEWNET
     | 0x80) as u32; // CLONE_NEWTIME
+
+/// The mode bits no run may give a file: a set-uid or set-gid file left in the workspace would
+/// grant whoever runs it on the host the owner's (for a root caller's run: root's) authority.
+pub const SETID_BITS: u32 = (libc::S_ISUID | libc::S_ISGID) as u32;
+
+/// The flags with which `open`/`openat` create a file (`O_TMPFILE` without its `O_DIRECTORY`).
+const CREATE_FLAGS: u32 = (libc::O_CREAT | (libc::O_TMPFILE & !libc::O_DIRECTORY)) as u32;
 
 const TIOCSTI: u32 = 0x5412;
 const TIOCLINUX: u32 = 0x541C;
@@ -311,6 +323,90 @@ pub const RULES: &[Rule] = &[
     ),
 ];
 
+/// No run leaves a set-uid or set-gid file on the host, by any route that sets mode bits: the
+/// `chmod` family and the mode given when a file or directory is made. Capabilities are gone,
+/// so file capabilities (`security.capability`) cannot be set either, and writing to an
+/// existing set-id file clears its bits.
+pub const SETID_RULES: &[Rule] = &[
+    rule(
+        "fchmod",
+        libc::SYS_fchmod,
+        Action::DenySetidMode(1),
+        "would make a set-uid/set-gid file",
+    ),
+    rule(
+        "fchmodat",
+        libc::SYS_fchmodat,
+        Action::DenySetidMode(2),
+        "would make a set-uid/set-gid file",
+    ),
+    rule(
+        "fchmodat2",
+        libc::SYS_fchmodat2,
+        Action::DenySetidMode(2),
+        "would make a set-uid/set-gid file",
+    ),
+    rule(
+        "mkdirat",
+        libc::SYS_mkdirat,
+        Action::DenySetidMode(2),
+        "would make a set-gid directory",
+    ),
+    rule(
+        "mknodat",
+        libc::SYS_mknodat,
+        Action::DenySetidMode(2),
+        "would make a set-uid/set-gid file",
+    ),
+    rule(
+        "openat",
+        libc::SYS_openat,
+        Action::DenySetidCreate { flags: 2, mode: 3 },
+        "would create a set-uid/set-gid file",
+    ),
+    rule(
+        "openat2",
+        libc::SYS_openat2,
+        Action::NoSys,
+        "its mode lives in memory the filter cannot read; ENOSYS makes callers fall back to openat",
+    ),
+    #[cfg(target_arch = "x86_64")]
+    rule(
+        "chmod",
+        libc::SYS_chmod,
+        Action::DenySetidMode(1),
+        "would make a set-uid/set-gid file",
+    ),
+    #[cfg(target_arch = "x86_64")]
+    rule(
+        "creat",
+        libc::SYS_creat,
+        Action::DenySetidMode(1),
+        "would create a set-uid/set-gid file",
+    ),
+    #[cfg(target_arch = "x86_64")]
+    rule(
+        "mkdir",
+        libc::SYS_mkdir,
+        Action::DenySetidMode(1),
+        "would make a set-gid directory",
+    ),
+    #[cfg(target_arch = "x86_64")]
+    rule(
+        "mknod",
+        libc::SYS_mknod,
+        Action::DenySetidMode(1),
+        "would make a set-uid/set-gid file",
+    ),
+    #[cfg(target_arch = "x86_64")]
+    rule(
+        "open",
+        libc::SYS_open,
+        Action::DenySetidCreate { flags: 1, mode: 2 },
+        "would create a set-uid/set-gid file",
+    ),
+];
+
 /// The `socket` rule, added when the profile's network is off.
 pub const SOCKET_RULE: Rule = rule(
     "socket",
@@ -367,7 +463,7 @@ fn errno(e: i32) -> u32 {
 
 /// Compiles the policy for a run with this network setting.
 pub fn build(network: Network) -> Vec<sock_filter> {
-    let mut rules: Vec<&Rule> = RULES.iter().collect();
+    let mut rules: Vec<&Rule> = RULES.iter().chain(SETID_RULES).collect();
     match network {
         Network::None => rules.push(&SOCKET_RULE),
         Network::Loopback | Network::Host => {}
@@ -418,6 +514,24 @@ pub fn build(network: Network) -> Vec<sock_filter> {
                 f.push(jump(JEQ_K, libc::AF_UNIX as u32, 0, 1));
                 f.push(stmt(RET_K, RET_ALLOW));
                 f.push(stmt(RET_K, errno(libc::EAFNOSUPPORT)));
+            }
+            Action::DenySetidMode(arg) => {
+                // mode_t is 32 bits wide: the low half is the whole of it.
+                f.push(jump(JEQ_K, nr, 0, 4));
+                f.push(stmt(LD_W_ABS, off_arg_low(arg)));
+                f.push(jump(JSET_K, SETID_BITS, 0, 1));
+                f.push(stmt(RET_K, errno(libc::EPERM)));
+                f.push(stmt(RET_K, RET_ALLOW));
+            }
+            Action::DenySetidCreate { flags, mode } => {
+                // Without O_CREAT/O_TMPFILE the mode is ignored (and may be garbage).
+                f.push(jump(JEQ_K, nr, 0, 6));
+                f.push(stmt(LD_W_ABS, off_arg_low(flags)));
+                f.push(jump(JSET_K, CREATE_FLAGS, 0, 3));
+                f.push(stmt(LD_W_ABS, off_arg_low(mode)));
+                f.push(jump(JSET_K, SETID_BITS, 0, 1));
+                f.push(stmt(RET_K, errno(libc::EPERM)));
+                f.push(stmt(RET_K, RET_ALLOW));
             }
         }
     }
@@ -515,6 +629,71 @@ mod tests {
             call(X32_SYSCALL_BIT as libc::c_long | libc::SYS_read, [0; 6]),
             RET_KILL_PROCESS
         );
+        // Set-uid and set-gid bits, by every route.
+        assert_eq!(call(libc::SYS_fchmod, [3, 0o755, 0, 0, 0, 0]), RET_ALLOW);
+        assert_eq!(
+            call(libc::SYS_fchmod, [3, 0o4755, 0, 0, 0, 0]),
+            errno(libc::EPERM)
+        );
+        assert_eq!(
+            call(libc::SYS_fchmodat, [3, 0, 0o2755, 0, 0, 0]),
+            errno(libc::EPERM)
+        );
+        assert_eq!(
+            call(libc::SYS_fchmodat2, [3, 0, 0o6755, 0, 0, 0]),
+            errno(libc::EPERM)
+        );
+        assert_eq!(call(libc::SYS_fchmodat, [3, 0, 0o1777, 0, 0, 0]), RET_ALLOW);
+        assert_eq!(
+            call(libc::SYS_mkdirat, [3, 0, 0o2775, 0, 0, 0]),
+            errno(libc::EPERM)
+        );
+        assert_eq!(
+            call(libc::SYS_mknodat, [3, 0, 0o104755, 0, 0, 0]),
+            errno(libc::EPERM)
+        );
+        let creat = (libc::O_CREAT | libc::O_WRONLY) as u64;
+        assert_eq!(
+            call(libc::SYS_openat, [3, 0, creat, 0o644, 0, 0]),
+            RET_ALLOW
+        );
+        assert_eq!(
+            call(libc::SYS_openat, [3, 0, creat, 0o4755, 0, 0]),
+            errno(libc::EPERM)
+        );
+        let tmpfile = (libc::O_TMPFILE | libc::O_WRONLY) as u64;
+        assert_eq!(
+            call(libc::SYS_openat, [3, 0, tmpfile, 0o2755, 0, 0]),
+            errno(libc::EPERM)
+        );
+        // Without a create flag the mode is not looked at.
+        assert_eq!(
+            call(
+                libc::SYS_openat,
+                [3, 0, libc::O_RDONLY as u64, 0o7777, 0, 0]
+            ),
+            RET_ALLOW
+        );
+        assert_eq!(
+            call(libc::SYS_openat2, [3, 0, 0, 24, 0, 0]),
+            errno(libc::ENOSYS)
+        );
+        #[cfg(target_arch = "x86_64")]
+        {
+            assert_eq!(
+                call(libc::SYS_chmod, [0, 0o4755, 0, 0, 0, 0]),
+                errno(libc::EPERM)
+            );
+            assert_eq!(
+                call(libc::SYS_creat, [0, 0o2755, 0, 0, 0, 0]),
+                errno(libc::EPERM)
+            );
+            assert_eq!(
+                call(libc::SYS_open, [0, creat, 0o4700, 0, 0, 0]),
+                errno(libc::EPERM)
+            );
+            assert_eq!(call(libc::SYS_open, [0, creat, 0o700, 0, 0, 0]), RET_ALLOW);
+        }
         let host = build(Network::Host);
         assert_eq!(
             run(
@@ -530,7 +709,11 @@ mod tests {
     #[test]
     fn every_rule_is_distinct_and_explained() {
         let mut seen = std::collections::HashSet::new();
-        for r in RULES.iter().chain(std::iter::once(&SOCKET_RULE)) {
+        for r in RULES
+            .iter()
+            .chain(SETID_RULES)
+            .chain(std::iter::once(&SOCKET_RULE))
+        {
             assert!(seen.insert(r.nr), "{} listed twice", r.name);
             assert!(!r.why.is_empty());
         }

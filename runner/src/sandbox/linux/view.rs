@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use super::LaunchError;
 use crate::sandbox::resolve::MountSpec;
+use crate::sys::dirfd::{self, Creds};
 use crate::sys::sandbox::{
     self as sys, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY,
 };
@@ -48,8 +49,14 @@ pub enum Source {
 }
 
 /// Opens every source. A symlink is recreated in the view rather than followed (its target
-/// is in the view or it dangles); a missing optional path is left out.
-pub fn open_sources(mounts: &[MountSpec]) -> Result<Vec<Source>, LaunchError> {
+/// is in the view or it dangles); a missing optional path is left out. A path the caller
+/// named (`as_caller`: the workspace above all) is opened with `caller`'s filesystem
+/// credentials and with no symlink on the way, so the view never holds what the caller could
+/// not open themselves — a parent directory they may not search included.
+pub fn open_sources(
+    mounts: &[MountSpec],
+    caller: Option<&Creds>,
+) -> Result<Vec<Source>, LaunchError> {
     let mut out = Vec::with_capacity(mounts.len());
     for m in mounts {
         let Some(src) = &m.source else {
@@ -59,7 +66,13 @@ pub fn open_sources(mounts: &[MountSpec]) -> Result<Vec<Source>, LaunchError> {
             });
             continue;
         };
-        let fd = match sys::open_path(src, true) {
+        let opened = match (m.as_caller, caller) {
+            (true, Some(c)) => {
+                dirfd::with_creds_here(Some(c), || dirfd::open_path_no_symlinks(src))
+            }
+            _ => sys::open_path(src, true),
+        };
+        let fd = match opened {
             Ok(fd) => fd,
             Err(e) if e.kind() == io::ErrorKind::NotFound && !m.required => continue,
             Err(e) => return Err(err("open", src)(e)),
@@ -463,6 +476,20 @@ pub fn protect(
         sys::move_mount(&tree, &fd).map_err(err("mount read-only", &path))?;
     }
     Ok(())
+}
+
+/// A private tmpfs on the empty `.git` stand-in at the workspace root (see `git`): a
+/// repository the run makes there lives and dies with the run, and never reaches the host.
+pub fn shadow_git(staging: &Path, shadow: &Path, options: &CStr) -> Result<(), LaunchError> {
+    let path = in_view(staging, shadow);
+    sys::mount(
+        Some(Path::new("tmpfs")),
+        &path,
+        Some(c"tmpfs"),
+        NOSUID | NODEV | NOEXEC,
+        Some(options),
+    )
+    .map_err(err("mount tmpfs", &path))
 }
 
 /// Makes the staged tmpfs (already read-only) the root and detaches the host's tree from
