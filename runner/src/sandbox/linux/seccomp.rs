@@ -61,7 +61,7 @@ pub const NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWNS
 
 /// The mode bits no run may give a file: a set-uid or set-gid file left in the workspace would
 /// grant whoever runs it on the host the owner's (for a root caller's run: root's) authority.
-pub const SETID_BITS: u32 = (libc::S_ISUID | libc::S_ISGID) as u32;
+pub const SETID_BITS: u32 = libc::S_ISUID | libc::S_ISGID;
 
 /// The flags with which `open`/`openat` create a file (`O_TMPFILE` without its `O_DIRECTORY`).
 const CREATE_FLAGS: u32 = (libc::O_CREAT | (libc::O_TMPFILE & !libc::O_DIRECTORY)) as u32;
