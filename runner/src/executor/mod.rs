@@ -236,6 +236,7 @@ impl Executor {
         let sb = sandbox::for_call(
             &req.session.profile,
             req.profile.as_deref().or(tool_plan.profile.as_deref()),
+            req.owner_uid,
             &workspace,
             &session_dir,
         )
