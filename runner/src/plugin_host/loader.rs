@@ -142,19 +142,15 @@ pub fn ensure_copy(copies: &TrustedDir, source: &Source) -> Result<PathBuf, Load
         Err(why) if why.is_missing() => {}
         Err(why) => warn!(copy = %copy.display(), "replacing the private plugin copy: {why}"),
     }
-    let failed = |e: std::io::Error| LoadError::Io {
-        step: "copy",
-        path: source.path.clone(),
-        message: format!("{}: {e}", copy.display()),
-    };
-    match copies.remove(OsStr::new(&name)) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(failed(e)),
-    }
+    // The rename at the end replaces whatever holds the name (a symlink is replaced, not
+    // followed).
     copies
         .write_atomically(&name, &source.bytes, 0o500)
-        .map_err(failed)?;
+        .map_err(|e| LoadError::Io {
+            step: "copy",
+            path: source.path.clone(),
+            message: format!("{}: {e}", copy.display()),
+        })?;
     Ok(copy)
 }
 

@@ -5,8 +5,8 @@
 //! descriptor, checked (owner and mode of the file and of every directory above it, no
 //! symlinks: `sys::fs`) and loaded through a private copy named by its hash (`loader.rs`), the
 //! tools are indexed by name into a [`Catalog`], and the catalog is swapped atomically when a
-//! watched directory changes (`watch.rs`). A task keeps nothing of
-//! the plugin that planned it, so a reload never touches a running task or its delivery.
+//! watched directory changes (`watch.rs`). A task keeps nothing of the plugin that planned it,
+//! so a reload never touches a running task or its delivery.
 
 mod loader;
 mod watch;
@@ -317,11 +317,16 @@ impl ToolHost {
                     .map(|entries| entries.flatten().map(|e| e.file_name()).collect())
                     .unwrap_or_default(),
             };
+            // The path as checked (absolute, no `..`) when the directory opened: plugins are
+            // matched to their previous load by it.
+            let base = opened
+                .as_ref()
+                .map_or_else(|_| dir.path.clone(), |d| d.path().to_path_buf());
             let opened = Arc::new(opened);
             let mut files: Vec<Candidate> = names
                 .into_iter()
                 .map(|name| Candidate {
-                    path: dir.path.join(&name),
+                    path: base.join(&name),
                     name,
                     dir: opened.clone(),
                 })
@@ -490,7 +495,7 @@ impl ToolHost {
             return;
         };
         for name in dir.names().unwrap_or_default() {
-            let path = self.copies_dir.join(&name);
+            let path = dir.path().join(&name);
             let stale = if sys::fs::is_temp_name(&name) {
                 true
             } else {

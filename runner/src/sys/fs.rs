@@ -23,7 +23,7 @@ use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::fs::File;
 use std::io::{self, Write};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Component, Path, PathBuf};
 
@@ -166,12 +166,6 @@ pub struct TrustedDir {
     path: PathBuf,
 }
 
-impl AsFd for TrustedDir {
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
-    }
-}
-
 impl TrustedDir {
     /// Opens the directory `path`, checking it and every directory above it, without
     /// following a symlink anywhere. A relative path is taken from the current directory.
@@ -190,26 +184,22 @@ impl TrustedDir {
             Part::Ancestor
         };
         let root = Path::new("/");
-        let mut fd = rustix::fs::openat(CWD, "/", dir_flags(), Mode::empty())
+        let fd = rustix::fs::openat(CWD, "/", dir_flags(), Mode::empty())
             .map_err(|e| refusal(root_part.clone(), root, Problem::Io(e.into())))?;
         check(&fd, root_part, root, FileType::Directory)?;
-        let mut here = PathBuf::from("/");
+        let mut dir = TrustedDir {
+            fd,
+            path: root.to_path_buf(),
+        };
         for (i, name) in names.iter().enumerate() {
-            here.push(name);
             let part = if i + 1 == names.len() {
                 Part::Directory
             } else {
                 Part::Ancestor
             };
-            let next =
-                rustix::fs::openat(&fd, *name, dir_flags() | OFlags::NOFOLLOW, Mode::empty())
-                    .map_err(|e| {
-                        open_error(&fd, name, part.clone(), &here, e, FileType::Directory)
-                    })?;
-            check(&next, part, &here, FileType::Directory)?;
-            fd = next;
+            dir = dir.child(name, part)?;
         }
-        Ok(TrustedDir { fd, path })
+        Ok(dir)
     }
 
     /// Opens `parent/name`, creating it (mode `mode`) first if it is missing.
@@ -220,12 +210,26 @@ impl TrustedDir {
             Err(e) => {
                 return Err(refusal(
                     Part::Directory,
-                    &parent.join(name),
+                    &dir.path.join(name),
                     Problem::Io(e.into()),
                 ))
             }
         }
-        TrustedDir::open(&dir.path.join(name))
+        dir.child(OsStr::new(name), Part::Directory)
+    }
+
+    /// Opens the directory `name` in this one without following a symlink, and checks it.
+    fn child(&self, name: &OsStr, part: Part) -> Result<TrustedDir, Refusal> {
+        let path = self.path.join(name);
+        let fd = rustix::fs::openat(
+            &self.fd,
+            name,
+            dir_flags() | OFlags::NOFOLLOW,
+            Mode::empty(),
+        )
+        .map_err(|e| open_error(&self.fd, name, part.clone(), &path, e, FileType::Directory))?;
+        check(&fd, part, &path, FileType::Directory)?;
+        Ok(TrustedDir { fd, path })
     }
 
     /// The directory's path, as it was checked (absolute, without `.` or `..`).
