@@ -84,9 +84,24 @@ impl Default for Config {
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SubagentConfig {
-    /// The agent's argv; the prompt is appended as the last argument (and is in
-    /// `AGENT_PROMPT`). Empty: the tool refuses calls.
+    /// The agent's argv. Empty: the tool refuses calls.
     pub command: Vec<String>,
+    /// How the prompt reaches the agent (it is in `AGENT_PROMPT` in every case).
+    pub prompt: PromptVia,
+}
+
+/// `[subagent] prompt`: where the agent finds the prompt.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PromptVia {
+    /// Appended after `--`, as the last argument, so a prompt that starts with `-` is never
+    /// read as an option.
+    #[default]
+    Argument,
+    /// On the agent's stdin, not in its argv.
+    Stdin,
+    /// Only in `AGENT_PROMPT`.
+    Env,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -1,7 +1,10 @@
 //! The `subagent` tool: `{prompt, agent?}` runs the configured agent command
-//! (`[subagent] command = [...]` in the daemon config, the prompt appended as the last
-//! argument and in `SIDEJOB_PROMPT`) in a child session of the caller's, with a bridge scoped
-//! to that child session. The daemon waits for the child's non-service background tasks when
+//! (`[subagent] command = [...]` in the daemon config) in a child session of the caller's, with
+//! a bridge scoped to that child session (`SIDEJOB_BRIDGE`, set by the daemon). The prompt is
+//! in `AGENT_PROMPT` and, as `[subagent] prompt` says, also after `--` as the last argument
+//! (`"argument"`, the default: `--` ends the agent's options, so a prompt such as
+//! `--dangerously-skip-permissions` stays a prompt), on stdin (`"stdin"`), or nowhere else
+//! (`"env"`). `agent` is passed as `AGENT_NAME`. The daemon waits for the child's non-service background tasks when
 //! the agent exits and hands its services over to the parent session (see `docs/plugins.md`).
 
 use serde::Deserialize;
@@ -37,7 +40,7 @@ impl Plugin for Subagent {
                     "type": "object",
                     "properties": {
                         "prompt": {"type": "string", "minLength": 1},
-                        "agent": {"type": "string", "description": "Which agent, if the configured command knows several (passed as SIDEJOB_AGENT)"}
+                        "agent": {"type": "string", "description": "Which agent, if the configured command knows several (passed as AGENT_NAME)"}
                     },
                     "required": ["prompt"],
                     "additionalProperties": false
@@ -69,7 +72,25 @@ impl Plugin for Subagent {
             return Err("no agent is configured: set [subagent] command = [\"my-agent\", ...] in the daemon's config file".into());
         }
         let mut argv = command;
-        argv.push(args.prompt.clone());
+        let mut stdin = None;
+        match ctx
+            .config
+            .pointer("/subagent/prompt")
+            .and_then(Value::as_str)
+            .unwrap_or("argument")
+        {
+            "argument" => {
+                argv.push("--".into());
+                argv.push(args.prompt.clone());
+            }
+            "stdin" => stdin = Some(args.prompt.clone()),
+            "env" => {}
+            other => {
+                return Err(format!(
+                    "[subagent] prompt = {other:?}: use \"argument\", \"stdin\" or \"env\""
+                ))
+            }
+        }
         let mut env: std::collections::BTreeMap<String, String> =
             [("AGENT_PROMPT".to_string(), args.prompt.clone())].into();
         if let Some(agent) = args.agent {
@@ -79,6 +100,7 @@ impl Plugin for Subagent {
         Ok(LaunchPlan {
             argv,
             env,
+            stdin,
             child_session: true,
             bridge: true,
             summary: Some(format!("subagent: {first}")),
@@ -88,3 +110,59 @@ impl Plugin for Subagent {
 }
 
 sidejob_plugin_api::export_plugin!(Subagent);
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn ctx(subagent: Value) -> PlanContext {
+        PlanContext {
+            session_id: "s".into(),
+            task_id: "t".into(),
+            workspace: "/tmp".into(),
+            session_dir: "/tmp/s".into(),
+            tmp_dir: "/tmp/s/t".into(),
+            profile: "workspace-write".into(),
+            depth: 0,
+            config: json!({ "subagent": subagent }),
+        }
+    }
+
+    const FLAG: &str = "--dangerously-skip-permissions";
+
+    #[test]
+    fn the_prompt_comes_after_the_end_of_options() {
+        let plan = Subagent::plan(
+            "subagent",
+            json!({"prompt": FLAG}),
+            ctx(json!({"command": ["agent", "-p"]})),
+        )
+        .unwrap();
+        assert_eq!(plan.argv, ["agent", "-p", "--", FLAG]);
+        assert_eq!(plan.env["AGENT_PROMPT"], FLAG);
+        assert_eq!(plan.stdin, None);
+    }
+
+    #[test]
+    fn the_prompt_can_travel_on_stdin_or_only_in_the_environment() {
+        let stdin = Subagent::plan(
+            "subagent",
+            json!({"prompt": FLAG, "agent": "a"}),
+            ctx(json!({"command": ["agent"], "prompt": "stdin"})),
+        )
+        .unwrap();
+        assert_eq!(stdin.argv, ["agent"]);
+        assert_eq!(stdin.stdin.as_deref(), Some(FLAG));
+        assert_eq!(stdin.env["AGENT_NAME"], "a");
+        let env = Subagent::plan(
+            "subagent",
+            json!({"prompt": FLAG}),
+            ctx(json!({"command": ["agent"], "prompt": "env"})),
+        )
+        .unwrap();
+        assert_eq!(env.argv, ["agent"]);
+        assert_eq!(env.stdin, None);
+        assert_eq!(env.env["AGENT_PROMPT"], FLAG);
+    }
+}

@@ -274,6 +274,7 @@ impl Executor {
         let sb = sandbox::for_call(
             &ceiling,
             req.profile.as_deref().or(tool_plan.profile.as_deref()),
+            req.session.owner_uid,
             &workspace,
             &session_dir,
         )

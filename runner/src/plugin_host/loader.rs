@@ -1,19 +1,23 @@
-//! Loading one plugin file: ownership and mode checks, a private copy named by its hash, then
+//! Loading one plugin file: opened once, by descriptor, and checked on that descriptor
+//! ([`read_source`], see `sys::fs` for the walk and the rule); a private copy named by its
+//! hash, made once per content and checked again before each reuse ([`ensure_copy`]); then
 //! `lib_header_from_path` + `init_root_module` (not `RootModule::load_from_file`, which keeps
 //! one module per type), the contract version, and `describe()`.
 //!
 //! Every refusal is one line that names the file and the reason.
 
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::ffi::OsStr;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 use sidejob_plugin_api::abi_stable::library::{lib_header_from_path, LibraryError};
 use sidejob_plugin_api::json::PluginInfo;
 use sidejob_plugin_api::{PluginModuleRef, API_VERSION, CONTRACT_VERSION};
+use tracing::warn;
 
 use crate::protocol::ToolInfo;
-use crate::sys;
+use crate::sys::fs::{Refusal, TrustedDir};
 
 /// Why a plugin file was not loaded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -42,6 +46,16 @@ pub enum LoadError {
     },
 }
 
+impl LoadError {
+    /// A refusal of `path` for what `sys::fs` found, with its fix, on one line.
+    pub fn refused(path: &Path, why: &Refusal) -> LoadError {
+        LoadError::Unsafe {
+            path: path.into(),
+            reason: format!("{why}; {}", why.hint()),
+        }
+    }
+}
+
 /// A plugin that loaded: its module and what it offers.
 pub struct LoadedPlugin {
     pub info: PluginInfo,
@@ -64,72 +78,92 @@ impl std::fmt::Debug for LoadedPlugin {
     }
 }
 
-/// Refuses a file or directory that someone other than root or the daemon's user could have
-/// written: the daemon is privileged and runs whatever the plugin's code does.
-pub fn check_owner_and_mode(path: &Path, what: &str) -> Result<(), LoadError> {
-    let meta = std::fs::metadata(path).map_err(|e| LoadError::Io {
-        step: "inspect",
-        path: path.into(),
-        message: e.to_string(),
-    })?;
-    let unsafe_err = |reason: String| LoadError::Unsafe {
-        path: path.into(),
-        reason,
-    };
-    let me = sys::getuid();
-    if meta.uid() != 0 && meta.uid() != me {
-        return Err(unsafe_err(format!(
-            "{what} is owned by uid {}, not by root or the daemon's uid {me}",
-            meta.uid()
-        )));
-    }
-    let mode = meta.permissions().mode();
-    if mode & 0o022 != 0 {
-        return Err(unsafe_err(format!(
-            "{what} is {} (mode {:o}); run chmod go-w on it",
-            if mode & 0o002 != 0 {
-                "world-writable"
-            } else {
-                "group-writable"
-            },
-            mode & 0o7777
-        )));
-    }
-    Ok(())
+/// A plugin file's contents, read from the descriptor whose owner and mode were checked.
+pub struct Source {
+    pub path: PathBuf,
+    pub bytes: Vec<u8>,
+    pub sha256: String,
 }
 
-/// Loads `source` through a private copy in `copies_dir`.
-pub fn load(source: &Path, copies_dir: &Path) -> Result<LoadedPlugin, LoadError> {
-    if let Some(dir) = source.parent() {
-        check_owner_and_mode(dir, "its directory")?;
-    }
-    check_owner_and_mode(source, "the file")?;
-    let io = |step: &'static str, path: &Path| {
-        let path = path.to_path_buf();
-        move |e: std::io::Error| LoadError::Io {
-            step,
-            path,
-            message: e.to_string(),
-        }
+/// Opens `name` in the plugin directory `dir` (already opened and checked) without following
+/// a symlink, checks the descriptor, and reads and hashes the file from it. What is hashed,
+/// copied and loaded is therefore what was checked, whatever happens to the path meanwhile.
+/// `Ok(None)`: the file is gone.
+pub fn read_source(dir: &TrustedDir, name: &OsStr) -> Result<Option<Source>, LoadError> {
+    let path = dir.path().join(name);
+    let mut file = match dir.open_file(name) {
+        Ok(file) => file,
+        Err(why) if why.is_missing() => return Ok(None),
+        Err(why) => return Err(LoadError::refused(&path, &why)),
     };
-    let bytes = std::fs::read(source).map_err(io("read", source))?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).map_err(|e| LoadError::Io {
+        step: "read",
+        path: path.clone(),
+        message: e.to_string(),
+    })?;
     let sha256 = hex(&Sha256::digest(&bytes));
+    Ok(Some(Source {
+        path,
+        bytes,
+        sha256,
+    }))
+}
+
+/// The name of the private copy of `source`: its file stem and its content hash.
+fn copy_name(source: &Source) -> String {
     let stem = source
+        .path
         .file_stem()
         .and_then(|s| s.to_str())
         .unwrap_or("plugin");
-    let copy = copies_dir.join(format!("{stem}-{sha256}.so"));
-    if !copy.exists() {
-        std::fs::create_dir_all(copies_dir).map_err(io("create", copies_dir))?;
-        std::fs::set_permissions(copies_dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(io("set permissions on", copies_dir))?;
-        // Written under a temporary name and renamed, so a half-written copy is never mapped.
-        let tmp = copies_dir.join(format!(".{stem}-{sha256}.{}.tmp", std::process::id()));
-        std::fs::write(&tmp, &bytes).map_err(io("copy", &tmp))?;
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o500))
-            .map_err(io("set permissions on", &tmp))?;
-        std::fs::rename(&tmp, &copy).map_err(io("install", &copy))?;
+    format!("{stem}-{}.so", source.sha256)
+}
+
+/// Makes sure `copies` holds a copy of `source` under its hash-named file, and returns that
+/// file's path. A copy that is already there is reused only if it passes the same checks as a
+/// plugin file (not a symlink, owner, mode) and its contents still hash to its name; anything
+/// else in its place is replaced. A new copy is written under a temporary name, fsynced and
+/// renamed, so a failed copy (a full disk) leaves nothing behind and breaks nothing but this
+/// plugin's load.
+pub fn ensure_copy(copies: &TrustedDir, source: &Source) -> Result<PathBuf, LoadError> {
+    let name = copy_name(source);
+    let copy = copies.path().join(&name);
+    match copies.open_file(OsStr::new(&name)) {
+        Ok(mut file) => {
+            let mut bytes = Vec::new();
+            let intact = file.read_to_end(&mut bytes).is_ok()
+                && hex(&Sha256::digest(&bytes)) == source.sha256;
+            if intact {
+                return Ok(copy);
+            }
+            warn!(copy = %copy.display(), "the private plugin copy does not match its hash: replacing it");
+        }
+        Err(why) if why.is_missing() => {}
+        Err(why) => warn!(copy = %copy.display(), "replacing the private plugin copy: {why}"),
     }
+    // The rename at the end replaces whatever holds the name (a symlink is replaced, not
+    // followed).
+    copies
+        .write_atomically(&name, &source.bytes, 0o500)
+        .map_err(|e| LoadError::Io {
+            step: "copy",
+            path: source.path.clone(),
+            message: format!("{}: {e}", copy.display()),
+        })?;
+    Ok(copy)
+}
+
+/// Loads a plugin from its checked contents, through a private copy in `copies`.
+pub fn load(plugin: &Source, copies: &TrustedDir) -> Result<LoadedPlugin, LoadError> {
+    let source = plugin.path.as_path();
+    let sha256 = plugin.sha256.clone();
+    // The copy is opened by path (dlopen knows no other way; `/proc/self/fd/N` would not do:
+    // glibc matches an already-loaded library by that name, so a later plugin opened through a
+    // reused descriptor number would get this one back). That path resolves to the file
+    // `ensure_copy` just checked: every directory on it was checked to be writable by root or
+    // the daemon only, and no symlink is on it.
+    let copy = ensure_copy(copies, plugin)?;
 
     let header = lib_header_from_path(&copy).map_err(|e| library_error(source, e))?;
     let module = header
@@ -257,6 +291,7 @@ fn one_line(s: &str) -> String {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     fn temp(tag: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("sidejob-loader-{tag}-{}", std::process::id()));
@@ -266,33 +301,77 @@ mod tests {
         d
     }
 
+    fn source(d: &Path, name: &str, bytes: &[u8], mode: u32) -> Result<Source, LoadError> {
+        let f = d.join(name);
+        std::fs::write(&f, bytes).unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode)).unwrap();
+        read_source(&TrustedDir::open(d).unwrap(), OsStr::new(name)).map(Option::unwrap)
+    }
+
     #[test]
     fn writable_by_others_is_refused_with_the_reason() {
         let d = temp("mode");
-        let f = d.join("p.so");
-        std::fs::write(&f, b"x").unwrap();
         for (mode, word) in [(0o666, "world-writable"), (0o620, "group-writable")] {
-            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode)).unwrap();
-            let e = check_owner_and_mode(&f, "the file")
-                .unwrap_err()
-                .to_string();
-            assert!(e.contains(word) && e.contains("chmod go-w"), "{e}");
+            let e = source(&d, "p.so", b"x", mode).err().unwrap().to_string();
+            assert!(
+                e.starts_with(&format!(
+                    "refusing plugin {}: the file is",
+                    d.join("p.so").display()
+                )) && e.contains(word)
+                    && e.contains("chmod go-w"),
+                "{e}"
+            );
             assert_eq!(e.lines().count(), 1, "{e}");
         }
-        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
-        check_owner_and_mode(&f, "the file").unwrap();
+        let ok = source(&d, "p.so", b"x", 0o644).ok().unwrap();
+        assert_eq!(ok.bytes, b"x");
         std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
     fn a_file_that_is_not_a_plugin_is_one_line() {
         let d = temp("junk");
-        let f = d.join("junk.so");
-        std::fs::write(&f, b"not an ELF file").unwrap();
-        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let e = load(&f, &d.join("copies")).unwrap_err().to_string();
+        let src = source(&d, "junk.so", b"not an ELF file", 0o644)
+            .ok()
+            .unwrap();
+        let copies = TrustedDir::open_or_create(&d, "copies", 0o700).unwrap();
+        let e = load(&src, &copies).err().unwrap().to_string();
         assert!(e.contains("junk.so"), "{e}");
         assert_eq!(e.lines().count(), 1, "{e}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_copy_is_made_once_and_checked_before_reuse() {
+        let d = temp("copies");
+        let src = source(&d, "p.so", b"version 1", 0o644).ok().unwrap();
+        let copies = TrustedDir::open_or_create(&d, "copies", 0o700).unwrap();
+        let copy = ensure_copy(&copies, &src).unwrap();
+        assert_eq!(
+            copy.file_name().unwrap().to_str().unwrap(),
+            format!("p-{}.so", src.sha256)
+        );
+        let inode = |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
+        let first = inode(&copy);
+        // Reused as it is: not copied again.
+        assert_eq!(ensure_copy(&copies, &src).unwrap(), copy);
+        assert_eq!(inode(&copy), first);
+        // A copy whose contents no longer match its name is replaced.
+        std::fs::remove_file(&copy).unwrap();
+        std::fs::write(&copy, b"tampered").unwrap();
+        std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o500)).unwrap();
+        ensure_copy(&copies, &src).unwrap();
+        assert_eq!(std::fs::read(&copy).unwrap(), b"version 1");
+        // So is a symlink in its place (replaced, not followed).
+        let elsewhere = d.join("elsewhere.so");
+        std::fs::write(&elsewhere, b"version 1").unwrap();
+        std::fs::remove_file(&copy).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &copy).unwrap();
+        ensure_copy(&copies, &src).unwrap();
+        assert!(!std::fs::symlink_metadata(&copy)
+            .unwrap()
+            .file_type()
+            .is_symlink());
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -1,28 +1,31 @@
 //! The tools sidejob offers, loaded from plugin libraries (SPEC §10).
 //!
 //! Tools are planners: they describe themselves and turn a call's arguments into a launch plan;
-//! they never start processes. Every `*.so` in the plugin directories is loaded through a
-//! private copy (`loader.rs`), the tools are indexed by name into a [`Catalog`], and the catalog
-//! is swapped atomically when a watched directory changes (`watch.rs`). A task keeps nothing of
-//! the plugin that planned it, so a reload never touches a running task or its delivery.
+//! they never start processes. Every `*.so` in the plugin directories is opened once by
+//! descriptor, checked (owner and mode of the file and of every directory above it, no
+//! symlinks: `sys::fs`) and loaded through a private copy named by its hash (`loader.rs`), the
+//! tools are indexed by name into a [`Catalog`], and the catalog is swapped atomically when a
+//! watched directory changes (`watch.rs`). A task keeps nothing of the plugin that planned it,
+//! so a reload never touches a running task or its delivery.
 
 mod loader;
 mod watch;
 
-pub use loader::{check_owner_and_mode, LoadError, LoadedPlugin};
+pub use loader::{LoadError, LoadedPlugin};
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 use sidejob_plugin_api::abi_stable::std_types::RStr;
 use sidejob_plugin_api::json;
 use tracing::{debug, info, warn};
 
 use crate::config::Config;
 use crate::protocol::ToolInfo;
+use crate::sys::{self, fs::Refusal, fs::TrustedDir};
 
 /// File names of the plugins shipped with sidejob, next to the `sidejob` binary.
 const SHIPPED_PREFIX: &str = "libsidejob_plugin_";
@@ -296,50 +299,68 @@ impl ToolHost {
             .clone()
     }
 
-    /// The plugin files in the source directories, in load order.
-    fn candidates(&self) -> Vec<PathBuf> {
+    /// The plugin files in the source directories, in load order, each with its directory
+    /// opened and checked (or the reason it is refused, which then refuses each of its files).
+    fn candidates(&self) -> Vec<Candidate> {
         let mut out = Vec::new();
         // A shipped plugin may be both next to the binary and in deps/ (cargo build copies it
-        // up, cargo test does not): load the newer of the two, once.
-        let mut shipped: BTreeMap<std::ffi::OsString, (std::time::SystemTime, PathBuf)> =
-            BTreeMap::new();
+        // up, cargo test does not): load the newer of the two, once. (The times only choose
+        // which file to try; the one chosen is then opened and checked like any other.)
+        let mut shipped: BTreeMap<OsString, (std::time::SystemTime, Candidate)> = BTreeMap::new();
         for dir in &self.dirs {
-            let Ok(entries) = std::fs::read_dir(&dir.path) else {
-                continue;
+            let opened = TrustedDir::open(&dir.path);
+            let names = match &opened {
+                Ok(d) => d.names().unwrap_or_default(),
+                Err(why) if why.is_missing() => continue,
+                // Listed by path only to name each file the refusal applies to.
+                Err(_) => std::fs::read_dir(&dir.path)
+                    .map(|entries| entries.flatten().map(|e| e.file_name()).collect())
+                    .unwrap_or_default(),
             };
-            let mut files: Vec<PathBuf> = entries
-                .flatten()
-                .map(|e| e.path())
-                .filter(|p| is_candidate(p, dir.shipped_only))
+            // The path as checked (absolute, no `..`) when the directory opened: plugins are
+            // matched to their previous load by it.
+            let base = opened
+                .as_ref()
+                .map_or_else(|_| dir.path.clone(), |d| d.path().to_path_buf());
+            let opened = Arc::new(opened);
+            let mut files: Vec<Candidate> = names
+                .into_iter()
+                .map(|name| Candidate {
+                    path: base.join(&name),
+                    name,
+                    dir: opened.clone(),
+                })
+                .filter(|c| is_candidate(&c.path, dir.shipped_only))
                 .collect();
+            files.sort_by(|a, b| a.name.cmp(&b.name));
             if dir.shipped_only {
                 for f in files {
-                    let (Some(name), Ok(modified)) = (
-                        f.file_name().map(|n| n.to_owned()),
-                        std::fs::metadata(&f).and_then(|m| m.modified()),
-                    ) else {
+                    let Ok(modified) =
+                        std::fs::symlink_metadata(&f.path).and_then(|m| m.modified())
+                    else {
                         continue;
                     };
-                    match shipped.get(&name) {
+                    match shipped.get(&f.name) {
                         Some((newer, _)) if *newer >= modified => {}
                         _ => {
-                            shipped.insert(name, (modified, f));
+                            shipped.insert(f.name.clone(), (modified, f));
                         }
                     }
                 }
                 continue;
             }
-            files.sort();
             out.extend(files);
         }
-        let mut first: Vec<PathBuf> = shipped.into_values().map(|(_, p)| p).collect();
+        let mut first: Vec<Candidate> = shipped.into_values().map(|(_, c)| c).collect();
         first.append(&mut out);
         first
     }
 
-    /// Rescans the plugin directories and swaps in the new catalog. A file whose contents are
-    /// unchanged keeps its loaded plugin; a changed file that fails to load keeps the version
-    /// loaded before (and the failure is logged).
+    /// Rescans the plugin directories and swaps in the new catalog. Every file is opened and
+    /// checked again on each scan, so one that became writable by others (or whose directory
+    /// did) is unloaded. A file whose contents are unchanged keeps its loaded plugin; a changed
+    /// file that fails to load for any other reason keeps the version loaded before (and the
+    /// failure is logged).
     pub fn reload(&self) {
         let _serial = self.reloading.lock().unwrap_or_else(|e| e.into_inner());
         let old = self.current();
@@ -353,20 +374,31 @@ impl ToolHost {
                 warn!("{line}");
             }
         };
+        let copies = self.open_copies();
         let mut errors = Vec::new();
         let mut plugins: Vec<Arc<LoadedPlugin>> = Vec::new();
-        for source in self.candidates() {
+        for candidate in self.candidates() {
+            let source = candidate.path.clone();
             let previous = old.plugins.iter().find(|p| p.source == source).cloned();
-            if let Some(prev) = &previous {
-                if std::fs::read(&source)
-                    .map(|b| hex(&Sha256::digest(&b)) == prev.sha256)
-                    .unwrap_or(false)
-                {
-                    plugins.push(prev.clone());
-                    continue;
-                }
-            }
-            match loader::load(&source, &self.copies_dir) {
+            let loaded = match candidate.read() {
+                Ok(None) => continue,
+                Ok(Some(src)) => match &previous {
+                    Some(prev) if prev.sha256 == src.sha256 => {
+                        plugins.push(prev.clone());
+                        continue;
+                    }
+                    _ => copies
+                        .as_ref()
+                        .map_err(|why| LoadError::Io {
+                            step: "copy",
+                            path: source.clone(),
+                            message: why.clone(),
+                        })
+                        .and_then(|copies| loader::load(&src, copies)),
+                },
+                Err(e) => Err(e),
+            };
+            match loaded {
                 Ok(p) => {
                     info!(plugin = %p.info.name, version = %p.info.version, source = %source.display(), copy = %p.copy.display(),
                           tools = ?p.tools.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
@@ -378,10 +410,17 @@ impl ToolHost {
                     let refused = matches!(e, LoadError::Unsafe { .. });
                     errors.push(e.to_string());
                     // A file that anyone else could now write is not trusted any more; any
-                    // other failure (a bad build, a half-copied file) keeps what worked.
-                    if let Some(prev) = previous.filter(|_| !refused) {
-                        warn!(source = %source.display(), "keeping the previously loaded version");
-                        plugins.push(prev);
+                    // other failure (a bad build, a copy that could not be written) keeps what
+                    // worked.
+                    match previous {
+                        Some(prev) if !refused => {
+                            warn!(source = %source.display(), "keeping the previously loaded version");
+                            plugins.push(prev);
+                        }
+                        Some(prev) => {
+                            warn!(plugin = %prev.info.name, source = %source.display(), "plugin unloaded: its file is no longer trusted");
+                        }
+                        None => {}
                     }
                 }
             }
@@ -425,21 +464,67 @@ impl ToolHost {
         *self.errors.lock().unwrap_or_else(|e| e.into_inner()) = errors;
     }
 
+    /// The directory of private copies, created if needed and checked like a plugin
+    /// directory; `Err` is the one-line reason no plugin can be copied now.
+    fn open_copies(&self) -> Result<TrustedDir, String> {
+        let (Some(parent), Some(name)) = (
+            self.copies_dir.parent(),
+            self.copies_dir.file_name().and_then(|n| n.to_str()),
+        ) else {
+            return Err(format!(
+                "{} is not a directory path",
+                self.copies_dir.display()
+            ));
+        };
+        TrustedDir::open_or_create(parent, name, 0o700).map_err(|why| {
+            format!(
+                "the copies directory {}: {why}; {}",
+                self.copies_dir.display(),
+                why.hint()
+            )
+        })
+    }
+
     /// Deletes the private copies no loaded plugin uses any more, so `<state_dir>/plugins`
-    /// does not grow with every reload. (Code already mapped stays mapped: unlinking a file
-    /// does not unmap it.)
+    /// does not grow with every reload, and the temporary files of copies that were cut short
+    /// (a full disk, a crash). Reloads are serialised and the state directory belongs to this
+    /// daemon alone (it holds its lock), so no copy is being written meanwhile. (Code already
+    /// mapped stays mapped: unlinking a file does not unmap it.)
     fn remove_stale_copies(&self, plugins: &[Arc<LoadedPlugin>]) {
-        let Ok(entries) = std::fs::read_dir(&self.copies_dir) else {
+        let Ok(dir) = TrustedDir::open(&self.copies_dir) else {
             return;
         };
-        for e in entries.flatten() {
-            let path = e.path();
-            let is_copy = path.extension().is_some_and(|x| x == "so");
-            if is_copy && !plugins.iter().any(|p| p.copy == path) {
-                if let Err(err) = std::fs::remove_file(&path) {
+        for name in dir.names().unwrap_or_default() {
+            let path = dir.path().join(&name);
+            let stale = if sys::fs::is_temp_name(&name) {
+                true
+            } else {
+                path.extension().is_some_and(|x| x == "so")
+                    && !plugins.iter().any(|p| p.copy == path)
+            };
+            if stale {
+                if let Err(err) = dir.remove(&name) {
                     warn!(copy = %path.display(), "cannot remove a stale plugin copy: {err}");
                 }
             }
+        }
+    }
+}
+
+/// A plugin file found in a source directory.
+struct Candidate {
+    name: OsString,
+    path: PathBuf,
+    /// Its directory, opened and checked, or why it is refused.
+    dir: Arc<Result<TrustedDir, Refusal>>,
+}
+
+impl Candidate {
+    /// Opens, checks and reads the file; `Ok(None)` when it is gone.
+    fn read(&self) -> Result<Option<loader::Source>, LoadError> {
+        match &*self.dir {
+            Ok(dir) => loader::read_source(dir, &self.name),
+            Err(why) => Err(LoadError::refused(&self.path, why)),
         }
     }
 }
@@ -451,10 +536,6 @@ fn is_candidate(p: &Path, shipped_only: bool) -> bool {
     name.ends_with(".so")
         && !name.starts_with('.')
         && (!shipped_only || name.starts_with(SHIPPED_PREFIX))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Resolves `workdir` (relative to the workspace, or absolute) and refuses anything that

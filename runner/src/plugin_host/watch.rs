@@ -28,6 +28,7 @@ impl Watcher {
             .filter(|(_, shipped_only)| *shipped_only)
             .map(|(d, _)| d.clone())
             .collect();
+        let watched: Vec<PathBuf> = dirs.iter().map(|(d, _)| d.clone()).collect();
         let (tx, rx) = mpsc::channel::<()>();
         let mut inner =
             notify::recommended_watcher(move |ev: notify::Result<notify::Event>| match ev {
@@ -36,10 +37,12 @@ impl Watcher {
                         ev.kind,
                         EventKind::Create(_) | EventKind::Modify(_) | EventKind::Remove(_)
                     ) && ev.paths.iter().any(|p| {
+                        // A watched directory itself changing (its mode or owner) is news
+                        // too: it may no longer be trusted.
                         let shipped_only = p
                             .parent()
                             .is_some_and(|d| shipped_dirs.iter().any(|s| s == d));
-                        super::is_candidate(p, shipped_only)
+                        super::is_candidate(p, shipped_only) || watched.iter().any(|w| w == p)
                     });
                     if relevant {
                         let _ = tx.send(());

@@ -1,14 +1,22 @@
 //! Where profiles come from: the shipped ones are compiled in (so `sidejob serve` and
 //! `sidejob exec` need no configuration), and a profile directory on disk, if there is one,
 //! overrides them by name and adds its own.
+//!
+//! Profiles are policy, so an on-disk one is read only from a file that nobody but root or the
+//! daemon's user could have written: opened by descriptor without following symlinks, the file
+//! and every directory above it checked (`sys::fs`, the same rule as plugins). A file that
+//! fails the rule, like one that does not validate, leaves the last valid version in force.
 
 use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
 use tracing::{info, warn};
 
 use super::profile::{self, Profile, ProfileError};
+use crate::sys::fs::{Refusal, TrustedDir};
 
 /// The shipped profiles, compiled in from `sandbox-profiles/`.
 const SHIPPED: &[(&str, &str)] = &[
@@ -40,6 +48,10 @@ pub enum CatalogError {
     },
     #[error("invalid profile {0}")]
     Invalid(#[from] ProfileError),
+    /// The file, or a directory above it, could have been written by someone other than root
+    /// or the daemon's user (or is a symlink): a profile is policy, so it is not read.
+    #[error("refusing profile {path}: {reason}")]
+    Untrusted { path: PathBuf, reason: String },
 }
 
 /// The profiles a daemon or `sidejob exec` can use.
@@ -89,10 +101,10 @@ impl Catalog {
         }
         if let Some(dir) = &self.dir {
             let path = dir.join(format!("{name}.toml"));
-            match std::fs::read_to_string(&path) {
-                Ok(text) => return load_keeping_last_good(name, &path, &text),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(source) => return Err(CatalogError::Read { path, source }),
+            match read_trusted(dir, &format!("{name}.toml")) {
+                Ok(Some(text)) => return load_keeping_last_good(name, &path, &text),
+                Ok(None) => {}
+                Err(e) => return keep_last_good_after(name, &path, e),
             }
         }
         match SHIPPED.iter().find(|(n, _)| *n == name) {
@@ -162,7 +174,8 @@ impl Catalog {
         let mut out = Vec::new();
         for name in self.names() {
             let path = dir.join(format!("{name}.toml"));
-            if !path.exists() {
+            // symlink_metadata: a symlink is reported (as refused), even a dangling one.
+            if std::fs::symlink_metadata(&path).is_err() {
                 continue;
             }
             out.push(match self.get(&name) {
@@ -186,6 +199,50 @@ static CONFIGURED_DIR: OnceLock<PathBuf> = OnceLock::new();
 fn last_good() -> &'static Mutex<HashMap<PathBuf, Profile>> {
     static LAST_GOOD: OnceLock<Mutex<HashMap<PathBuf, Profile>>> = OnceLock::new();
     LAST_GOOD.get_or_init(Default::default)
+}
+
+/// Reads `dir/file` by descriptor, checked like a plugin (see `sys::fs`): no symlink on the
+/// way, and the file and every directory above it owned by root or the daemon's uid and not
+/// writable by group or others. `Ok(None)`: there is no such file (or no such directory).
+fn read_trusted(dir: &Path, file: &str) -> Result<Option<String>, CatalogError> {
+    let path = dir.join(file);
+    let refused = |why: Refusal| CatalogError::Untrusted {
+        path: path.clone(),
+        reason: format!("{why}; {}", why.hint()),
+    };
+    let dir = match TrustedDir::open(dir) {
+        Ok(d) => d,
+        Err(why) if why.is_missing() => return Ok(None),
+        Err(why) => return Err(refused(why)),
+    };
+    let mut f = match dir.open_file(OsStr::new(file)) {
+        Ok(f) => f,
+        Err(why) if why.is_missing() => return Ok(None),
+        Err(why) => return Err(refused(why)),
+    };
+    let mut text = String::new();
+    f.read_to_string(&mut text)
+        .map_err(|source| CatalogError::Read {
+            path: path.clone(),
+            source,
+        })?;
+    Ok(Some(text))
+}
+
+/// An on-disk profile that cannot be read (refused, or unreadable): the last version that
+/// validated stays in force, with a warning that says why; a profile never read is an error.
+fn keep_last_good_after(name: &str, path: &Path, e: CatalogError) -> Result<Profile, CatalogError> {
+    let cache = last_good().lock().unwrap_or_else(|e| e.into_inner());
+    match cache.get(path) {
+        Some(previous) => {
+            warn!(
+                profile = name,
+                "{e}; keeping the previous version until it is fixed"
+            );
+            Ok(previous.clone())
+        }
+        None => Err(e),
+    }
 }
 
 /// Parses and validates an on-disk profile. An edit that does not validate keeps the previous
@@ -273,6 +330,55 @@ mod tests {
         // A profile that never validated is an error, not a silent fallback.
         std::fs::write(dir.join("never.toml"), "[limits]\npids = -1\n").unwrap();
         assert!(c.get("never").is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_profile_others_could_write_is_refused_and_the_previous_stays() {
+        use std::os::unix::fs::PermissionsExt;
+        let chmod = |p: &Path, mode: u32| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap()
+        };
+        let dir =
+            std::env::temp_dir().join(format!("sidejob-catalog-trust-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        chmod(&dir, 0o755);
+        let c = Catalog::new(Some(dir.clone()));
+        let mine = dir.join("mine.toml");
+        std::fs::write(&mine, "description = \"v1\"\n").unwrap();
+        chmod(&mine, 0o644);
+        assert_eq!(c.get("mine").unwrap().description, "v1");
+
+        // Group-writable: refused, v1 stays in force.
+        std::fs::write(&mine, "description = \"v2\"\n").unwrap();
+        chmod(&mine, 0o664);
+        assert_eq!(c.get("mine").unwrap().description, "v1");
+        // A symlink in its place: not followed.
+        let elsewhere = dir.join("elsewhere.txt");
+        std::fs::write(&elsewhere, "description = \"v3\"\n").unwrap();
+        std::fs::remove_file(&mine).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &mine).unwrap();
+        assert_eq!(c.get("mine").unwrap().description, "v1");
+        // The directory writable by others: nothing in it is read.
+        std::fs::remove_file(&mine).unwrap();
+        std::fs::write(&mine, "description = \"v4\"\n").unwrap();
+        chmod(&mine, 0o644);
+        chmod(&dir, 0o777);
+        assert_eq!(c.get("mine").unwrap().description, "v1");
+        // A profile never read is an error that names the rule and the fix, even for a
+        // shipped name: the directory may hold an override that cannot be trusted.
+        let e = c.get("ci").unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!(
+                "refusing profile {}",
+                dir.join("ci.toml").display()
+            )) && e.contains("its directory is world-writable")
+                && e.contains("chmod go-w"),
+            "{e}"
+        );
+        chmod(&dir, 0o755);
+        assert_eq!(c.get("mine").unwrap().description, "v4");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

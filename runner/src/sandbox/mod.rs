@@ -138,11 +138,19 @@ pub struct CallSandbox {
     pub max_output_bytes: Option<u64>,
 }
 
-/// Loads a profile by name and checks that this host can enforce it.
-pub fn check_profile(catalog: &Catalog, name: &str) -> Result<Profile, CallSandboxError> {
+/// Loads a profile by name and checks that this host can enforce it and that a session owned
+/// by `owner_uid` may use it (see [`Profile::check_run_as_for`]).
+pub fn check_profile(
+    catalog: &Catalog,
+    name: &str,
+    owner_uid: u32,
+) -> Result<Profile, CallSandboxError> {
     let profile = catalog
         .get(name)
         .map_err(|e| CallSandboxError::Invalid(e.to_string()))?;
+    profile
+        .check_run_as_for(owner_uid)
+        .map_err(CallSandboxError::Invalid)?;
     let probe = resolve::resolve(
         &profile,
         &resolve::Context {
@@ -163,18 +171,21 @@ pub fn check_profile(catalog: &Catalog, name: &str) -> Result<Profile, CallSandb
     Ok(profile)
 }
 
-/// Resolves the session's profile, or the narrower one a call names, for a daemon run.
+/// Resolves the session's profile, or the narrower one a call names, for a daemon run in a
+/// session owned by `owner_uid`. Profiles are read again for every run (an edit applies
+/// without a restart), so the owner is checked against them here, not only at `session.open`.
 pub fn for_call(
     session_profile: &str,
     call_profile: Option<&str>,
+    owner_uid: u32,
     workspace: &std::path::Path,
     session_dir: &std::path::Path,
 ) -> Result<CallSandbox, CallSandboxError> {
     let catalog = Catalog::new(Catalog::default_dir());
-    let session = check_profile(&catalog, session_profile)?;
+    let session = check_profile(&catalog, session_profile, owner_uid)?;
     let profile = match call_profile {
         Some(name) if name != session.name => {
-            let p = check_profile(&catalog, name)?;
+            let p = check_profile(&catalog, name, owner_uid)?;
             p.check_narrows(&session).map_err(|m| {
                 CallSandboxError::Invalid(format!(
                     "{m}; a call may only narrow its session's profile"

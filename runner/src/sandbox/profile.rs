@@ -553,6 +553,20 @@ fn limit_narrows(what: &str, call: Option<u64>, session: Option<u64>) -> Result<
 }
 
 impl Profile {
+    /// A session owned by `owner_uid` may use this profile only if it does not make that
+    /// owner root: `run_as` with uid 0 or gid 0 is for root's own sessions. (`caller` runs as
+    /// the owner; any other fixed ids are the profile author's choice.)
+    pub fn check_run_as_for(&self, owner_uid: u32) -> Result<(), String> {
+        match self.run_as {
+            RunAs::Ids { uid, gid } if owner_uid != 0 && (uid == 0 || gid == 0) => Err(format!(
+                "profile {:?} runs as {uid}:{gid} (run_as), which only root's sessions may use; \
+                 ask an administrator for a profile that runs as \"caller\" or an unprivileged id",
+                self.name
+            )),
+            RunAs::Ids { .. } | RunAs::Caller => Ok(()),
+        }
+    }
+
     /// A call may run under a profile only if it is no wider than its session's: it sees no
     /// path the session does not, has no more network, no higher limits, no fewer protected
     /// paths, passes no more of the environment and is not best-effort unless the session is.
@@ -660,6 +674,20 @@ timeout = "1h"
         assert_eq!(p.timeout_ms, Some(3_600_000));
         assert!(p.readable.contains(&"{workspace}".to_owned()));
         assert_eq!(p.protected, vec![".git/hooks"]);
+    }
+
+    #[test]
+    fn only_roots_sessions_may_run_as_uid_or_gid_0() {
+        for run_as in ["0:0", "0:100", "100:0"] {
+            let p = load("rootish", "r.toml", &format!("run_as = \"{run_as}\"\n")).unwrap();
+            let e = p.check_run_as_for(65534).unwrap_err();
+            assert!(e.contains("only root's sessions"), "{e}");
+            p.check_run_as_for(0).unwrap();
+        }
+        for run_as in ["caller", "nobody", "1000:1000"] {
+            let p = load("fine", "f.toml", &format!("run_as = \"{run_as}\"\n")).unwrap();
+            p.check_run_as_for(65534).unwrap();
+        }
     }
 
     #[test]

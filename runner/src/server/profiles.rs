@@ -29,16 +29,19 @@ pub fn watch(dir: PathBuf) -> Option<ProfileWatch> {
         info!("{line}");
     }
     let (tx, rx) = mpsc::channel::<()>();
+    let watched = dir.clone();
     let mut inner =
         notify::recommended_watcher(move |ev: notify::Result<notify::Event>| match ev {
             Ok(ev) => {
+                // A profile, or the directory itself (a chmod or chown of it changes whether
+                // any profile in it is trusted).
                 let relevant = matches!(
                     ev.kind,
                     EventKind::Create(_) | EventKind::Modify(_) | EventKind::Remove(_)
                 ) && ev
                     .paths
                     .iter()
-                    .any(|p| p.extension().is_some_and(|e| e == "toml"));
+                    .any(|p| p.extension().is_some_and(|e| e == "toml") || *p == watched);
                 if relevant {
                     let _ = tx.send(());
                 }

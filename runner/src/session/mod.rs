@@ -138,6 +138,7 @@ pub fn open(
     sandbox::check_profile(
         &sandbox::Catalog::new(sandbox::Catalog::default_dir()),
         &profile,
+        uid,
     )
     .map_err(|e| match e {
         sandbox::CallSandboxError::Invalid(m) => SessionError::InvalidParams(m),

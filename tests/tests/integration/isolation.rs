@@ -6,10 +6,10 @@ use std::os::unix::fs::{chown, PermissionsExt};
 use serde_json::{json, Value};
 use sidejob_tests::{is_root, skip_unless, Daemon};
 
-const NOBODY: u32 = 65534;
+pub(crate) const NOBODY: u32 = 65534;
 
 /// Lets uid `NOBODY` reach the socket (the daemon makes it 0660, root-owned).
-fn open_socket_to_everyone(d: &Daemon) {
+pub(crate) fn open_socket_to_everyone(d: &Daemon) {
     let mut dir = d.socket.parent();
     while let Some(p) = dir {
         let mode = std::fs::metadata(p).expect("stat").permissions().mode();
@@ -27,7 +27,7 @@ fn open_socket_to_everyone(d: &Daemon) {
 }
 
 /// Runs `sidejob rpc METHOD PARAMS` as `NOBODY`: `Ok(result)` or `Err(stderr)`.
-fn rpc_as_nobody(d: &Daemon, method: &str, params: Value) -> Result<Value, String> {
+pub(crate) fn rpc_as_nobody(d: &Daemon, method: &str, params: Value) -> Result<Value, String> {
     let o = d.cli_as(NOBODY, NOBODY, &["rpc", method, &params.to_string()]);
     let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
     if o.status.success() {

@@ -20,6 +20,7 @@ mod delivery;
 mod isolation;
 mod mcp;
 mod output;
+mod plugin_trust;
 mod plugins;
 mod profiles;
 mod protocol;

@@ -49,7 +49,7 @@ pub(crate) fn daemon_with_plugin_dir(extra_toml: &str) -> (Daemon, TempDir) {
     (Daemon::start_with_config(&toml), dir)
 }
 
-fn tool_names(c: &mut Client) -> Vec<String> {
+pub(crate) fn tool_names(c: &mut Client) -> Vec<String> {
     c.ok("tool.list", json!({}))["tools"]
         .as_array()
         .expect("tools")

@@ -247,3 +247,56 @@ fn assert_replays(d: &Daemon) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// An agent that parses its arguments the way many do (Python's argparse) and prints what it
+/// understood: whether it got the flag, its positional prompt, its stdin and `AGENT_PROMPT`.
+const ARGPARSE_AGENT: &str = r#"
+import argparse, os, sys
+p = argparse.ArgumentParser()
+p.add_argument("--dangerously-skip-permissions", action="store_true")
+p.add_argument("prompt", nargs="?")
+a = p.parse_args()
+print(f"skip={a.dangerously_skip_permissions} prompt={a.prompt!r} stdin={sys.stdin.read()!r} env={os.environ.get('AGENT_PROMPT')!r}")
+"#;
+
+#[test]
+fn a_prompt_that_looks_like_a_flag_reaches_the_agent_as_a_prompt() {
+    if sidejob_tests::skip_unless(
+        std::path::Path::new("/usr/bin/python3").exists(),
+        "python3 is not installed",
+    ) {
+        return;
+    }
+    let flag = "--dangerously-skip-permissions";
+    let run = |extra: &str| {
+        let d = Daemon::start_with_config(&format!(
+            "[subagent]\ncommand = [\"python3\", \"-c\", '''{ARGPARSE_AGENT}''']\n{extra}"
+        ));
+        let mut c = d.client();
+        let s = d.open_session(&mut c);
+        let r = subagent(&mut c, &s, flag, json!({"yield_after_ms": 60_000}));
+        assert_eq!(r["state"], "succeeded", "{r}\n{}", d.log());
+        c.output(r["task_id"].as_str().unwrap())
+    };
+    // The default: the prompt follows `--`, so it is the positional prompt, not the flag.
+    assert_eq!(
+        run(""),
+        format!("skip=False prompt='{flag}' stdin='' env='{flag}'\n")
+    );
+    // The positive control: the same agent does take the flag when it is one.
+    let d = Daemon::start_with_config(&format!(
+        "[subagent]\ncommand = [\"python3\", \"-c\", '''{ARGPARSE_AGENT}''', \"{flag}\"]\n"
+    ));
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let r = subagent(&mut c, &s, "hello", json!({"yield_after_ms": 60_000}));
+    assert_eq!(
+        c.output(r["task_id"].as_str().unwrap()),
+        "skip=True prompt='hello' stdin='' env='hello'\n"
+    );
+    // Configured to, the prompt travels on stdin and is not in the argv at all.
+    assert_eq!(
+        run("prompt = \"stdin\"\n"),
+        format!("skip=False prompt=None stdin='{flag}' env='{flag}'\n")
+    );
+}
