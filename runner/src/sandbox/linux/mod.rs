@@ -589,6 +589,7 @@ pub fn launch(
     view::mount_sources(&p.staging, &sources, &p.tmp_options)?;
     drop(sources);
     view::mount_proc(&p.staging)?;
+    view::mask_sys(&p.staging)?;
     view::mount_dev(&p.staging)?;
     view::protect(&p.staging, &p.pinned, &p.plan.protected)?;
     if let Some((shadow, options)) = &p.git_shadow {

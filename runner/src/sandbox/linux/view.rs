@@ -304,7 +304,7 @@ pub fn mount_proc(staging: &Path) -> Result<bool, LaunchError> {
     )
     .map_err(err("mount proc", &proc_dir))?;
     let memfd_noexec = std::fs::write(proc_dir.join("sys/vm/memfd_noexec"), "2").is_ok();
-    for p in ["sys", "sysrq-trigger"] {
+    for p in PROC_READ_ONLY {
         let path = proc_dir.join(p);
         if path.exists() {
             bind(
@@ -314,7 +314,72 @@ pub fn mount_proc(staging: &Path) -> Result<bool, LaunchError> {
             )?;
         }
     }
+    mask(&proc_dir, PROC_MASKED)?;
     Ok(memfd_noexec)
+}
+
+/// `/proc` entries that stay readable but never writable (what container runtimes lock).
+pub const PROC_READ_ONLY: &[&str] = &["sys", "sysrq-trigger", "bus", "fs", "irq"];
+
+/// `/proc` entries the run does not see at all (what container runtimes mask): the host's
+/// keyrings' descriptions, kernel memory, timers and scheduler internals that leak other
+/// processes' activity, and hardware control files. A file reads as empty (`/dev/null` over
+/// it), a directory as empty (a read-only tmpfs over it).
+pub const PROC_MASKED: &[&str] = &[
+    "keys",
+    "key-users",
+    "kcore",
+    "kallsyms",
+    "timer_list",
+    "timer_stats",
+    "sched_debug",
+    "latency_stats",
+    "kpagecount",
+    "kpageflags",
+    "kpagecgroup",
+    "acpi",
+    "asound",
+    "scsi",
+];
+
+/// `/sys` entries masked the same way, when a profile puts `/sys` in the view.
+pub const SYS_MASKED: &[&str] = &["firmware", "devices/virtual/powercap", "kernel/security"];
+
+/// Hides each of `names` under `dir` (see [`PROC_MASKED`]).
+fn mask(dir: &Path, names: &[&str]) -> Result<(), LaunchError> {
+    for name in names {
+        let path = dir.join(name);
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            continue; // this kernel has no such entry
+        };
+        if meta.is_dir() {
+            sys::mount(
+                Some(Path::new("tmpfs")),
+                &path,
+                Some(c"tmpfs"),
+                libc::MS_RDONLY | NOSUID | NODEV | NOEXEC,
+                Some(c"size=0,mode=0555"),
+            )
+            .map_err(err("mask", &path))?;
+        } else {
+            // Not nodev: /dev/null must stay openable to read as empty.
+            bind(
+                Path::new("/dev/null"),
+                &path,
+                MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Masks [`SYS_MASKED`] if the view holds `/sys` (no shipped profile does).
+pub fn mask_sys(staging: &Path) -> Result<(), LaunchError> {
+    let sys_dir = staging.join("sys");
+    if sys_dir.join("kernel").exists() {
+        mask(&sys_dir, SYS_MASKED)?;
+    }
+    Ok(())
 }
 
 /// A minimal `/dev`: the harmless character devices, a private devpts instance and a
