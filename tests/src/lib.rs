@@ -560,3 +560,69 @@ pub fn pids_running(cmdline: &str) -> Vec<i32> {
         })
         .collect()
 }
+
+// ---- Acting as another local user ----
+
+/// The uid (and gid) tests use as a second, unprivileged local user.
+pub const NOBODY: u32 = 65534;
+
+/// Connects `stream_fn`'s socket as `uid`/`gid` with no supplementary groups: the connect is
+/// made on a thread of its own whose credentials are switched with the raw system calls (the
+/// kernel keeps credentials per thread; the daemon reads them with `SO_PEERCRED` as they were
+/// at `connect`), so the rest of the test process stays root. Root only.
+pub fn connect_as(socket: &Path, uid: u32, gid: u32) -> std::io::Result<UnixStream> {
+    let socket = socket.to_path_buf();
+    std::thread::spawn(move || {
+        // SAFETY: integer arguments and a null list of zero groups; these change only the
+        // calling thread's credentials, and the thread ends right after the connect.
+        #[allow(unsafe_code)]
+        unsafe {
+            if libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>()) != 0
+                || libc::syscall(libc::SYS_setresgid, gid, gid, gid) != 0
+                || libc::syscall(libc::SYS_setresuid, uid, uid, uid) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        UnixStream::connect(&socket)
+    })
+    .join()
+    .expect("connect thread")
+}
+
+impl Client {
+    /// A client connected as another user (see [`connect_as`]).
+    pub fn connect_as(socket: &Path, uid: u32, gid: u32) -> Client {
+        let s = connect_as(socket, uid, gid)
+            .unwrap_or_else(|e| panic!("connect {} as uid {uid}: {e}", socket.display()));
+        Client::from_stream(s)
+    }
+
+    /// A client over a connected stream.
+    pub fn from_stream(s: UnixStream) -> Client {
+        s.set_read_timeout(Some(Duration::from_secs(120)))
+            .expect("timeout");
+        Client {
+            reader: BufReader::new(s.try_clone().expect("clone")),
+            writer: s,
+            next_id: 1,
+            pushes: Vec::new(),
+        }
+    }
+}
+
+impl Daemon {
+    /// A client of this daemon connected as uid/gid [`NOBODY`] (start the daemon with
+    /// `socket_group = "65534"` so that user may connect).
+    pub fn nobody(&self) -> Client {
+        Client::connect_as(&self.socket, NOBODY, NOBODY)
+    }
+
+    /// A workspace directory owned by [`NOBODY`] under this daemon's root.
+    pub fn nobody_workspace(&self, name: &str) -> PathBuf {
+        let ws = self.root.path().join(name);
+        std::fs::create_dir_all(&ws).expect("workspace");
+        std::os::unix::fs::chown(&ws, Some(NOBODY), Some(NOBODY)).expect("chown workspace");
+        ws
+    }
+}

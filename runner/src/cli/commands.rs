@@ -15,6 +15,7 @@ pub fn serve(
     socket: Option<PathBuf>,
     state_dir: Option<PathBuf>,
     config: Option<PathBuf>,
+    socket_group: Option<String>,
 ) -> Result<i32> {
     let mut cfg = match &config {
         Some(path) => Config::load(path)?,
@@ -25,6 +26,9 @@ pub fn serve(
     }
     if let Some(d) = state_dir {
         cfg.state_dir = d;
+    }
+    if socket_group.is_some() {
+        cfg.socket_group = socket_group;
     }
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -46,6 +46,10 @@ enum Command {
         /// A TOML file overriding the defaults (see README)
         #[arg(long)]
         config: Option<PathBuf>,
+        /// Hand the socket (mode 0660) to this group, so its members may connect; each
+        /// still sees only their own sessions [config: socket_group]
+        #[arg(long, value_name = "GROUP")]
+        socket_group: Option<String>,
     },
     /// Run a command through the daemon in this directory's session and print its output
     Call {
@@ -234,7 +238,11 @@ pub fn main() -> i32 {
         .clone()
         .unwrap_or_else(crate::config::default_socket_path);
     let result = match cli.command {
-        Command::Serve { state_dir, config } => commands::serve(cli.socket, state_dir, config),
+        Command::Serve {
+            state_dir,
+            config,
+            socket_group,
+        } => commands::serve(cli.socket, state_dir, config, socket_group),
         Command::Call {
             session,
             background,

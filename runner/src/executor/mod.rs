@@ -186,6 +186,8 @@ pub struct Executor {
     live: Mutex<HashMap<String, Arc<Live>>>,
     global: Arc<Semaphore>,
     per_session: Mutex<HashMap<String, Lane>>,
+    /// Each user's run slots (`per_user.running`), shared by their sessions' lanes.
+    per_user: Mutex<HashMap<u32, Arc<Semaphore>>>,
     polling: Polling,
 }
 
@@ -204,6 +206,7 @@ impl Executor {
             exe,
             live: Mutex::new(HashMap::new()),
             per_session: Mutex::new(HashMap::new()),
+            per_user: Mutex::new(HashMap::new()),
             polling: Polling::default(),
         })
     }
@@ -247,6 +250,7 @@ impl Executor {
                 req.tool
             ))
         })?;
+        self.check_shares(&req.session)?;
         let task_id = ids::ulid();
         let workspace = PathBuf::from(&req.session.workspace);
         let session_dir = PathBuf::from(&req.session.session_dir);
@@ -411,6 +415,28 @@ impl Executor {
         // call returns; otherwise it waits as `queued`.
         self.start_or_queue(live, stdin_pipe);
         Ok((row, rx))
+    }
+
+    /// Refuses a call its session's owner has no share left for: too many calls waiting, or
+    /// too much output kept in the state directory (`[per_user]`).
+    fn check_shares(&self, session: &SessionRow) -> Result<(), ExecError> {
+        let pu = &self.cfg.per_user;
+        let uid = session.owner_uid;
+        let sessions_dir = self.cfg.sessions_dir().display().to_string();
+        let u = self.registry.usage_of(uid, &sessions_dir)?;
+        if u.running >= pu.running as u64 && u.queued >= pu.queued as u64 {
+            return Err(ExecError::LimitExceeded(format!(
+                "uid {uid} has {} runs running and {} waiting: per_user.queued ({}) is reached; wait for some to settle or cancel them",
+                u.running, u.queued, pu.queued
+            )));
+        }
+        if session.session_dir.starts_with(&sessions_dir) && u.output_bytes >= pu.output_bytes {
+            return Err(ExecError::LimitExceeded(format!(
+                "uid {uid} keeps {} bytes of output in the state directory: per_user.output_bytes ({}) is reached; free some with session.close {{\"delete\": true}}",
+                u.output_bytes, pu.output_bytes
+            )));
+        }
+        Ok(())
     }
 
     /// Starts the supervisor (unless the task was canceled meanwhile) and records it; a

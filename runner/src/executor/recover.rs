@@ -83,7 +83,7 @@ pub fn recover(ex: &Arc<Executor>) -> Result<Recovered, ExecError> {
                     info!(task_id = %row.task_id, pid, "re-attached to a running supervisor");
                     let ex2 = ex.clone();
                     // A re-attached run counts against the concurrency bounds like any other.
-                    let permits = ex.try_slots(&row.session_id);
+                    let permits = ex.try_slots(&row.session_id, row.owner_uid);
                     tokio::spawn(async move {
                         ex2.watch(live, pidfd, None).await;
                         drop(permits);

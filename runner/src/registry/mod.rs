@@ -115,6 +115,16 @@ impl Op {
     }
 }
 
+/// What one uid holds now (see [`Registry::usage_of`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub queued: u64,
+    pub running: u64,
+    pub sessions: u64,
+    pub schedules: u64,
+    pub output_bytes: u64,
+}
+
 pub struct Registry {
     conn: Mutex<Connection>,
     path: PathBuf,
@@ -243,6 +253,41 @@ impl Registry {
                 session_id,
                 Op::Update,
                 &patch,
+            )?;
+            Ok(())
+        })
+    }
+
+    /// Records that a closed session's directory (and its runs' output) was removed: the
+    /// session is `deleted` and each of its tasks' output is gone.
+    pub fn mark_session_deleted(&self, session_id: &str) -> Result<()> {
+        self.write(|tx| {
+            let tasks: Vec<String> = {
+                let mut stmt = tx.prepare_cached(
+                    "SELECT task_id FROM tasks WHERE session_id = ?1 AND output_deleted = 0",
+                )?;
+                let rows = stmt.query_map([session_id], |r| r.get(0))?;
+                rows.collect::<rusqlite::Result<_>>()?
+            };
+            for task_id in tasks {
+                Self::apply(
+                    tx,
+                    "task.output_deleted",
+                    Entity::Task,
+                    &task_id,
+                    session_id,
+                    Op::Update,
+                    &obj([("output_deleted", true.into())]),
+                )?;
+            }
+            Self::apply(
+                tx,
+                "session.deleted",
+                Entity::Session,
+                session_id,
+                session_id,
+                Op::Update,
+                &obj([("state", "deleted".into())]),
             )?;
             Ok(())
         })
@@ -455,6 +500,44 @@ impl Registry {
     }
 
     /// How many of a session's tasks are in each live state.
+    /// What a uid holds now: live calls (queued, running or awaiting input), open top-level
+    /// sessions, armed schedules, and the output its settled and live runs keep under
+    /// `sessions_dir` (for live runs, their recorded bytes so far are not known: counted 0
+    /// here; the caller reserves their cap).
+    pub fn usage_of(&self, uid: u32, sessions_dir: &str) -> Result<Usage> {
+        let conn = self.lock();
+        let live: (u64, u64) = conn.query_row(
+            "SELECT COUNT(*) FILTER (WHERE state = 'queued'), COUNT(*) FILTER (WHERE state IN ('running','awaiting_input')) \
+             FROM tasks WHERE owner_uid = ?1 AND kind = 'call' AND state IN ('queued','running','awaiting_input')",
+            [uid],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        let sessions: u64 = conn.query_row(
+            "SELECT COUNT(*) FROM sessions WHERE owner_uid = ?1 AND state = 'open' AND parent_session_id IS NULL",
+            [uid],
+            |r| r.get(0),
+        )?;
+        let schedules: u64 = conn.query_row(
+            "SELECT COUNT(*) FROM schedules WHERE owner_uid = ?1 AND enabled = 1",
+            [uid],
+            |r| r.get(0),
+        )?;
+        let prefix = format!("{}/", sessions_dir.trim_end_matches('/'));
+        let output: u64 = conn.query_row(
+            "SELECT COALESCE(SUM(output_bytes), 0) FROM tasks \
+             WHERE owner_uid = ?1 AND output_deleted = 0 AND substr(run_dir, 1, length(?2)) = ?2",
+            rusqlite::params![uid, prefix],
+            |r| r.get(0),
+        )?;
+        Ok(Usage {
+            queued: live.0,
+            running: live.1,
+            sessions,
+            schedules,
+            output_bytes: output,
+        })
+    }
+
     pub fn count_states(&self, session_id: &str) -> Result<Vec<(TaskState, u32)>> {
         let conn = self.lock();
         let mut stmt = conn.prepare_cached(

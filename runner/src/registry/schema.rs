@@ -113,6 +113,7 @@ pub const MIGRATIONS: &[&str] = &[
     ALTER TABLE tasks ADD COLUMN run_uid INTEGER;
     ALTER TABLE tasks ADD COLUMN run_gid INTEGER;
     ALTER TABLE tasks ADD COLUMN bridge_session_id TEXT;
+    ALTER TABLE tasks ADD COLUMN output_deleted INTEGER NOT NULL DEFAULT 0;
     "#,
 ];
 

@@ -24,6 +24,8 @@ pub enum SessionError {
     InvalidParams(String),
     #[error("{0}")]
     PermissionDenied(String),
+    #[error("{0}")]
+    LimitExceeded(String),
     #[error("session {0} not found")]
     NotFound(String),
     /// The profile needs a sandbox layer this host lacks.
@@ -157,6 +159,16 @@ pub fn open(
                 existing.workspace
             )));
         }
+        if existing.state == "deleted" {
+            // Its directory was removed: make it again (only the daemon's own are deleted).
+            dirs::make_session_dir(
+                cfg,
+                &owner_creds(&existing, Some(caller)),
+                &session_id,
+                None,
+                &workspace,
+            )?;
+        }
         if !existing.is_open() {
             registry.reopen_session(&session_id)?;
         }
@@ -172,6 +184,17 @@ pub fn open(
         return Err(SessionError::PermissionDenied(format!(
             "session id {session_id} is reserved for uid {owner} (ids starting cli-<uid>- or mcp-<uid>- belong to that user); choose another id"
         )));
+    }
+    if p.parent_session_id.is_none() {
+        let open = registry
+            .usage_of(uid, &cfg.sessions_dir().display().to_string())?
+            .sessions;
+        if open >= cfg.per_user.sessions as u64 {
+            return Err(SessionError::LimitExceeded(format!(
+                "uid {uid} has {open} open sessions: per_user.sessions ({}) is reached; close some with session.close",
+                cfg.per_user.sessions
+            )));
+        }
     }
     let workspace = dirs::check_workspace(cfg, caller, &p.workspace)?;
     let session_dir = dirs::make_session_dir(
