@@ -3,7 +3,7 @@
 //! calls are not delayed by it. Needs root (to act as another uid).
 
 use std::io::{Read, Write};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use sidejob_tests::{is_root, skip_unless, Client, Daemon, NOBODY};
@@ -64,17 +64,14 @@ fn one_users_runs_never_take_anothers_slot() {
         .expect_err("a fourth call of uid 65534");
     assert_limit(&refused, "per_user.queued");
 
-    // Root's call runs at once, though the daemon allows 4 runs and uid 65534 asked for 4.
+    // Root's call runs at once, though the daemon allows 4 runs and uid 65534 asked for 4:
+    // were it queued behind them, it could only start once the gate opens (below), and would
+    // come back `running` after yield_after_ms instead of `completed`.
     let mut root = d.client();
     let rs = d.open_session(&mut root);
-    let t = Instant::now();
     let r = root.bash(&rs, "echo root", json!({"yield_after_ms": 60_000}));
     assert_eq!(r["status"], "completed", "{r}");
     assert_eq!(r["output"], "root\n");
-    assert!(
-        t.elapsed() < Duration::from_secs(30),
-        "root's call waited behind another user's runs"
-    );
 
     // The queued one starts once a slot of its owner frees.
     std::fs::write(&gate, "").expect("gate");
