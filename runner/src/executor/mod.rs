@@ -188,6 +188,8 @@ pub struct Executor {
     per_session: Mutex<HashMap<String, Lane>>,
     /// Each user's run slots (`per_user.running`), shared by their sessions' lanes.
     per_user: Mutex<HashMap<u32, Arc<Semaphore>>>,
+    /// Each user's output kept in the state directory, once counted (see `check_shares`).
+    kept: Mutex<HashMap<u32, u64>>,
     polling: Polling,
 }
 
@@ -207,6 +209,7 @@ impl Executor {
             live: Mutex::new(HashMap::new()),
             per_session: Mutex::new(HashMap::new()),
             per_user: Mutex::new(HashMap::new()),
+            kept: Mutex::new(HashMap::new()),
             polling: Polling::default(),
         })
     }
@@ -422,21 +425,45 @@ impl Executor {
     fn check_shares(&self, session: &SessionRow) -> Result<(), ExecError> {
         let pu = &self.cfg.per_user;
         let uid = session.owner_uid;
-        let sessions_dir = self.cfg.sessions_dir().display().to_string();
-        let u = self.registry.usage_of(uid, &sessions_dir)?;
+        let u = self.registry.usage_of(uid)?;
         if u.running >= pu.running as u64 && u.queued >= pu.queued as u64 {
             return Err(ExecError::LimitExceeded(format!(
                 "uid {uid} has {} runs running and {} waiting: per_user.queued ({}) is reached; wait for some to settle or cancel them",
                 u.running, u.queued, pu.queued
             )));
         }
-        if session.session_dir.starts_with(&sessions_dir) && u.output_bytes >= pu.output_bytes {
-            return Err(ExecError::LimitExceeded(format!(
-                "uid {uid} keeps {} bytes of output in the state directory: per_user.output_bytes ({}) is reached; free some with session.close {{\"delete\": true}}",
-                u.output_bytes, pu.output_bytes
-            )));
+        let sessions_dir = self.cfg.sessions_dir().display().to_string();
+        if session.session_dir.starts_with(&sessions_dir) {
+            let kept = self.kept_output(uid)?;
+            if kept >= pu.output_bytes {
+                return Err(ExecError::LimitExceeded(format!(
+                    "uid {uid} keeps {kept} bytes of output in the state directory: per_user.output_bytes ({}) is reached; free some with session.close {{\"delete\": true}}",
+                    pu.output_bytes
+                )));
+            }
         }
         Ok(())
+    }
+
+    fn kept_map(&self) -> MutexGuard<'_, HashMap<u32, u64>> {
+        self.kept.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A user's output kept in the state directory: counted from the registry once, then
+    /// kept up to date as their runs settle.
+    fn kept_output(&self, uid: u32) -> Result<u64, ExecError> {
+        if let Some(n) = self.kept_map().get(&uid) {
+            return Ok(*n);
+        }
+        let n = self
+            .registry
+            .kept_output(uid, &self.cfg.sessions_dir().display().to_string())?;
+        Ok(*self.kept_map().entry(uid).or_insert(n))
+    }
+
+    /// A user's output was deleted: count it again from the registry when next needed.
+    pub fn forget_kept_output(&self, uid: u32) {
+        self.kept_map().remove(&uid);
     }
 
     /// Starts the supervisor (unless the task was canceled meanwhile) and records it; a
@@ -604,6 +631,11 @@ impl Executor {
             _ => return None,
         };
         info!(task_id = %live.task_id, state = row.state.as_str(), delivery = s.delivery.as_str(), "task settled");
+        if let (Some(n), Some(kept)) = (row.output_bytes, self.kept_map().get_mut(&row.owner_uid)) {
+            if row.run_dir.starts_with(&self.cfg.sessions_dir().display().to_string()) {
+                *kept += n;
+            }
+        }
         if let Some(fg) = fg {
             let _ = fg.send(FgEvent::Settled(Box::new(row.clone())));
         }

@@ -122,7 +122,6 @@ pub struct Usage {
     pub running: u64,
     pub sessions: u64,
     pub schedules: u64,
-    pub output_bytes: u64,
 }
 
 pub struct Registry {
@@ -501,14 +500,12 @@ impl Registry {
 
     /// How many of a session's tasks are in each live state.
     /// What a uid holds now: live calls (queued, running or awaiting input), open top-level
-    /// sessions, armed schedules, and the output its settled and live runs keep under
-    /// `sessions_dir` (for live runs, their recorded bytes so far are not known: counted 0
-    /// here; the caller reserves their cap).
-    pub fn usage_of(&self, uid: u32, sessions_dir: &str) -> Result<Usage> {
+    /// sessions and armed schedules. Indexed counts: cheap enough for every call.
+    pub fn usage_of(&self, uid: u32) -> Result<Usage> {
         let conn = self.lock();
         let live: (u64, u64) = conn.query_row(
             "SELECT COUNT(*) FILTER (WHERE state = 'queued'), COUNT(*) FILTER (WHERE state IN ('running','awaiting_input')) \
-             FROM tasks WHERE owner_uid = ?1 AND kind = 'call' AND state IN ('queued','running','awaiting_input')",
+             FROM tasks WHERE owner_uid = ?1 AND state IN ('queued','running','awaiting_input') AND kind = 'call'",
             [uid],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )?;
@@ -522,20 +519,25 @@ impl Registry {
             [uid],
             |r| r.get(0),
         )?;
-        let prefix = format!("{}/", sessions_dir.trim_end_matches('/'));
-        let output: u64 = conn.query_row(
-            "SELECT COALESCE(SUM(output_bytes), 0) FROM tasks \
-             WHERE owner_uid = ?1 AND output_deleted = 0 AND substr(run_dir, 1, length(?2)) = ?2",
-            rusqlite::params![uid, prefix],
-            |r| r.get(0),
-        )?;
         Ok(Usage {
             queued: live.0,
             running: live.1,
             sessions,
             schedules,
-            output_bytes: output,
         })
+    }
+
+    /// The bytes of output a uid's runs keep under `sessions_dir` (their output not deleted).
+    /// Reads every such task of the uid: the executor asks once and then keeps count.
+    pub fn kept_output(&self, uid: u32, sessions_dir: &str) -> Result<u64> {
+        let prefix = format!("{}/", sessions_dir.trim_end_matches('/'));
+        let conn = self.lock();
+        Ok(conn.query_row(
+            "SELECT COALESCE(SUM(output_bytes), 0) FROM tasks \
+             WHERE owner_uid = ?1 AND output_deleted = 0 AND substr(run_dir, 1, length(?2)) = ?2",
+            rusqlite::params![uid, prefix],
+            |r| r.get(0),
+        )?)
     }
 
     pub fn count_states(&self, session_id: &str) -> Result<Vec<(TaskState, u32)>> {

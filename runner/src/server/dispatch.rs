@@ -376,6 +376,7 @@ fn delete_sessions(d: &Daemon, session_id: &str) -> Result<(), RpcError> {
             }
         }
         registry.mark_session_deleted(&s.session_id)?;
+        d.executor.forget_kept_output(s.owner_uid);
     }
     Ok(())
 }

@@ -115,7 +115,7 @@ pub fn schedule_create(d: &Arc<Daemon>, peer: &Peer, p: Value) -> Result<Reply, 
     let armed = d
         .executor
         .registry()
-        .usage_of(sess.owner_uid, &cfg.sessions_dir().display().to_string())?
+        .usage_of(sess.owner_uid)?
         .schedules;
     if armed >= cfg.per_user.schedules as u64 {
         return Err(RpcError::new(

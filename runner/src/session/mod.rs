@@ -187,7 +187,7 @@ pub fn open(
     }
     if p.parent_session_id.is_none() {
         let open = registry
-            .usage_of(uid, &cfg.sessions_dir().display().to_string())?
+            .usage_of(uid)?
             .sessions;
         if open >= cfg.per_user.sessions as u64 {
             return Err(SessionError::LimitExceeded(format!(
