@@ -632,7 +632,10 @@ impl Executor {
         };
         info!(task_id = %live.task_id, state = row.state.as_str(), delivery = s.delivery.as_str(), "task settled");
         if let (Some(n), Some(kept)) = (row.output_bytes, self.kept_map().get_mut(&row.owner_uid)) {
-            if row.run_dir.starts_with(&self.cfg.sessions_dir().display().to_string()) {
+            if row
+                .run_dir
+                .starts_with(&self.cfg.sessions_dir().display().to_string())
+            {
                 *kept += n;
             }
         }

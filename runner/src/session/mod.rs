@@ -159,6 +159,14 @@ pub fn open(
                 existing.workspace
             )));
         }
+        if let Some(asked) = p.session_dir.as_deref() {
+            if std::path::Path::new(asked) != std::path::Path::new(&existing.session_dir) {
+                return Err(SessionError::InvalidParams(format!(
+                    "session {session_id} already exists with session_dir {}; leave session_dir out (or name that one) to reopen it",
+                    existing.session_dir
+                )));
+            }
+        }
         if existing.state == "deleted" {
             // Its directory was removed: make it again (only the daemon's own are deleted).
             dirs::make_session_dir(
@@ -186,9 +194,7 @@ pub fn open(
         )));
     }
     if p.parent_session_id.is_none() {
-        let open = registry
-            .usage_of(uid)?
-            .sessions;
+        let open = registry.usage_of(uid)?.sessions;
         if open >= cfg.per_user.sessions as u64 {
             return Err(SessionError::LimitExceeded(format!(
                 "uid {uid} has {open} open sessions: per_user.sessions ({}) is reached; close some with session.close",
