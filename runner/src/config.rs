@@ -55,6 +55,8 @@ pub struct Config {
     /// Each user's share of the daemon (`[per_user]`): one user at a limit never delays
     /// another's call.
     pub per_user: PerUser,
+    /// How often the registry is backed up to `sidejob.db.backup` (when it changed); 0: never.
+    pub backup_interval_ms: u64,
 }
 
 /// `[per_user]`: what one uid may hold of the daemon at once. A request past a limit is
@@ -122,6 +124,7 @@ impl Default for Config {
             schedule_lease_ms: 30_000,
             push_queue: crate::wake::PUSH_QUEUE,
             per_user: PerUser::default(),
+            backup_interval_ms: 300_000,
         }
     }
 }

@@ -11,6 +11,8 @@ mod rows;
 mod schedules;
 mod schema;
 
+pub mod health;
+
 pub use inbox::{EventRef, NotificationRow};
 pub use replay::{replay_check, ReplayReport};
 pub use rows::{SessionRow, Settlement, TaskRow};
@@ -47,6 +49,9 @@ pub enum RegistryError {
     Sql(#[from] rusqlite::Error),
     #[error("registry holds a malformed row: {0}")]
     Corrupt(String),
+    /// The file is there but must not be used as it is (damaged, or emptied).
+    #[error("the registry {path} cannot be used: {why}")]
+    Unusable { path: PathBuf, why: String },
 }
 
 pub type Result<T> = std::result::Result<T, RegistryError>;
@@ -133,8 +138,20 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// Opens (creating if needed) `<state_dir>/sidejob.db` in WAL mode and runs migrations.
+    /// Opens (creating if needed) `<state_dir>/sidejob.db` in WAL mode and runs migrations,
+    /// after checking it can be trusted (see [`health`]): a damaged registry, or an empty one
+    /// beside the sessions of an earlier one, is refused.
     pub fn open(state_dir: &Path) -> Result<Registry> {
+        Self::open_with(state_dir, true)
+    }
+
+    /// [`Registry::open`] without the check: for making a new registry in place of one set
+    /// aside (`health::rebuild`).
+    pub(crate) fn open_unchecked(state_dir: &Path) -> Result<Registry> {
+        Self::open_with(state_dir, false)
+    }
+
+    fn open_with(state_dir: &Path, check: bool) -> Result<Registry> {
         std::fs::create_dir_all(state_dir).map_err(|source| RegistryError::StateDir {
             path: state_dir.into(),
             source,
@@ -151,6 +168,9 @@ impl Registry {
             let mut p = path.clone().into_os_string();
             p.push(suffix);
             let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600));
+        }
+        if check {
+            health::check_on_open(&conn, &path, state_dir)?;
         }
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;

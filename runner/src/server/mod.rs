@@ -131,6 +131,13 @@ pub async fn serve(cfg: Config) -> Result<(), ServeError> {
         cfg.schedule_lease_ms,
     );
     tokio::spawn(hub.clone().run());
+    if cfg.backup_interval_ms > 0 {
+        tokio::spawn(backups(
+            executor.registry().clone(),
+            cfg.state_dir.clone(),
+            std::time::Duration::from_millis(cfg.backup_interval_ms),
+        ));
+    }
     tokio::spawn(scheduler.clone().run());
     info!(socket = %cfg.socket.display(), state_dir = %cfg.state_dir.display(), ?recovered, "sidejob is listening");
     let daemon = Arc::new(Daemon {
@@ -158,6 +165,33 @@ pub async fn serve(cfg: Config) -> Result<(), ServeError> {
     let _ = std::fs::remove_file(&cfg.socket);
     drop(lock);
     Ok(())
+}
+
+/// Backs the registry up every `every` when it has changed (and at once when there is no
+/// backup yet), so a damaged registry can be restored (`sidejob registry restore`).
+async fn backups(registry: Arc<Registry>, state_dir: PathBuf, every: std::time::Duration) {
+    let seq = registry.subscribe_seq();
+    let mut backed: Option<i64> = None;
+    let mut first = !crate::registry::health::backup_path(&state_dir).exists();
+    loop {
+        if !first {
+            tokio::time::sleep(every).await;
+        }
+        first = false;
+        let now = *seq.borrow();
+        if backed == Some(now) {
+            continue;
+        }
+        let dir = state_dir.clone();
+        match tokio::task::spawn_blocking(move || crate::registry::health::backup(&dir)).await {
+            Ok(Ok(path)) => {
+                debug!(path = %path.display(), seq = now, "registry backed up");
+                backed = Some(now);
+            }
+            Ok(Err(e)) => warn!("cannot back up the registry: {e}"),
+            Err(e) => warn!("the registry backup stopped: {e}"),
+        }
+    }
 }
 
 fn signal(
@@ -244,8 +278,9 @@ fn resolve_group(name: &str) -> Result<u32, ServeError> {
     }
 }
 
-/// One daemon per state directory: an exclusive lock held for the daemon's life.
-fn lock_state_dir(state_dir: &Path) -> Result<File, ServeError> {
+/// One daemon per state directory: an exclusive lock held for the daemon's life (and by the
+/// `registry restore`/`rebuild` commands, which must not run beside one).
+pub(crate) fn lock_state_dir(state_dir: &Path) -> Result<File, ServeError> {
     let path = state_dir.join("daemon.lock");
     let f = File::options()
         .create(true)
