@@ -277,6 +277,39 @@ pub fn rules_for(mounts: &[(PathBuf, bool, bool)]) -> Vec<PathRule> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sandbox::profile::Limits;
+
+    fn sandbox(best_effort: bool, network: Network) -> SandboxPlan {
+        SandboxPlan {
+            mounts: Vec::new(),
+            protected: Vec::new(),
+            network,
+            limits: Limits::default(),
+            best_effort,
+        }
+    }
+
+    #[test]
+    fn best_effort_maps_to_best_effort_and_anything_else_to_hard_requirement() {
+        assert_eq!(
+            compat_level(&sandbox(true, Network::None)),
+            CompatLevel::BestEffort
+        );
+        assert_eq!(
+            compat_level(&sandbox(false, Network::None)),
+            CompatLevel::HardRequirement
+        );
+    }
+
+    #[test]
+    fn the_ruleset_must_be_whole_exactly_when_no_landlock_layer_is_missing() {
+        assert!(Plan::new(6, &sandbox(false, Network::None)).complete);
+        assert!(Plan::new(7, &sandbox(true, Network::Host)).complete);
+        // ABI 5 has no scopes; ABI 3 no TCP rules (needed only with the network off) and no
+        // device ioctl.
+        assert!(!Plan::new(5, &sandbox(true, Network::Loopback)).complete);
+        assert!(!Plan::new(3, &sandbox(true, Network::Host)).complete);
+    }
 
     /// The rights are the kernel's bits (`LANDLOCK_ACCESS_FS_*`), as the raw constants this
     /// module spelled out before it used the crate.
