@@ -346,7 +346,7 @@ pub fn read_signalfd(fd: &OwnedFd) -> io::Result<Option<i32>> {
 extern "C" fn noop_handler(_: libc::c_int) {}
 
 /// Installs a handler that does nothing, so that a PID-namespace init (which the kernel shields
-/// from signals left at their default action) still receives `sig` through `sigwaitinfo`.
+/// from signals left at their default action) still receives `sig` through [`SigSet::wait`].
 pub fn install_noop_handler(sig: i32) -> io::Result<()> {
     let act = SigAction::new(
         SigHandler::Handler(noop_handler),

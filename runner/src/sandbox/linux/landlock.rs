@@ -232,7 +232,7 @@ pub fn restrict(ruleset: RulesetCreated, plan: &Plan) -> Result<(), LandlockErro
 }
 
 /// The rules for a view: the profile's mounts plus the fixed parts (`/`, `/proc`, `/dev`).
-pub fn rules_for(mounts: &[(PathBuf, bool, bool)]) -> Vec<PathRule> {
+fn rules_for(mounts: &[(PathBuf, bool, bool)]) -> Vec<PathRule> {
     let mut v = vec![
         // Listing directories of the view is harmless: it only holds what the profile names.
         PathRule {
