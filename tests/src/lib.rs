@@ -15,7 +15,14 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+pub mod gate;
+pub mod lines;
+pub mod need;
 pub mod push;
+
+pub use gate::Gate;
+pub use lines::Lines;
+pub use need::{sandbox_program, skip_without, Need};
 
 /// The `sidejob` binary built with this workspace (`SIDEJOB_BIN` overrides).
 pub fn sidejob_bin() -> PathBuf {
@@ -43,10 +50,12 @@ pub fn is_root() -> bool {
     }
 }
 
-/// Prints why a test is skipped and returns true when `cond` is false.
+/// Prints why a test is skipped, records the skip for the run's summary (see [`need`]), and
+/// returns true when `cond` is false. For a need the CI machine declares, use
+/// [`skip_without`]: it fails instead of skipping where the need was declared.
 pub fn skip_unless(cond: bool, reason: &str) -> bool {
     if !cond {
-        eprintln!("SKIPPED: {reason}");
+        need::record_skip(reason);
     }
     !cond
 }
@@ -559,4 +568,57 @@ pub fn pids_running(cmdline: &str) -> Vec<i32> {
             })
         })
         .collect()
+}
+
+// ---- Helpers for a suite that cannot pass by accident (issue 14) ----
+
+impl Daemon {
+    /// Waits up to `within` for the daemon to exit on its own (no signal sent); its exit
+    /// code, or `None` if it is still running then (it is killed when dropped).
+    pub fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let child = self.child.as_mut().expect("daemon running");
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                self.child = None;
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Client {
+    /// Reads until the server closes the connection (end of stream or a reset), keeping what
+    /// arrives in `pushes`; false if it is still open after `within`.
+    pub fn wait_closed(&mut self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        let closed = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break false;
+            }
+            self.set_read_timeout(left);
+            let mut buf = String::new();
+            match self.reader.read_line(&mut buf) {
+                Ok(0) => break true,
+                Ok(_) => {
+                    if let Ok(v) = serde_json::from_str(&buf) {
+                        self.pushes.push(v);
+                    }
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(_) => break true,
+            }
+        };
+        self.set_read_timeout(Duration::from_secs(120));
+        closed
+    }
 }

@@ -2,14 +2,15 @@
 //! inside the sandbox and reports; every denial has a positive control (the same operation
 //! where it is allowed, or outside the sandbox) and checks the host-side effect.
 //!
-//! These need root (the sandbox's mount view, cgroups and uid changes); they skip with a
-//! printed reason otherwise.
+//! These need root (the sandbox's mount view, cgroups and uid changes); they skip, listed in
+//! the run's summary, where root is not declared (see `sidejob_tests::need`), and fail where it
+//! is.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use serde_json::Value;
-use sidejob_tests::{is_root, sidejob_bin, skip_unless, TempDir};
+use sidejob_tests::{sidejob_bin, skip_without, Need, TempDir};
 
 /// The probe binary built next to `sidejob`.
 pub fn probe_bin() -> PathBuf {
@@ -28,10 +29,8 @@ pub struct Ws {
 
 impl Ws {
     pub fn new() -> Option<Ws> {
-        if skip_unless(
-            is_root(),
-            "containment tests need root (mount view, cgroups, uid changes)",
-        ) {
+        // The sandbox's mount view, cgroups and uid changes need root.
+        if skip_without(&[Need::Root]) {
             return None;
         }
         let dir = TempDir::new("ws");

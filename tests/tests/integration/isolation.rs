@@ -4,7 +4,7 @@
 use std::os::unix::fs::{chown, PermissionsExt};
 
 use serde_json::{json, Value};
-use sidejob_tests::{is_root, skip_unless, Daemon};
+use sidejob_tests::{skip_without, Daemon, Need};
 
 const NOBODY: u32 = 65534;
 
@@ -50,7 +50,7 @@ fn assert_denied(d: &Daemon, method: &str, params: Value) {
 
 #[test]
 fn another_user_is_denied_roots_sessions_and_tasks() {
-    if skip_unless(is_root(), "needs root to connect as another uid") {
+    if skip_without(&[Need::Root]) {
         return;
     }
     let d = Daemon::start();
@@ -95,7 +95,7 @@ fn another_user_is_denied_roots_sessions_and_tasks() {
 
 #[test]
 fn another_user_runs_commands_as_itself_in_its_own_session() {
-    if skip_unless(is_root(), "needs root to connect as another uid") {
+    if skip_without(&[Need::Root]) {
         return;
     }
     let d = Daemon::start();

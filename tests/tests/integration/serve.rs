@@ -205,23 +205,13 @@ impl Drop for Reap {
 
 #[test]
 fn an_unprivileged_daemon_needs_no_flags_and_uses_the_xdg_directories() {
+    use sidejob_tests::{skip_without, Need};
     use std::os::unix::process::CommandExt;
-    if sidejob_tests::skip_unless(
-        sidejob_tests::is_root(),
-        "needs root to start the daemon as another uid",
-    ) {
+    // Root starts the daemon as another uid, which needs a user namespace of its own.
+    if skip_without(&[Need::Root, Need::UserNamespaces]) {
         return;
     }
     const NOBODY: u32 = 65534;
-    let userns = Command::new("unshare")
-        .args(["--user", "--pid", "--fork", "true"])
-        .uid(NOBODY)
-        .gid(NOBODY)
-        .status()
-        .is_ok_and(|s| s.success());
-    if sidejob_tests::skip_unless(userns, "unprivileged user namespaces are not available") {
-        return;
-    }
     let root = sidejob_tests::TempDir::new("xdg");
     let (runtime, state, home, ws) = (
         root.path().join("runtime"),
