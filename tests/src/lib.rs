@@ -622,3 +622,64 @@ impl Client {
         closed
     }
 }
+
+impl Daemon {
+    /// Lets every user reach the socket (the daemon makes it 0660 and root-owned), for tests
+    /// that connect as another uid.
+    pub fn let_everyone_connect(&self) {
+        use std::os::unix::fs::PermissionsExt;
+        let mut dir = self.socket.parent();
+        while let Some(p) = dir {
+            let mode = std::fs::metadata(p).expect("stat").permissions().mode();
+            if mode & 0o001 == 0 {
+                std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode | 0o011))
+                    .expect("chmod dir");
+            }
+            if p == std::env::temp_dir() || p.parent().is_none() {
+                break;
+            }
+            dir = p.parent();
+        }
+        std::fs::set_permissions(&self.socket, std::fs::Permissions::from_mode(0o666))
+            .expect("chmod socket");
+    }
+
+    /// A JSON-RPC client whose connection belongs to `uid`/`gid` (root only; call
+    /// [`Daemon::let_everyone_connect`] first): a relay process with that uid holds the
+    /// connection, so the daemon sees that uid through `SO_PEERCRED`.
+    pub fn client_as(&self, uid: u32, gid: u32) -> Client {
+        use std::os::fd::OwnedFd;
+        use std::os::unix::process::CommandExt;
+        let (ours, theirs) = UnixStream::pair().expect("socketpair");
+        let probe = sidejob_bin()
+            .parent()
+            .expect("target dir")
+            .join("sidejob-probe");
+        let mut relay = Command::new(probe)
+            .arg("relay")
+            .arg(&self.socket)
+            .uid(uid)
+            .gid(gid)
+            .stdin(Stdio::from(OwnedFd::from(
+                theirs.try_clone().expect("clone"),
+            )))
+            .stdout(Stdio::from(OwnedFd::from(theirs)))
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn the relay");
+        // Reaped when the test's end of the pair closes and the relay exits.
+        std::thread::spawn(move || relay.wait());
+        ours.set_read_timeout(Some(Duration::from_secs(120)))
+            .expect("timeout");
+        let mut c = Client {
+            reader: BufReader::new(ours.try_clone().expect("clone")),
+            writer: ours,
+            next_id: 1,
+            pushes: Vec::new(),
+        };
+        // The first answer proves the relay is connected (and as whom).
+        let init = c.ok("initialize", json!({}));
+        assert_eq!(init["uid"], uid, "the relay connected as {init}");
+        c
+    }
+}

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sidejob_tests::{skip_without, wait_until, Client, Daemon, Need};
+use sidejob_tests::{skip_without, wait_until, Client, Daemon, Gate, Need};
 
 pub(crate) fn code(
     c: &mut Client,
@@ -103,14 +103,36 @@ fn a_script_waits_for_input_and_the_host_answers_with_task_answer() {
     let d = Daemon::start();
     let mut c = d.client();
     let s = d.open_session(&mut c);
-    let script = r#"
-import json
-answer = tools.request_input({"type": "object", "properties": {"go": {"type": "boolean"}}}, "Deploy now?")
+    // The script asks only once the test opens the gate, so "too early" is certain.
+    let gate = Gate::new(&d.workspace, "ask");
+    let script = format!(
+        r#"
+import json, os, time
+print("started", flush=True)
+while not os.path.exists({gate:?}):
+    time.sleep(0.01)
+answer = tools.request_input({{"type": "object", "properties": {{"go": {{"type": "boolean"}}}}}}, "Deploy now?")
 print("answer:", json.dumps(answer))
-"#;
-    let r = code(&mut c, &s, "python", script, json!({"background": true}));
+"#,
+        gate = gate.path().display().to_string()
+    );
+    let r = code(&mut c, &s, "python", &script, json!({"background": true}));
     let id = r["task_id"].as_str().unwrap().to_owned();
-    // Answering too early is refused.
+    // Answering before the script has asked is refused, and the script is unharmed.
+    assert!(
+        wait_until(Duration::from_secs(20), || c
+            .output(&id)
+            .contains("started")),
+        "{}",
+        d.log()
+    );
+    let (code_, kind) = c.err(
+        "task.answer",
+        json!({"task_id": id, "answer": {"go": false}}),
+    );
+    assert_eq!((code_, kind.as_str()), (-32005, "invalid_state"));
+    assert_eq!(c.task(&id)["state"], "running");
+    gate.open();
     let mut probe = d.client();
     assert!(
         wait_until(Duration::from_secs(20), || probe.task(&id)["state"]
