@@ -176,10 +176,12 @@ fn task_wait_returns_the_task_when_it_settles() {
     let mut c = d.client();
     let s = d.open_session(&mut c);
     let gate = Gate::new(&d.workspace, "settle");
+    // Silent, so the result goes to the wait whichever reaches the daemon first: the wait
+    // or the settle the gate lets happen once the wait has been sent.
     let r = c.bash(
         &s,
         &format!("{}; exit 4", gate.wait_cmd()),
-        json!({"background": true}),
+        json!({"background": true, "wake": "silent"}),
     );
     let id = r["task_id"].as_str().expect("id");
     // The wait's own timeout is far beyond the client's 120 s read timeout: the answer can

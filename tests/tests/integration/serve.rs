@@ -80,7 +80,14 @@ fn sigterm_stops_the_daemon_and_leaves_runs_to_settle() {
     let mut d = Daemon::start();
     let mut c = d.client();
     let s = d.open_session(&mut c);
-    let r = c.bash(&s, "sleep 1; echo after", json!({"background": true}));
+    // The run outlives the daemon for certain: it goes on only once the gate opens, after
+    // the daemon has stopped.
+    let gate = sidejob_tests::Gate::new(&d.workspace, "after");
+    let r = c.bash(
+        &s,
+        &format!("{}; echo after", gate.wait_cmd()),
+        json!({"background": true}),
+    );
     let id = r["task_id"].as_str().expect("id").to_owned();
     let run_dir = std::path::Path::new(r["output_path"].as_str().expect("path"))
         .parent()
@@ -88,6 +95,18 @@ fn sigterm_stops_the_daemon_and_leaves_runs_to_settle() {
         .to_path_buf();
     drop(c);
     assert_eq!(d.terminate(), Some(0), "SIGTERM is a clean stop");
+    let pid: i32 = sidejob_tests::wait_until(std::time::Duration::from_secs(10), || {
+        run_dir.join("supervisor.pid").exists()
+    })
+    .then(|| std::fs::read_to_string(run_dir.join("supervisor.pid")).expect("pid file"))
+    .and_then(|s| s.split_whitespace().next()?.parse().ok())
+    .expect("the run's supervisor.pid");
+    assert!(
+        sidejob_tests::process_alive(pid),
+        "the run's supervisor died with the daemon"
+    );
+    assert!(!run_dir.join("result.json").exists(), "the run ended early");
+    gate.open();
     assert!(d.state_dir.join("sidejob.db").exists());
     assert!(run_dir.join("plan.json").exists(), "the run's files stay");
     assert!(
