@@ -107,10 +107,9 @@ fn a_script_waits_for_input_and_the_host_answers_with_task_answer() {
     let gate = Gate::new(&d.workspace, "ask");
     let script = format!(
         r#"
-import json, os, time
+import json
 print("started", flush=True)
-while not os.path.exists({gate:?}):
-    time.sleep(0.01)
+open({gate:?}).close()
 answer = tools.request_input({{"type": "object", "properties": {{"go": {{"type": "boolean"}}}}}}, "Deploy now?")
 print("answer:", json.dumps(answer))
 "#,

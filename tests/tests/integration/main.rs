@@ -23,6 +23,7 @@ mod protocol;
 mod protocol_errors;
 mod registry;
 mod restart;
+mod restart_cases;
 mod schedules;
 mod serve;
 mod sessions;
