@@ -14,6 +14,8 @@ mod containment_limits;
 mod containment_net;
 mod containment_process;
 mod delivery;
+mod failures;
+mod inbox;
 mod isolation;
 mod mcp;
 mod output;
