@@ -26,6 +26,7 @@ mod protocol_errors;
 mod registry;
 mod restart;
 mod restart_cases;
+mod schedule_triggers;
 mod schedules;
 mod serve;
 mod sessions;
