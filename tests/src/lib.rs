@@ -93,6 +93,8 @@ pub struct Daemon {
     pub workspace: PathBuf,
     config: Option<PathBuf>,
     child: Option<Child>,
+    /// `SIDEJOB_LOG` for the daemon: `debug` for tests (the log explains a failure).
+    log_level: &'static str,
 }
 
 impl Daemon {
@@ -128,6 +130,7 @@ impl Daemon {
             workspace,
             config,
             child: None,
+            log_level: "debug",
         }
     }
 
@@ -146,7 +149,7 @@ impl Daemon {
         if let Some(c) = &self.config {
             cmd.arg("--config").arg(c);
         }
-        cmd.env("SIDEJOB_LOG", "debug")
+        cmd.env("SIDEJOB_LOG", self.log_level)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
@@ -681,5 +684,16 @@ impl Daemon {
         let init = c.ok("initialize", json!({}));
         assert_eq!(init["uid"], uid, "the relay connected as {init}");
         c
+    }
+}
+
+impl Daemon {
+    /// Starts a daemon logging at `level` (`SIDEJOB_LOG`) instead of `debug`: for
+    /// measurements, where debug logging would slow the daemon down.
+    pub fn start_with_log(toml: &str, level: &'static str) -> Daemon {
+        let mut d = Self::prepare(toml);
+        d.log_level = level;
+        d.spawn();
+        d
     }
 }
