@@ -143,3 +143,19 @@ fn a_failure_inside_the_daemon_is_an_internal_error_and_the_daemon_carries_on() 
     );
     d.open_session(&mut c);
 }
+
+/// A `session_dir` the caller names that cannot be a directory is the caller's mistake, and
+/// the protocol has a code for that: `invalid_params`, not the daemon's own `internal`.
+#[test]
+#[ignore = "daemon bug: an uncreatable session_dir the caller names answers -32603 internal, not -32602 invalid_params (session/mod.rs maps every create_dir_all error to SessionError::Dir)"]
+fn a_session_dir_that_cannot_be_created_is_invalid_params() {
+    let d = Daemon::start();
+    let mut c = d.client();
+    let file = d.root.path().join("a-file");
+    std::fs::write(&file, b"not a directory").unwrap();
+    let (code, kind) = c.err(
+        "session.open",
+        json!({"workspace": d.workspace, "session_dir": file.join("session")}),
+    );
+    assert_eq!((code, kind.as_str()), (-32602, "invalid_params"));
+}
