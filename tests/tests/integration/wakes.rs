@@ -115,13 +115,26 @@ fn silent_calls_and_results_already_delivered_create_no_wake() {
     // Inline.
     let inline = c.bash(&s, "true", json!({}));
     assert_eq!(inline["status"], "completed");
-    // Observed by task.wait before it settled.
-    let waited = background(&mut c, &s, "sleep 0.3");
-    let t = c.ok(
-        "task.wait",
-        json!({"task_id": waited, "timeout_ms": 10_000}),
-    );
-    assert_eq!(t["delivery"], "wait");
+    // Observed by task.wait before it settled. On a loaded machine the wait may reach the
+    // daemon after the settle (then the result wakes, rightly): such attempts do not count,
+    // and their wakes are expected below.
+    let mut late = Vec::new();
+    loop {
+        let waited = background(&mut c, &s, "sleep 0.3");
+        let t = c.ok(
+            "task.wait",
+            json!({"task_id": waited, "timeout_ms": 10_000}),
+        );
+        if t["delivery"] == "wait" {
+            break;
+        }
+        assert_eq!(t["delivery"], "wake", "{t}");
+        late.push(waited);
+        assert!(
+            late.len() < 5,
+            "no wait reached the daemon before the settle"
+        );
+    }
     // Silent.
     let silent = c.bash(&s, "true", json!({"background": true, "wake": "silent"}))["task_id"]
         .as_str()
@@ -135,15 +148,21 @@ fn silent_calls_and_results_already_delivered_create_no_wake() {
     // A later task that does wake: nothing may have come before its wake.
     let mut starter = d.client();
     let pushes = read_to_sentinel(&mut c, &mut starter, &s);
+    let is_late = |n: &Value| late.iter().any(|t| n["task_id"] == t.as_str());
     let wakes: Vec<&Value> = pushes
         .iter()
-        .filter(|m| m["method"] == "notification")
+        .filter(|m| m["method"] == "notification" && !is_late(&m["params"]["notification"]))
         .collect();
     assert_eq!(wakes.len(), 1, "only the sentinel wakes: {wakes:#?}");
     let inbox = c.ok("inbox.list", json!({"session_id": s}));
+    let listed = inbox["notifications"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| !is_late(n))
+        .count();
     assert_eq!(
-        inbox["notifications"].as_array().unwrap().len(),
-        1,
+        listed, 1,
         "only the sentinel's wake is in the inbox: {inbox}"
     );
 }
