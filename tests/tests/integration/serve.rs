@@ -279,6 +279,9 @@ fn an_unprivileged_daemon_needs_no_flags_and_uses_the_xdg_directories() {
         socket.display(),
         std::fs::read_to_string(root.path().join("daemon.log")).unwrap_or_default()
     );
+    // The socket accepts before the registry is open; an answer comes after.
+    let init = sidejob_tests::Client::connect(&socket).ok("initialize", json!({}));
+    assert_eq!(init["protocol_version"], 1, "{init}");
     assert!(
         state.join("sidejob/sidejob.db").exists(),
         "state under $XDG_STATE_HOME/sidejob"
