@@ -1,10 +1,15 @@
 //! `cargo bench -p sidejob --bench roundtrip`: the daemon's hot paths against a bare spawn.
 //!
 //! - bare: `/bin/true` spawned and reaped from this process (the floor);
-//! - round trip: `tool.call bash "true"` over the socket, answered inline;
+//! - the bwrap line, `bwrap --unshare-all --die-with-parent --ro-bind / / --dev /dev --proc
+//!   /proc /bin/true`, when bwrap is installed (what the round trip is measured against);
+//! - round trip: `tool.call bash "true"` over the socket, answered inline (target: p50 ≤ 1.0×
+//!   the bwrap line);
 //! - exit → wait: the time from a command's last instruction to `task.wait` returning.
 //!
-//! Prints medians and p99 (ms) and the ratios. A benchmark, not a test: machines are noisy.
+//! Prints medians and p99 (ms) with the ratios beside them, then the target. A benchmark,
+//! not a test: machines are noisy. `sidejob-sandbox-bench` measures the same against
+//! `sidejob exec`, interleaved.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark fails by panicking
 
@@ -23,14 +28,28 @@ fn percentile(samples: &mut [f64], p: f64) -> f64 {
     samples[idx]
 }
 
-fn report(name: &str, samples: &mut [f64]) -> f64 {
+/// The round trip's p50 as a multiple of the bwrap line's.
+const ROUND_TRIP_TARGET: f64 = 1.0;
+
+/// One line: p50, p99 and the p50's ratio to bare and to the bwrap line.
+fn report(name: &str, samples: &mut [f64], bare: f64, bwrap: Option<f64>) -> f64 {
     let p50 = percentile(samples, 0.5);
     let p99 = percentile(samples, 0.99);
+    let x_bwrap = bwrap.map_or("     -".to_owned(), |b| format!("{:>6.2}", p50 / b));
     println!(
-        "{name:<44} p50 {p50:>7.3} ms   p99 {p99:>7.3} ms   (n = {})",
+        "{name:<40} p50 {p50:>7.3} ms   p99 {p99:>7.3} ms   {:>6.2}x bare   {x_bwrap}x bwrap   (n = {})",
+        p50 / bare,
         samples.len()
     );
     p50
+}
+
+fn bwrap_installed() -> bool {
+    Command::new("bwrap")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 struct Daemon {
@@ -83,6 +102,33 @@ fn main() {
         })
         .collect();
 
+    let mut bwrap: Vec<f64> = if bwrap_installed() {
+        (0..N)
+            .map(|_| {
+                let t = Instant::now();
+                let s = Command::new("bwrap")
+                    .args([
+                        "--unshare-all",
+                        "--die-with-parent",
+                        "--ro-bind",
+                        "/",
+                        "/",
+                        "--dev",
+                        "/dev",
+                        "--proc",
+                        "/proc",
+                        "/bin/true",
+                    ])
+                    .status()
+                    .expect("spawn bwrap");
+                assert!(s.success(), "bwrap failed: {s}");
+                t.elapsed().as_secs_f64() * 1e3
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+
     let session = client
         .call(
             "session.open",
@@ -123,9 +169,37 @@ fn main() {
         .collect();
 
     println!("sidejob daemon benchmark ({N} samples each)");
-    let b = report("bare /bin/true spawn", &mut bare);
-    let r = report("tool.call bash \"true\" round trip", &mut round_trip);
-    let w = report("process exit -> task.wait return", &mut exit_to_wait);
-    println!("round trip / bare spawn: {:.1}x", r / b);
-    println!("exit -> wait / bare spawn: {:.1}x", w / b);
+    let b = percentile(&mut bare, 0.5);
+    let line = (!bwrap.is_empty()).then(|| percentile(&mut bwrap, 0.5));
+    report("bare /bin/true spawn", &mut bare, b, line);
+    if !bwrap.is_empty() {
+        report("bwrap --unshare-all ... /bin/true", &mut bwrap, b, line);
+    }
+    let r = report(
+        "tool.call bash \"true\" round trip",
+        &mut round_trip,
+        b,
+        line,
+    );
+    report(
+        "process exit -> task.wait return",
+        &mut exit_to_wait,
+        b,
+        line,
+    );
+    println!("target:");
+    match line {
+        Some(l) => println!(
+            "  round trip p50 {:.2}x the bwrap line   target <= {ROUND_TRIP_TARGET}x   {}",
+            r / l,
+            if r / l <= ROUND_TRIP_TARGET {
+                "met"
+            } else {
+                "MISSED"
+            }
+        ),
+        None => println!(
+            "  round trip p50 cannot be judged: bwrap is not installed (apt-get install bubblewrap)"
+        ),
+    }
 }

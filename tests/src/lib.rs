@@ -15,7 +15,14 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+pub mod gate;
+pub mod lines;
+pub mod need;
 pub mod push;
+
+pub use gate::Gate;
+pub use lines::Lines;
+pub use need::{sandbox_program, skip_without, Need};
 
 /// The `sidejob` binary built with this workspace (`SIDEJOB_BIN` overrides).
 pub fn sidejob_bin() -> PathBuf {
@@ -43,10 +50,12 @@ pub fn is_root() -> bool {
     }
 }
 
-/// Prints why a test is skipped and returns true when `cond` is false.
+/// Prints why a test is skipped, records the skip for the run's summary (see [`need`]), and
+/// returns true when `cond` is false. For a need the CI machine declares, use
+/// [`skip_without`]: it fails instead of skipping where the need was declared.
 pub fn skip_unless(cond: bool, reason: &str) -> bool {
     if !cond {
-        eprintln!("SKIPPED: {reason}");
+        need::record_skip(reason);
     }
     !cond
 }
@@ -84,6 +93,8 @@ pub struct Daemon {
     pub workspace: PathBuf,
     config: Option<PathBuf>,
     child: Option<Child>,
+    /// `SIDEJOB_LOG` for the daemon: `debug` for tests (the log explains a failure).
+    log_level: &'static str,
 }
 
 impl Daemon {
@@ -119,6 +130,7 @@ impl Daemon {
             workspace,
             config,
             child: None,
+            log_level: "debug",
         }
     }
 
@@ -137,7 +149,7 @@ impl Daemon {
         if let Some(c) = &self.config {
             cmd.arg("--config").arg(c);
         }
-        cmd.env("SIDEJOB_LOG", "debug")
+        cmd.env("SIDEJOB_LOG", self.log_level)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
@@ -611,6 +623,59 @@ impl Client {
     }
 }
 
+// ---- Helpers for a suite that cannot pass by accident (issue 14) ----
+
+impl Daemon {
+    /// Waits up to `within` for the daemon to exit on its own (no signal sent); its exit
+    /// code, or `None` if it is still running then (it is killed when dropped).
+    pub fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let child = self.child.as_mut().expect("daemon running");
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                self.child = None;
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Client {
+    /// Reads until the server closes the connection (end of stream or a reset), keeping what
+    /// arrives in `pushes`; false if it is still open after `within`.
+    pub fn wait_closed(&mut self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        let closed = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break false;
+            }
+            self.set_read_timeout(left);
+            let mut buf = String::new();
+            match self.reader.read_line(&mut buf) {
+                Ok(0) => break true,
+                Ok(_) => {
+                    if let Ok(v) = serde_json::from_str(&buf) {
+                        self.pushes.push(v);
+                    }
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(_) => break true,
+            }
+        };
+        self.set_read_timeout(Duration::from_secs(120));
+        closed
+    }
+}
+
 impl Daemon {
     /// A client of this daemon connected as uid/gid [`NOBODY`] (start the daemon with
     /// `socket_group = "65534"` so that user may connect).
@@ -624,5 +689,83 @@ impl Daemon {
         std::fs::create_dir_all(&ws).expect("workspace");
         std::os::unix::fs::chown(&ws, Some(NOBODY), Some(NOBODY)).expect("chown workspace");
         ws
+    }
+}
+
+impl Daemon {
+    /// Lets every user reach the socket (the daemon makes it 0660 and root-owned), for tests
+    /// that connect as another uid.
+    pub fn let_everyone_connect(&self) {
+        use std::os::unix::fs::PermissionsExt;
+        let mut dir = self.socket.parent();
+        while let Some(p) = dir {
+            let mode = std::fs::metadata(p).expect("stat").permissions().mode();
+            if mode & 0o001 == 0 {
+                std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode | 0o011))
+                    .expect("chmod dir");
+            }
+            if p == std::env::temp_dir() || p.parent().is_none() {
+                break;
+            }
+            dir = p.parent();
+        }
+        std::fs::set_permissions(&self.socket, std::fs::Permissions::from_mode(0o666))
+            .expect("chmod socket");
+    }
+
+    /// A JSON-RPC client whose connection belongs to `uid`/`gid` (root only; call
+    /// [`Daemon::let_everyone_connect`] first): a relay process with that uid holds the
+    /// connection, so the daemon sees that uid through `SO_PEERCRED`.
+    pub fn client_as(&self, uid: u32, gid: u32) -> Client {
+        use std::os::fd::OwnedFd;
+        use std::os::unix::process::CommandExt;
+        let (ours, theirs) = UnixStream::pair().expect("socketpair");
+        let probe = sidejob_bin()
+            .parent()
+            .expect("target dir")
+            .join("sidejob-probe");
+        let mut relay = Command::new(probe)
+            .arg("relay")
+            .arg(&self.socket)
+            .uid(uid)
+            .gid(gid)
+            .stdin(Stdio::from(OwnedFd::from(
+                theirs.try_clone().expect("clone"),
+            )))
+            .stdout(Stdio::from(OwnedFd::from(theirs)))
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn the relay");
+        // Reaped when the test's end of the pair closes and the relay exits.
+        std::thread::spawn(move || relay.wait());
+        ours.set_read_timeout(Some(Duration::from_secs(120)))
+            .expect("timeout");
+        let mut c = Client {
+            reader: BufReader::new(ours.try_clone().expect("clone")),
+            writer: ours,
+            next_id: 1,
+            pushes: Vec::new(),
+        };
+        // The first answer proves the relay is connected (and as whom).
+        let init = c.ok("initialize", json!({}));
+        assert_eq!(init["uid"], uid, "the relay connected as {init}");
+        c
+    }
+}
+
+impl Daemon {
+    /// A run's private directory, `<state_dir>/runs/<task_id>` (its launch plan, the
+    /// supervisor's pid file and log): the daemon's, out of every caller's reach.
+    pub fn private_dir(&self, task_id: &str) -> PathBuf {
+        self.state_dir.join("runs").join(task_id)
+    }
+
+    /// Starts a daemon logging at `level` (`SIDEJOB_LOG`) instead of `debug`: for
+    /// measurements, where debug logging would slow the daemon down.
+    pub fn start_with_log(toml: &str, level: &'static str) -> Daemon {
+        let mut d = Self::prepare(toml);
+        d.log_level = level;
+        d.spawn();
+        d
     }
 }

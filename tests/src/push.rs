@@ -64,6 +64,44 @@ impl Client {
     }
 }
 
+impl Client {
+    /// Reads the stream up to the first push for which `pred` holds and returns every push
+    /// received until then (those kept in `pushes` first), that one last; panics after
+    /// `within`. With a sentinel the test caused last, this reads a subscription "to the end"
+    /// without a fixed window: whatever was pushed before the sentinel is in the result.
+    pub fn read_until(
+        &mut self,
+        within: Duration,
+        what: &str,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Vec<Value> {
+        let mut out = Vec::new();
+        if let Some(i) = self.pushes.iter().position(&pred) {
+            out.extend(self.pushes.drain(..=i));
+            return out;
+        }
+        out.append(&mut self.pushes);
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(
+                !left.is_zero(),
+                "no push matching {what} within {within:?}; got: {out:#?}"
+            );
+            self.set_read_timeout(left);
+            let msg = self.read_message_timeout();
+            self.set_read_timeout(Duration::from_secs(120));
+            if let Some(m) = msg {
+                let done = pred(&m);
+                out.push(m);
+                if done {
+                    return out;
+                }
+            }
+        }
+    }
+}
+
 /// `method == "notification"` and the notification is about `task_id`.
 pub fn is_notification_for(task_id: &str) -> impl Fn(&Value) -> bool + '_ {
     move |m| m["method"] == "notification" && m["params"]["notification"]["task_id"] == task_id

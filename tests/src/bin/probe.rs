@@ -217,6 +217,7 @@ fn main() {
         "hostname" => {
             std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_owned())
         }
+        "relay" => relay(&a(1)),
         "exec" => {
             let prog = cstr(&a(1));
             let argv: Vec<CString> = args[1..].iter().map(|s| cstr(s)).collect();
@@ -232,6 +233,21 @@ fn main() {
         }
     };
     report(&op, res)
+}
+
+/// Connects to the Unix socket `path` and copies stdin to it and its replies to stdout until
+/// either side ends: a test's connection to the daemon made with this process's uid.
+fn relay(path: &str) -> Result<String, std::io::Error> {
+    let sock = std::os::unix::net::UnixStream::connect(path)?;
+    let mut to_sock = sock.try_clone()?;
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut to_sock);
+        let _ = to_sock.shutdown(std::net::Shutdown::Write);
+    });
+    let mut from_sock = &sock;
+    std::io::copy(&mut from_sock, &mut std::io::stdout().lock())?;
+    // The stream has ended: no report line after it.
+    std::process::exit(0)
 }
 
 fn abstract_connect(name: &str) -> Result<String, std::io::Error> {

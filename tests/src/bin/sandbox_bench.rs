@@ -1,18 +1,25 @@
-//! `sidejob-sandbox-bench`: the sandbox's start-up cost (SPEC §13), not a timed test.
+//! `sidejob-sandbox-bench`: the sandbox's start-up cost, a benchmark and not a timed test.
 //!
 //! Runs, interleaved round by round so background noise hits all of them alike:
 //! bare `/bin/true`; `sidejob exec -- /bin/true` (default profile); the bubblewrap line
 //! `bwrap --unshare-all --die-with-parent --ro-bind / / --dev /dev --proc /proc /bin/true`
 //! (when `bwrap` is installed); and a foreground `true` round trip over the daemon's socket
-//! (default profile). Prints medians, p90 and ratios.
+//! (default profile, the daemon logging at `warn` as it would in use). Prints medians, p90
+//! and the ratios to bare and to bwrap side by side, then each figure against its target:
+//! `sidejob exec` p50 ≤ 0.9× the bwrap line, the round trip p50 ≤ 1.0× the bwrap line.
 //!
-//! `cargo build --release -p sidejob -p sidejob-tests && target/release/sidejob-sandbox-bench [ROUNDS]`
+//! `cargo build --release --workspace && target/release/sidejob-sandbox-bench [ROUNDS]`
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 use sidejob_tests::{sidejob_bin, Daemon, TempDir};
+
+/// `sidejob exec -- /bin/true` p50, as a multiple of the bwrap line's p50.
+const EXEC_TARGET: f64 = 0.9;
+/// A foreground `true` round trip over the socket, p50, as a multiple of the bwrap line's.
+const ROUND_TRIP_TARGET: f64 = 1.0;
 
 fn time(f: &mut dyn FnMut()) -> Duration {
     let t = Instant::now();
@@ -30,6 +37,7 @@ fn run(cmd: &mut Command) {
     assert!(s.success(), "{cmd:?} failed: {s}");
 }
 
+/// (p50, p90) in milliseconds.
 fn stats(mut v: Vec<Duration>) -> (f64, f64) {
     v.sort();
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
@@ -40,7 +48,8 @@ fn main() {
     let rounds: usize = std::env::args()
         .nth(1)
         .and_then(|a| a.parse().ok())
-        .unwrap_or(200);
+        .unwrap_or(200)
+        .max(1);
     // The bench binary sits next to `sidejob` (the harness expects a test's deps/ dir).
     if std::env::var_os("SIDEJOB_BIN").is_none() {
         if let Some(dir) = std::env::current_exe()
@@ -57,7 +66,7 @@ fn main() {
         .stdout(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    let daemon = Daemon::start();
+    let daemon = Daemon::start_with_log("", "warn");
     let mut client = daemon.client();
     let session = daemon.open_session(&mut client);
 
@@ -65,21 +74,21 @@ fn main() {
         "bare /bin/true",
         "sidejob exec -- /bin/true",
         "bwrap --unshare-all … /bin/true",
-        "daemon tool.call `true`",
+        "daemon tool.call `true` round trip",
     ];
     let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); names.len()];
     // One warm-up round, then the measured ones.
     for round in 0..=rounds {
-        let mut t = [Duration::ZERO; 4];
-        t[0] = time(&mut || run(&mut Command::new("/bin/true")));
-        t[1] = time(&mut || {
+        let mut t = [None; 4];
+        t[0] = Some(time(&mut || run(&mut Command::new("/bin/true"))));
+        t[1] = Some(time(&mut || {
             run(Command::new(&sidejob)
                 .args(["exec", "--workspace"])
                 .arg(ws.path())
                 .args(["--", "/bin/true"]))
-        });
+        }));
         if bwrap {
-            t[2] = time(&mut || {
+            t[2] = Some(time(&mut || {
                 run(Command::new("bwrap").args([
                     "--unshare-all",
                     "--die-with-parent",
@@ -92,45 +101,67 @@ fn main() {
                     "/proc",
                     "/bin/true",
                 ]))
-            });
+            }));
         }
-        t[3] = time(&mut || {
+        t[3] = Some(time(&mut || {
             let r = client.ok(
                 "tool.call",
                 json!({"session_id": session, "tool": "bash", "args": {"command": "true"}}),
             );
             assert_eq!(r["state"], "succeeded", "{r}");
-        });
+        }));
         if round > 0 {
             for (i, d) in t.iter().enumerate() {
-                samples[i].push(*d);
+                if let Some(d) = d {
+                    samples[i].push(*d);
+                }
             }
         }
     }
-    let med: Vec<(f64, f64)> = samples
+    let measured: Vec<Option<(f64, f64)>> = samples
         .iter()
-        .map(|s| {
-            if s.iter().all(|d| d.is_zero()) {
-                (f64::NAN, f64::NAN)
-            } else {
-                stats(s.clone())
-            }
-        })
+        .map(|s| (!s.is_empty()).then(|| stats(s.clone())))
         .collect();
+    let bare = measured[0].map(|m| m.0);
+    let line = measured[2].map(|m| m.0);
     println!(
         "{rounds} rounds, interleaved; sidejob = {}",
         sidejob.display()
     );
     println!(
-        "{:<34} {:>9} {:>9} {:>9} {:>9}",
-        "", "p50 ms", "p90 ms", "× bare", "× bwrap"
+        "{:<36} {:>9} {:>9} {:>9} {:>9}",
+        "", "p50 ms", "p90 ms", "x bare", "x bwrap"
     );
+    let ratio = |p50: f64, base: Option<f64>| match base {
+        Some(b) => format!("{:>9.2}", p50 / b),
+        None => format!("{:>9}", "-"),
+    };
     for (i, name) in names.iter().enumerate() {
-        let (p50, p90) = med[i];
-        println!(
-            "{name:<34} {p50:>9.2} {p90:>9.2} {:>9.2} {:>9.2}",
-            p50 / med[0].0,
-            p50 / med[2].0
-        );
+        match measured[i] {
+            Some((p50, p90)) => println!(
+                "{name:<36} {p50:>9.2} {p90:>9.2} {} {}",
+                ratio(p50, bare),
+                ratio(p50, line)
+            ),
+            None => println!(
+                "{name:<36} not measured: bwrap is not installed (apt-get install bubblewrap)"
+            ),
+        }
+    }
+    println!("targets (p50 as a multiple of the bwrap line's p50):");
+    for (i, what, limit) in [
+        (1, "sidejob exec -- /bin/true", EXEC_TARGET),
+        (3, "daemon round trip", ROUND_TRIP_TARGET),
+    ] {
+        match (measured[i], line) {
+            (Some((p50, _)), Some(b)) => println!(
+                "  {what:<34} {:>6.2}x   target <= {limit}x   {}",
+                p50 / b,
+                if p50 / b <= limit { "met" } else { "MISSED" }
+            ),
+            _ => println!(
+                "  {what:<34} cannot be judged: the bwrap line was not measured (install bubblewrap)"
+            ),
+        }
     }
 }

@@ -8,10 +8,7 @@ use crate::code::code;
 
 #[test]
 fn the_bridge_refuses_other_sessions_tasks_and_every_method_not_listed() {
-    if sidejob_tests::skip_unless(
-        std::path::Path::new("/usr/bin/python3").exists(),
-        "python3 is not installed",
-    ) {
+    if sidejob_tests::skip_without(&[sidejob_tests::Need::Python3]) {
         return;
     }
     let d = Daemon::start();
@@ -82,10 +79,7 @@ print(json.dumps(out))
 
 #[test]
 fn a_run_cannot_reach_the_control_socket_through_the_bridge() {
-    if sidejob_tests::skip_unless(
-        std::path::Path::new("/usr/bin/python3").exists(),
-        "python3 is not installed",
-    ) {
+    if sidejob_tests::skip_without(&[sidejob_tests::Need::Python3]) {
         return;
     }
     let d = Daemon::start();

@@ -37,15 +37,12 @@ fn cancel_stops_setsid_and_double_forked_processes() {
         "expected 3 sleeps, found {:?}",
         pids_running(&format!("sleep {mark}"))
     );
-    let started = Instant::now();
-    let res = c.ok("task.cancel", json!({"task_id": id, "grace_ms": 2_000}));
+    // sleep dies on SIGTERM, so the cancel needs no grace: with a ten-minute grace, an
+    // answer within the client's read timeout means SIGKILL was not waited for.
+    c.set_read_timeout(Duration::from_secs(60));
+    let res = c.ok("task.cancel", json!({"task_id": id, "grace_ms": 600_000}));
     assert_eq!(res["result"], "canceled", "{res}");
     assert_eq!(res["task_id"], id.as_str());
-    assert!(
-        started.elapsed() < Duration::from_millis(1_900),
-        "sleep dies on SIGTERM, so no wait for the grace: {:?}",
-        started.elapsed()
-    );
     let t = c.task(&id);
     assert_eq!(t["state"], "canceled", "{t}");
     assert!(t.get("reason").is_none_or(|r| r.is_null()), "{t}");
@@ -74,10 +71,11 @@ fn a_process_ignoring_sigterm_is_killed_after_the_grace() {
     let started = Instant::now();
     let res = c.ok("task.cancel", json!({"task_id": id, "grace_ms": 700}));
     let took = started.elapsed();
+    // Canceled (not cancellation_pending): SIGKILL came; and not before the grace.
     assert_eq!(res["result"], "canceled", "{res}");
     assert!(
-        took >= Duration::from_millis(650) && took < Duration::from_millis(4_000),
-        "SIGKILL should follow the 700 ms grace; cancel took {took:?}"
+        took >= Duration::from_millis(700),
+        "SIGKILL came before the 700 ms grace; cancel took {took:?}"
     );
     assert_eq!(c.task(&id)["state"], "canceled");
     let left = pids_mentioning(&mark);
@@ -100,9 +98,12 @@ fn the_configured_grace_applies_when_cancel_names_none() {
     let res = c.ok("task.cancel", json!({"task_id": id}));
     let took = started.elapsed();
     assert_eq!(res["result"], "canceled", "{res}");
+    // The property is a duration: at least the configured 600 ms, and short of the built-in
+    // 5 s default it replaces (the bound is that default, not a guess at the machine).
+    assert!(took >= Duration::from_millis(600), "{took:?}");
     assert!(
-        took >= Duration::from_millis(550) && took < Duration::from_millis(4_000),
-        "{took:?}"
+        took < Duration::from_millis(5_000),
+        "the built-in 5 s grace applied, not the configured one: {took:?}"
     );
 }
 
@@ -160,18 +161,16 @@ fn a_command_that_leaves_a_process_behind_settles_promptly_and_reports_it() {
     let mut c = d.client();
     let s = d.open_session(&mut c);
     let mark = unique_sleep();
-    let started = Instant::now();
-    // The background sleep holds the output pipe open; the run must not wait for its EOF.
+    // The background sleep holds the output pipe open for 300 s; the run must not wait for
+    // its EOF. Waiting for it would outlast the 20 s yield: the answer would be `running`.
     let r = c.bash(
         &s,
         &format!("sleep {mark} & echo started"),
         json!({"yield_after_ms": 20_000}),
     );
-    let took = started.elapsed();
     assert_eq!(r["status"], "completed", "{r}");
     assert_eq!(r["state"], "succeeded", "{r}");
     assert_eq!(r["output"], "started\n");
-    assert!(took < Duration::from_secs(3), "settling took {took:?}");
     let t = c.task(r["task_id"].as_str().expect("id"));
     assert!(
         t["leftover_processes"].as_u64().is_some_and(|n| n >= 1),

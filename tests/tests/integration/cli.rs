@@ -61,10 +61,13 @@ fn call_json_prints_the_tool_call_result() {
 #[test]
 fn call_background_prints_the_task_id_and_wait_passes_its_exit_code_through() {
     let d = Daemon::start();
-    let id = call_background(&d, "sleep 0.5; echo bg-out; exit 5");
+    // The run ends only once the test has seen it live.
+    let gate = sidejob_tests::Gate::new(&d.workspace, "end");
+    let id = call_background(&d, &format!("{}; echo bg-out; exit 5", gate.wait_cmd()));
     let mut c = d.client();
     let state = c.task(&id)["state"].clone();
     assert!(state == "running" || state == "queued", "{state}");
+    gate.open();
     let o = d.cli(&["wait", &id]);
     assert_eq!(o.status.code(), Some(5), "{}", describe(&o));
     assert!(
@@ -114,10 +117,38 @@ fn tasks_json_lists_the_tasks() {
 #[test]
 fn logs_follow_prints_everything_until_the_task_settles() {
     let d = Daemon::start();
-    let id = call_background(&d, "for i in 1 2 3 4; do echo line$i; sleep 0.2; done");
-    let o = d.cli(&["logs", "-f", &id]);
-    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
-    assert_eq!(stdout(&o), "line1\nline2\nline3\nline4\n");
+    // Half the output, then the run waits: `logs -f` must be following a live task when the
+    // rest comes.
+    let gate = sidejob_tests::Gate::new(&d.workspace, "rest");
+    let id = call_background(
+        &d,
+        &format!(
+            "echo line1; echo line2; {}; echo line3; echo line4",
+            gate.wait_cmd()
+        ),
+    );
+    let mut follow = std::process::Command::new(sidejob_tests::sidejob_bin())
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(["logs", "-f", &id])
+        .current_dir(&d.workspace)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("sidejob logs -f");
+    let lines = sidejob_tests::Lines::spawn(follow.stdout.take().expect("stdout"));
+    let wait = std::time::Duration::from_secs(20);
+    for want in ["line1", "line2"] {
+        assert_eq!(lines.next_within(wait, want).as_deref(), Some(want));
+    }
+    assert_eq!(d.client().task(&id)["state"], "running");
+    gate.open();
+    for want in ["line3", "line4"] {
+        assert_eq!(lines.next_within(wait, want).as_deref(), Some(want));
+    }
+    assert_eq!(lines.next_within(wait, "the end of the stream"), None);
+    let status = follow.wait().expect("logs -f");
+    assert_eq!(status.code(), Some(0), "{status}");
     let mut c = d.client();
     let t = c.task(&id);
     assert_eq!(

@@ -1,11 +1,10 @@
 //! `sidejob inbox`, `sidejob schedule` and `sidejob events` against a real daemon.
 
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
-use sidejob_tests::{sidejob_bin, Daemon};
+use sidejob_tests::{sidejob_bin, Daemon, Lines};
 
 fn stdout(o: &std::process::Output) -> String {
     assert!(
@@ -94,27 +93,30 @@ fn events_follows_task_changes_and_wakes() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    // Read on threads of their own: a CLI that goes quiet fails the test instead of hanging it.
+    let err = Lines::spawn(child.stderr.take().unwrap());
+    let out = Lines::spawn(child.stdout.take().unwrap());
     // It prints "following events" on stderr once subscribed.
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    err.read_line(&mut line).unwrap();
-    assert!(line.contains("following events"), "{line}");
+    let line = err
+        .next_within(Duration::from_secs(20), "the subscription")
+        .unwrap_or_default();
+    let kill = |child: &mut std::process::Child| {
+        let _ = child.kill();
+        let _ = child.wait();
+    };
+    if !line.contains("following events") {
+        kill(&mut child);
+        panic!("{line}");
+    }
     let t = c.bash(&s, "echo watched", json!({"background": true}))["task_id"]
         .as_str()
         .unwrap()
         .to_owned();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let deadline = Instant::now() + Duration::from_secs(20);
     let (mut saw_update, mut saw_wake) = (false, false);
     while !(saw_update && saw_wake) {
-        assert!(
-            Instant::now() < deadline,
-            "events did not show the task and its wake"
-        );
-        let mut l = String::new();
-        if out.read_line(&mut l).unwrap() == 0 {
+        let Some(l) = out.next_within(Duration::from_secs(20), "the task's update and wake") else {
             break;
-        }
+        };
         let m: Value = serde_json::from_str(&l).unwrap();
         saw_update |= m["method"] == "task.updated"
             && m["params"]["task"]["task_id"] == t.as_str()
@@ -122,7 +124,6 @@ fn events_follows_task_changes_and_wakes() {
         saw_wake |=
             m["method"] == "notification" && m["params"]["notification"]["task_id"] == t.as_str();
     }
-    let _ = child.kill();
-    let _ = child.wait();
-    assert!(saw_update && saw_wake);
+    kill(&mut child);
+    assert!(saw_update && saw_wake, "the stream ended first");
 }

@@ -4,14 +4,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sidejob_tests::{wait_until, Client, Daemon};
-
-fn has(program: &str) -> bool {
-    std::process::Command::new("sh")
-        .args(["-c", &format!("command -v {program}")])
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
+use sidejob_tests::{skip_without, wait_until, Client, Daemon, Gate, Need};
 
 pub(crate) fn code(
     c: &mut Client,
@@ -29,7 +22,7 @@ pub(crate) fn code(
 
 #[test]
 fn a_python_script_starts_a_background_job_through_the_bridge_waits_and_returns_its_output() {
-    if sidejob_tests::skip_unless(has("python3"), "python3 is not installed") {
+    if skip_without(&[Need::Python3]) {
         return;
     }
     let d = Daemon::start();
@@ -75,7 +68,7 @@ print("listed:", any(t["task_id"] == job["task_id"] for t in tools.jobs.list()))
 
 #[test]
 fn a_javascript_script_does_the_same_with_promises() {
-    if sidejob_tests::skip_unless(has("node"), "node is not installed") {
+    if skip_without(&[Need::Node]) {
         return;
     }
     let d = Daemon::start();
@@ -104,20 +97,41 @@ console.log("output:", (await tools.jobs.output(job.task_id)).trim());
 
 #[test]
 fn a_script_waits_for_input_and_the_host_answers_with_task_answer() {
-    if sidejob_tests::skip_unless(has("python3"), "python3 is not installed") {
+    if skip_without(&[Need::Python3]) {
         return;
     }
     let d = Daemon::start();
     let mut c = d.client();
     let s = d.open_session(&mut c);
-    let script = r#"
+    // The script asks only once the test opens the gate, so "too early" is certain.
+    let gate = Gate::new(&d.workspace, "ask");
+    let script = format!(
+        r#"
 import json
-answer = tools.request_input({"type": "object", "properties": {"go": {"type": "boolean"}}}, "Deploy now?")
+print("started", flush=True)
+open({gate:?}).close()
+answer = tools.request_input({{"type": "object", "properties": {{"go": {{"type": "boolean"}}}}}}, "Deploy now?")
 print("answer:", json.dumps(answer))
-"#;
-    let r = code(&mut c, &s, "python", script, json!({"background": true}));
+"#,
+        gate = gate.path().display().to_string()
+    );
+    let r = code(&mut c, &s, "python", &script, json!({"background": true}));
     let id = r["task_id"].as_str().unwrap().to_owned();
-    // Answering too early is refused.
+    // Answering before the script has asked is refused, and the script is unharmed.
+    assert!(
+        wait_until(Duration::from_secs(20), || c
+            .output(&id)
+            .contains("started")),
+        "{}",
+        d.log()
+    );
+    let (code_, kind) = c.err(
+        "task.answer",
+        json!({"task_id": id, "answer": {"go": false}}),
+    );
+    assert_eq!((code_, kind.as_str()), (-32005, "invalid_state"));
+    assert_eq!(c.task(&id)["state"], "running");
+    gate.open();
     let mut probe = d.client();
     assert!(
         wait_until(Duration::from_secs(20), || probe.task(&id)["state"]
@@ -160,7 +174,7 @@ print("answer:", json.dumps(answer))
 
 #[test]
 fn a_question_open_when_the_daemon_dies_does_not_leave_the_task_awaiting_input() {
-    if sidejob_tests::skip_unless(has("python3"), "python3 is not installed") {
+    if skip_without(&[Need::Python3]) {
         return;
     }
     let mut d = Daemon::start();
@@ -190,7 +204,7 @@ except ToolError as e:
 
 #[test]
 fn a_script_keeps_its_bridge_across_a_daemon_restart() {
-    if sidejob_tests::skip_unless(has("python3"), "python3 is not installed") {
+    if skip_without(&[Need::Python3]) {
         return;
     }
     let mut d = Daemon::start();

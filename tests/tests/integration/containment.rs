@@ -2,14 +2,15 @@
 //! inside the sandbox and reports; every denial has a positive control (the same operation
 //! where it is allowed, or outside the sandbox) and checks the host-side effect.
 //!
-//! These need root (the sandbox's mount view, cgroups and uid changes); they skip with a
-//! printed reason otherwise.
+//! These need root (the sandbox's mount view, cgroups and uid changes); they skip, listed in
+//! the run's summary, where root is not declared (see `sidejob_tests::need`), and fail where it
+//! is.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use serde_json::Value;
-use sidejob_tests::{is_root, sidejob_bin, skip_unless, TempDir};
+use sidejob_tests::{sidejob_bin, skip_without, Need, TempDir};
 
 /// The probe binary built next to `sidejob`.
 pub fn probe_bin() -> PathBuf {
@@ -28,10 +29,8 @@ pub struct Ws {
 
 impl Ws {
     pub fn new() -> Option<Ws> {
-        if skip_unless(
-            is_root(),
-            "containment tests need root (mount view, cgroups, uid changes)",
-        ) {
+        // The sandbox's mount view, cgroups and uid changes need root.
+        if skip_without(&[Need::Root]) {
             return None;
         }
         let dir = TempDir::new("ws");
@@ -82,6 +81,16 @@ pub struct Out {
     pub code: i32,
     pub stdout: String,
     pub stderr: String,
+}
+
+impl From<std::process::Output> for Out {
+    fn from(o: std::process::Output) -> Out {
+        Out {
+            code: o.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    }
 }
 
 impl Out {
@@ -314,13 +323,27 @@ fn no_inherited_descriptor_reaches_the_command() {
         cmd.stdin(Stdio::null());
     }
     c.arg("fds");
-    let fds = c.output().unwrap();
-    let fds = String::from_utf8_lossy(&fds.stdout).into_owned();
-    assert!(!fds.contains("secret"), "leaked: {fds}");
-    assert!(!fds.contains("9="), "fd 9 crossed: {fds}");
-    let read = c2.output().unwrap();
-    let read = String::from_utf8_lossy(&read.stdout).into_owned();
-    assert!(!read.contains("TOP-SECRET"), "{read}");
+    // The probe must have run and listed its descriptors: a run that never started lists
+    // nothing and would leak nothing.
+    let fds = Out::from(c.output().unwrap());
+    let listed = fds.report();
+    assert_eq!(listed["op"], "fds", "{}", fds.stdout);
+    assert_eq!(listed["ok"], true, "{}", fds.stdout);
+    let listed = listed["detail"].as_str().unwrap();
+    assert!(
+        listed.split(' ').any(|fd| fd.starts_with("0=")) && listed.contains("1="),
+        "the probe sees its own stdin and stdout: {listed}"
+    );
+    assert!(!listed.contains("secret"), "leaked: {listed}");
+    assert!(
+        !listed.split(' ').any(|fd| fd.starts_with("9=")),
+        "fd 9 crossed: {listed}"
+    );
+    // Reading the descriptor by number fails inside, and the probe says so.
+    let read = Out::from(c2.output().unwrap());
+    assert_eq!(read.report()["op"], "read", "{}", read.stdout);
+    assert!(!read.ok(), "fd 9 was readable inside: {}", read.stdout);
+    assert!(!read.stdout.contains("TOP-SECRET"), "{}", read.stdout);
     // Control: outside the sandbox the leaked descriptor reads the secret.
     let mut ctl = Command::new(probe_bin());
     ctl.args(["read", "/proc/self/fd/9"]);
@@ -333,8 +356,9 @@ fn no_inherited_descriptor_reaches_the_command() {
             Ok(())
         });
     }
-    let ctl = ctl.output().unwrap();
-    assert!(String::from_utf8_lossy(&ctl.stdout).contains("TOP-SECRET"));
+    let ctl = Out::from(ctl.output().unwrap());
+    assert!(ctl.ok(), "{}", ctl.stdout);
+    assert_eq!(ctl.report()["detail"], "TOP-SECRET", "{}", ctl.stdout);
     drop(f);
 }
 

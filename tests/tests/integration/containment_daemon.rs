@@ -2,7 +2,7 @@
 //! into the same sandbox as `sidejob exec`, and the daemon's own files are out of reach.
 
 use serde_json::{json, Value};
-use sidejob_tests::{is_root, skip_unless, Client, Daemon};
+use sidejob_tests::{skip_without, Client, Daemon, Need};
 
 use crate::containment::probe_bin;
 
@@ -14,10 +14,7 @@ struct Setup {
 }
 
 fn setup() -> Option<Setup> {
-    if skip_unless(
-        is_root(),
-        "containment tests need root (mount view, cgroups, uid changes)",
-    ) {
+    if skip_without(&[Need::Root]) {
         return None;
     }
     let d = Daemon::start();
@@ -184,19 +181,11 @@ impl Drop for Reap {
 fn an_unprivileged_daemon_refuses_what_it_cannot_enforce_and_runs_best_effort_profiles() {
     use std::os::unix::process::CommandExt;
     use std::process::{Command, Stdio};
-    if skip_unless(is_root(), "needs root to start the daemon as another uid") {
+    // Root starts the daemon as another uid, which needs a user namespace of its own.
+    if skip_without(&[Need::Root, Need::UserNamespaces]) {
         return;
     }
     const NOBODY: u32 = 65534;
-    let userns = Command::new("unshare")
-        .args(["--user", "--pid", "--fork", "true"])
-        .uid(NOBODY)
-        .gid(NOBODY)
-        .status()
-        .is_ok_and(|s| s.success());
-    if skip_unless(userns, "unprivileged user namespaces are not available") {
-        return;
-    }
     let root = sidejob_tests::TempDir::new("unpriv");
     let dirs = ["runtime", "state", "home", "ws", "profiles"].map(|d| root.path().join(d));
     for dir in &dirs {

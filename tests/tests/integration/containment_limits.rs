@@ -5,15 +5,23 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use sidejob_tests::{is_root, sidejob_bin, skip_unless};
+use sidejob_tests::{sidejob_bin, skip_without, Need};
 
 use crate::containment::{exec, inside, profile_with, Ws};
 
 // ---- limits ----------------------------------------------------------------------------------
 
+/// A workspace for a test whose profile sets cgroup limits (memory, pids, cpu).
+fn cgroup_ws() -> Option<Ws> {
+    if skip_without(&[Need::Root, Need::Cgroups]) {
+        return None;
+    }
+    Ws::new()
+}
+
 #[test]
 fn a_fork_bomb_is_bounded_and_the_host_stays_healthy() {
-    let Some(ws) = Ws::new() else { return };
+    let Some(ws) = cgroup_ws() else { return };
     let p = ws.profile("pids", &profile_with("", "pids = 64"));
     let t = Instant::now();
     let out = exec(
@@ -55,7 +63,7 @@ fn a_fork_bomb_is_bounded_and_the_host_stays_healthy() {
 
 #[test]
 fn a_memory_hog_is_killed_at_the_limit() {
-    let Some(ws) = Ws::new() else { return };
+    let Some(ws) = cgroup_ws() else { return };
     let p = ws.profile("mem", &profile_with("", "memory = \"64MiB\""));
     let out = exec(
         &ws,
@@ -224,7 +232,7 @@ fn exit_codes_and_signals_pass_through() {
 
 #[test]
 fn result_json_names_the_active_layers() {
-    let Some(ws) = Ws::new() else { return };
+    let Some(ws) = cgroup_ws() else { return };
     let out = exec(&ws, &["--json"], &["/bin/true"]);
     let r = out.result();
     assert_eq!(r["state"], "succeeded");
@@ -262,7 +270,7 @@ fn result_json_names_the_active_layers() {
 
 #[test]
 fn an_invalid_profile_is_refused_with_file_line_and_field() {
-    let Some(ws) = Ws::new() else { return };
+    let Some(ws) = cgroup_ws() else { return };
     let bad = ws.profile("bad", "network = \"none\"\n[limits]\nmemory = \"lots\"\n");
     let out = exec(&ws, &["--profile", &bad], &["/bin/true"]);
     assert_eq!(out.code, 125);
@@ -308,7 +316,8 @@ fn the_read_only_profile_cannot_write_the_workspace() {
 
 #[test]
 fn sidejob_doctor_reports_every_layer() {
-    if skip_unless(is_root(), "doctor's trial run needs root here") {
+    // The trial run needs root; the layers it reports include the cgroup limits.
+    if skip_without(&[Need::Root, Need::Cgroups]) {
         return;
     }
     let o = Command::new(sidejob_bin())

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use sidejob_tests::sidejob_bin;
 
-use crate::containment::{exec, exec_env, inside, outside, probe_bin, profile_with, Ws};
+use crate::containment::{exec, exec_env, inside, outside, probe_bin, profile_with, Out, Ws};
 
 // ---- processes and the kernel ----------------------------------------------------------------
 
@@ -186,21 +186,26 @@ fn a_setuid_binary_and_a_file_with_capabilities_gain_nothing() {
         "{d}"
     );
     // Controls on the host, as nobody: the setuid bit and the file capability both work.
-    let run_as_nobody = |p: &Path| {
-        let o = Command::new(p)
-            .arg("status")
-            .uid(65534)
-            .gid(65534)
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&o.stdout).into_owned()
+    // Each reads the probe's own report, so a probe that did not run fails the control.
+    let status_as_nobody = |p: &Path| {
+        let o = Out::from(
+            Command::new(p)
+                .arg("status")
+                .uid(65534)
+                .gid(65534)
+                .output()
+                .unwrap(),
+        );
+        assert!(o.ok(), "{} {}", o.stdout, o.stderr);
+        o.report()["detail"].as_str().unwrap().to_owned()
     };
     use std::os::unix::process::CommandExt;
-    let d = run_as_nobody(&suid);
-    assert!(d.contains("Uid:\\t65534\\t0\\t0"), "control setuid: {d}");
-    let d = run_as_nobody(&capped);
+    let d = status_as_nobody(&suid);
+    assert!(d.contains("Uid:\t65534\t0\t0"), "control setuid: {d}");
+    let d = status_as_nobody(&capped);
+    // CAP_NET_RAW is bit 13: permitted and effective.
     assert!(
-        !d.contains("CapEff:\\t0000000000000000"),
+        d.contains("CapPrm:\t0000000000002000") && d.contains("CapEff:\t0000000000002000"),
         "control caps: {d}"
     );
 }

@@ -4,7 +4,7 @@
 use std::os::unix::fs::{chown, PermissionsExt};
 
 use serde_json::{json, Value};
-use sidejob_tests::{is_root, skip_unless, Daemon};
+use sidejob_tests::{skip_without, Daemon, Need};
 
 pub(crate) const NOBODY: u32 = 65534;
 
@@ -50,7 +50,7 @@ fn assert_denied(d: &Daemon, method: &str, params: Value) {
 
 #[test]
 fn another_user_is_denied_roots_sessions_and_tasks() {
-    if skip_unless(is_root(), "needs root to connect as another uid") {
+    if skip_without(&[Need::Root]) {
         return;
     }
     let d = Daemon::start();
@@ -95,7 +95,7 @@ fn another_user_is_denied_roots_sessions_and_tasks() {
 
 #[test]
 fn another_user_runs_commands_as_itself_in_its_own_session() {
-    if skip_unless(is_root(), "needs root to connect as another uid") {
+    if skip_without(&[Need::Root]) {
         return;
     }
     let d = Daemon::start();
@@ -136,4 +136,43 @@ fn another_user_runs_commands_as_itself_in_its_own_session() {
     assert_eq!(theirs["owner_uid"], NOBODY);
     let t = c.task(r["task_id"].as_str().expect("id"));
     assert_eq!(t["state"], "succeeded");
+}
+
+/// The same refusals as seen by a host speaking the protocol (not through the CLI's text):
+/// each is a JSON-RPC error with code -32002 and `data.kind` `permission_denied`.
+#[test]
+fn another_users_requests_get_permission_denied_as_a_json_rpc_error() {
+    if skip_without(&[Need::Root]) {
+        return;
+    }
+    let d = Daemon::start();
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let gate = sidejob_tests::Gate::new(&d.workspace, "never");
+    let r = c.bash(&s, &gate.wait_cmd(), json!({"background": true}));
+    let id = r["task_id"].as_str().expect("id").to_owned();
+    d.let_everyone_connect();
+    let mut other = d.client_as(NOBODY, NOBODY);
+    for (method, params) in [
+        ("task.get", json!({"task_id": id})),
+        ("task.cancel", json!({"task_id": id})),
+        ("task.wait", json!({"task_id": id, "timeout_ms": 10})),
+        ("session.status", json!({"session_id": s})),
+        (
+            "tool.call",
+            json!({"session_id": s, "tool": "bash", "args": {"command": "id -u"}}),
+        ),
+        (
+            "schedule.create",
+            json!({"session_id": s, "delay_ms": 1, "action": {"prompt": "x"}}),
+        ),
+    ] {
+        let e = other
+            .call(method, params.clone())
+            .expect_err("another uid's request must be refused");
+        assert_eq!(e["code"], -32002, "{method} {params}: {e}");
+        assert_eq!(e["data"]["kind"], "permission_denied", "{method}: {e}");
+    }
+    assert_eq!(c.task(&id)["state"], "running", "root's task is untouched");
+    c.ok("task.cancel", json!({"task_id": id, "grace_ms": 100}));
 }

@@ -171,10 +171,19 @@ fn task_output_is_not_eof_while_the_task_runs() {
     let d = Daemon::start();
     let mut c = d.client();
     let s = d.open_session(&mut c);
-    let r = c.bash(&s, "echo partial; sleep 30", json!({"yield_after_ms": 300}));
+    let gate = sidejob_tests::Gate::new(&d.workspace, "never");
+    let r = c.bash(
+        &s,
+        &format!("echo partial; {}", gate.wait_cmd()),
+        json!({"background": true}),
+    );
     assert_eq!(r["status"], "running", "{r}");
-    assert_eq!(r["output"], "partial\n");
     let id = r["task_id"].as_str().expect("id").to_owned();
+    // The line is in the log once the run has printed it (however long that takes here); the
+    // run itself cannot end before the test cancels it.
+    assert!(sidejob_tests::wait_until(Duration::from_secs(20), || c
+        .output(&id)
+        == "partial\n"));
     let p = c.ok("task.output", json!({"task_id": id, "offset": 0}));
     assert_eq!(p["data"], "partial\n");
     assert_eq!(p["next_offset"], p["size"]);

@@ -287,10 +287,14 @@ fn hot_reload_swaps_a_plugin_without_touching_a_running_task() {
         d.log()
     );
     let s = d.open_session(&mut c);
-    // A background task planned by v1 …
+    // A background task planned by v1, held running across the swap: its `sleep` has a
+    // duration unique to this test, and ends only when the test kills it (then v1's plan
+    // goes on to print its greeting).
+    let sleep_ms = 3_600_000 + u64::from(std::process::id() % 1000);
+    let sleep_cmd = format!("sleep {}", sleep_ms as f64 / 1000.0);
     let r = c.ok(
         "tool.call",
-        json!({"session_id": s, "tool": "greet", "args": {"sleep_ms": 1500}, "background": true}),
+        json!({"session_id": s, "tool": "greet", "args": {"sleep_ms": sleep_ms}, "background": true}),
     );
     assert_eq!(r["status"], "running", "{r}");
     let old = r["task_id"].as_str().unwrap().to_owned();
@@ -322,11 +326,18 @@ fn hot_reload_swaps_a_plugin_without_touching_a_running_task() {
         json!({"session_id": s, "tool": "greet", "args": {}}),
     );
     assert_eq!(r["output"], "greet v2\n", "{r}");
-    // The v1 task still settles, and its result is delivered.
+    // The v1 task was running all along; released now, it still settles, and its result is
+    // delivered.
+    assert_eq!(c.task(&old)["state"], "running");
+    let sleeps = sidejob_tests::pids_running(&sleep_cmd);
+    assert_eq!(sleeps.len(), 1, "{sleep_cmd}: {sleeps:?}");
+    sidejob_tests::signal(sleeps[0], libc::SIGTERM);
     let t = c.wait_settled(&old);
     assert_eq!(t["state"], "succeeded", "{t}");
     assert_eq!(t["delivery"], "wait", "{t}");
-    assert_eq!(c.output(&old), "greet v1\n");
+    // (The shell reports the killed sleep first.)
+    let out = c.output(&old);
+    assert!(out.ends_with("greet v1\n"), "{out:?}");
     // v2 runs from its own copy; v1's copy, no longer used, is gone.
     let copies = greet_copies(&d);
     assert_eq!(copies.len(), 1, "{copies:?}");

@@ -203,15 +203,18 @@ fn every_state_change_of_a_yielded_task_is_in_the_event_log() {
         .expect("query")
         .collect::<Result<_, _>>()
         .expect("rows");
-    assert_eq!(
-        kinds,
-        [
-            "task.submitted",
-            "task.started",
-            "task.yielded",
-            "task.settled"
-        ],
-        "the wait received the result as it settled, so no later claim event"
+    // The wait receives the result as it settles, or (if it reached the daemon after the
+    // settle, which a loaded machine allows) claims it just after: then one delivery event.
+    let expected = [
+        "task.submitted",
+        "task.started",
+        "task.yielded",
+        "task.settled",
+    ];
+    assert!(
+        kinds == expected
+            || (kinds[..kinds.len().min(4)] == expected && kinds[4..] == ["task.delivered"]),
+        "{kinds:?}"
     );
     for table in ["sessions", "tasks", "events"] {
         let n: i64 = db

@@ -14,6 +14,19 @@ fn is_schedule_prompt(m: &Value) -> bool {
     m["method"] == "notification" && m["params"]["notification"]["kind"] == "schedule"
 }
 
+/// The schedule prompts in the inbox (the durable record) of one schedule.
+fn prompts_of(c: &mut Client, session: &str, schedule: &str) -> Vec<String> {
+    c.ok("inbox.list", json!({"session_id": session}))["notifications"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n["kind"] == "schedule")
+        .filter_map(|n| n["text"].as_str())
+        .filter(|t| t.contains(&format!("schedule {schedule},")))
+        .map(str::to_owned)
+        .collect()
+}
+
 fn create(c: &mut Client, params: Value) -> (String, String) {
     let r = c.ok("schedule.create", params);
     (
@@ -48,8 +61,10 @@ fn a_delayed_prompt_is_delivered_once_and_its_monitor_succeeds() {
     let list = c.ok("schedule.list", json!({"session_id": s}));
     assert_eq!(list["schedules"][0]["occurrences"], 1, "{list}");
     assert_eq!(list["schedules"][0]["enabled"], false);
-    assert!(
-        c.collect_pushes(SEC / 2, is_schedule_prompt).is_empty(),
+    // Disabled, its monitor settled: nothing more can fire, so the count is final.
+    assert_eq!(
+        prompts_of(&mut c, &s, &sid).len(),
+        1,
         "a one-shot fired twice"
     );
 }
@@ -60,21 +75,14 @@ fn a_recurring_schedule_fires_exactly_max_occurrences_times() {
     let mut c = d.client();
     let s = d.open_session(&mut c);
     c.ok("events.subscribe", json!({"session_ids": [s]}));
-    let (_, monitor) = create(
+    let (sid, monitor) = create(
         &mut c,
         json!({"session_id": s, "every_ms": 100, "max_occurrences": 3, "action": {"prompt": "tick"}}),
     );
     c.wait_push(15 * SEC, "monitor done", is_update(&monitor, "succeeded"));
-    let prompts = c.collect_pushes(SEC / 2, is_schedule_prompt);
-    let texts: HashSet<String> = prompts
-        .iter()
-        .map(|m| {
-            m["params"]["notification"]["text"]
-                .as_str()
-                .unwrap()
-                .to_owned()
-        })
-        .collect();
+    // The monitor has settled: nothing more can fire, so the count is final.
+    let prompts = prompts_of(&mut c, &s, &sid);
+    let texts: HashSet<String> = prompts.iter().cloned().collect();
     assert_eq!(prompts.len(), 3, "{prompts:#?}");
     assert_eq!(texts.len(), 3, "each occurrence is distinct");
     for n in 1..=3 {
@@ -94,10 +102,20 @@ fn a_prompt_waits_durably_for_a_route() {
     let s = d.open_session(&mut c);
     let (_, monitor) = create(
         &mut c,
-        json!({"session_id": s, "delay_ms": 50, "action": {"prompt": "are you there"}}),
+        json!({"session_id": s, "delay_ms": 0, "action": {"prompt": "are you there"}}),
     );
-    // Nobody is subscribed: the occurrence stays due, the monitor stays armed.
-    let t = c.ok("task.wait", json!({"task_id": monitor, "timeout_ms": 700}));
+    // Another session, subscribed, with a prompt due after the first: once it has fired,
+    // the scheduler has looked at the first one too, and left it for lack of a route.
+    let mut other = d.client();
+    let routed = d.open_session(&mut other);
+    other.ok("events.subscribe", json!({"session_ids": [routed]}));
+    create(
+        &mut other,
+        json!({"session_id": routed, "delay_ms": 0, "action": {"prompt": "routed"}}),
+    );
+    other.wait_push(10 * SEC, "the routed prompt", is_schedule_prompt);
+    // Nobody is subscribed to the first: the occurrence stays due, the monitor stays armed.
+    let t = c.task(&monitor);
     assert_eq!(t["state"], "scheduled", "{t}");
     assert!(
         c.ok("inbox.list", json!({"session_id": s}))["notifications"]
@@ -259,10 +277,7 @@ fn a_claim_left_by_a_dead_daemon_is_taken_over_after_its_lease_and_fires_once() 
         now + 1500 - created_ms
     );
     h.wait_push(10 * SEC, "monitor done", is_update(&monitor, "succeeded"));
-    assert!(
-        h.collect_pushes(SEC / 2, is_schedule_prompt).is_empty(),
-        "fired twice"
-    );
+    assert_eq!(prompts_of(&mut h, &s, &sid).len(), 1, "fired twice");
     // The direct edit above is not in the event log; everything sidejob wrote is.
 }
 
@@ -275,25 +290,26 @@ fn occurrences_missed_while_down_follow_catch_up() {
     for mode in ["once", "skip", "all"] {
         let (sid, _) = create(
             &mut c,
-            json!({"session_id": s, "every_ms": 60_000, "catch_up": mode, "action": {"prompt": mode}}),
+            json!({"session_id": s, "every_ms": 600_000, "catch_up": mode, "action": {"prompt": mode}}),
         );
         ids.push((mode, sid));
     }
     d.kill9();
-    // As if the daemon had been down for 150 s of a schedule every 60 s: two occurrences of
-    // each fell due meanwhile (nobody was subscribed before, so none fired), and the next
-    // regular one is 30 s away.
+    // As if the daemon had been down for 25 min of a schedule every 10 min: two occurrences
+    // of each fell due meanwhile (nobody was subscribed before, so none fired), and the next
+    // regular one is 5 min away.
     let db = rusqlite::Connection::open(d.state_dir.join("sidejob.db")).unwrap();
     let now: i64 = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis() as i64;
-    let anchor = now - 150_000;
+    let anchor = now - 1_500_000;
     for (_, sid) in &ids {
-        let trigger = json!({"kind": "every", "every_ms": 60_000, "anchor_ms": anchor}).to_string();
+        let trigger =
+            json!({"kind": "every", "every_ms": 600_000, "anchor_ms": anchor}).to_string();
         db.execute(
             "UPDATE schedules SET trigger = ?1, next_due_ms = ?2 WHERE schedule_id = ?3",
-            rusqlite::params![trigger, anchor + 60_000, sid],
+            rusqlite::params![trigger, anchor + 600_000, sid],
         )
         .unwrap();
     }
@@ -301,21 +317,30 @@ fn occurrences_missed_while_down_follow_catch_up() {
     d.restart();
     let mut h = d.client();
     h.ok("events.subscribe", json!({"session_ids": [s]}));
-    // Everything that arrives now is catch-up.
-    let got = h.collect_pushes(2 * SEC, is_schedule_prompt);
-    let count = |sid: &str| {
-        got.iter()
-            .filter(|m| {
-                m["params"]["notification"]["text"]
-                    .as_str()
+    // Catch-up is over once every schedule points at its next regular occurrence, 5 min
+    // away: the counts are final then.
+    let regular = anchor + 3 * 600_000;
+    for (mode, sid) in &ids {
+        assert!(
+            sidejob_tests::wait_until(20 * SEC, || {
+                h.ok("schedule.list", json!({"session_id": s}))["schedules"]
+                    .as_array()
                     .unwrap()
-                    .contains(&format!("schedule {sid},"))
-            })
-            .count()
-    };
+                    .iter()
+                    .any(|x| {
+                        x["schedule_id"] == sid.as_str()
+                            && x["next_due_at"].as_str().is_some_and(|n| {
+                                humantime::parse_rfc3339(n).unwrap()
+                                    >= std::time::UNIX_EPOCH + Duration::from_millis(regular as u64)
+                            })
+                    })
+            }),
+            "catch_up {mode} did not finish"
+        );
+    }
     let expected = [("once", 1), ("skip", 0), ("all", 2)];
     for ((mode, sid), (_, want)) in ids.iter().zip(expected) {
-        assert_eq!(count(sid), want, "catch_up {mode}: {got:#?}");
+        assert_eq!(prompts_of(&mut h, &s, sid).len(), want, "catch_up {mode}");
     }
 }
 

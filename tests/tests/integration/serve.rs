@@ -80,7 +80,14 @@ fn sigterm_stops_the_daemon_and_leaves_runs_to_settle() {
     let mut d = Daemon::start();
     let mut c = d.client();
     let s = d.open_session(&mut c);
-    let r = c.bash(&s, "sleep 1; echo after", json!({"background": true}));
+    // The run outlives the daemon for certain: it goes on only once the gate opens, after
+    // the daemon has stopped.
+    let gate = sidejob_tests::Gate::new(&d.workspace, "after");
+    let r = c.bash(
+        &s,
+        &format!("{}; echo after", gate.wait_cmd()),
+        json!({"background": true}),
+    );
     let id = r["task_id"].as_str().expect("id").to_owned();
     let run_dir = std::path::Path::new(r["output_path"].as_str().expect("path"))
         .parent()
@@ -88,6 +95,20 @@ fn sigterm_stops_the_daemon_and_leaves_runs_to_settle() {
         .to_path_buf();
     drop(c);
     assert_eq!(d.terminate(), Some(0), "SIGTERM is a clean stop");
+    let pid: i32 = sidejob_tests::wait_until(std::time::Duration::from_secs(10), || {
+        d.private_dir(&id).join("supervisor.pid").exists()
+    })
+    .then(|| {
+        std::fs::read_to_string(d.private_dir(&id).join("supervisor.pid")).expect("pid file")
+    })
+    .and_then(|s| s.split_whitespace().next()?.parse().ok())
+    .expect("the run's supervisor.pid");
+    assert!(
+        sidejob_tests::process_alive(pid),
+        "the run's supervisor died with the daemon"
+    );
+    assert!(!run_dir.join("result.json").exists(), "the run ended early");
+    gate.open();
     assert!(d.state_dir.join("sidejob.db").exists());
     assert!(
         d.state_dir
@@ -137,8 +158,15 @@ fn sigint_stops_the_daemon_cleanly_too() {
     // Once a request has been answered the daemon is fully up.
     d.client().ok("initialize", json!({}));
     sidejob_tests::signal(d.pid() as i32, libc::SIGINT);
-    // terminate() sends SIGTERM to an already-stopping daemon and reaps it.
-    assert_eq!(d.terminate(), Some(0));
+    // SIGINT alone must stop it: nothing else is sent.
+    let status = d
+        .wait_exit(std::time::Duration::from_secs(30))
+        .expect("the daemon is still running 30 s after SIGINT");
+    assert_eq!(status.code(), Some(0), "SIGINT is a clean stop: {status}");
+    assert!(
+        std::os::unix::net::UnixStream::connect(&d.socket).is_err(),
+        "nobody listens any more"
+    );
 }
 
 #[test]
@@ -213,23 +241,13 @@ impl Drop for Reap {
 
 #[test]
 fn an_unprivileged_daemon_needs_no_flags_and_uses_the_xdg_directories() {
+    use sidejob_tests::{skip_without, Need};
     use std::os::unix::process::CommandExt;
-    if sidejob_tests::skip_unless(
-        sidejob_tests::is_root(),
-        "needs root to start the daemon as another uid",
-    ) {
+    // Root starts the daemon as another uid, which needs a user namespace of its own.
+    if skip_without(&[Need::Root, Need::UserNamespaces]) {
         return;
     }
     const NOBODY: u32 = 65534;
-    let userns = Command::new("unshare")
-        .args(["--user", "--pid", "--fork", "true"])
-        .uid(NOBODY)
-        .gid(NOBODY)
-        .status()
-        .is_ok_and(|s| s.success());
-    if sidejob_tests::skip_unless(userns, "unprivileged user namespaces are not available") {
-        return;
-    }
     let root = sidejob_tests::TempDir::new("xdg");
     let (runtime, state, home, ws) = (
         root.path().join("runtime"),
@@ -271,6 +289,9 @@ fn an_unprivileged_daemon_needs_no_flags_and_uses_the_xdg_directories() {
         socket.display(),
         std::fs::read_to_string(root.path().join("daemon.log")).unwrap_or_default()
     );
+    // The socket accepts before the registry is open; an answer comes after.
+    let init = sidejob_tests::Client::connect(&socket).ok("initialize", json!({}));
+    assert_eq!(init["protocol_version"], 1, "{init}");
     assert!(
         state.join("sidejob/sidejob.db").exists(),
         "state under $XDG_STATE_HOME/sidejob"

@@ -254,10 +254,17 @@ fn closing_a_session_without_cancel_lets_its_tasks_finish() {
     let d = Daemon::start();
     let mut c = d.client();
     let s = d.open_session(&mut c);
-    let r = c.bash(&s, "sleep 0.5; echo finished", json!({"background": true}));
+    // The task can only finish after the session is closed: it waits for the gate.
+    let gate = sidejob_tests::Gate::new(&d.workspace, "finish");
+    let r = c.bash(
+        &s,
+        &format!("{}; echo finished", gate.wait_cmd()),
+        json!({"background": true}),
+    );
     let id = r["task_id"].as_str().expect("id").to_owned();
     let closed = c.ok("session.close", json!({"session_id": s, "cancel": false}));
     assert_eq!(closed["canceled_tasks"], json!([]), "{closed}");
+    gate.open();
     let t = c.wait_settled(&id);
     assert_eq!(t["state"], "succeeded", "{t}");
     assert_eq!(c.output(&id), "finished\n");

@@ -7,10 +7,7 @@ use serde_json::{json, Value};
 use sidejob_tests::{wait_until, Client, Daemon};
 
 fn agent_daemon() -> Option<Daemon> {
-    if sidejob_tests::skip_unless(
-        std::path::Path::new("/usr/bin/python3").exists(),
-        "python3 is not installed",
-    ) {
+    if sidejob_tests::skip_without(&[sidejob_tests::Need::Python3]) {
         return None;
     }
     // The fake agent travels in the command line, so it needs no file inside the sandbox.
