@@ -143,7 +143,7 @@ impl Executor {
         let Some(live) = self.get_live(task_id) else {
             return false;
         };
-        let mut st = live.lock();
+        let st = live.lock();
         if st.settled {
             return false;
         }
@@ -171,9 +171,7 @@ impl Executor {
                 s.state = TaskState::Canceled;
                 s.reason = None;
                 s.error = message;
-                let settled = self.settle_locked(&live, &mut st, s);
-                drop(st);
-                self.finish(&live, settled);
+                self.settle_and_finish(&live, st, s);
             }
         }
         true

@@ -70,6 +70,14 @@ pub enum ExecError {
     Registry(#[from] RegistryError),
 }
 
+/// What [`Executor::settle_locked`] did.
+enum Settled {
+    /// Recorded (or settled before): finish the task once its lock is released.
+    Now,
+    /// Not recorded yet: a retry finishes the task once it is.
+    Later,
+}
+
 /// What the blocked foreground call hears about its task.
 pub enum FgEvent {
     Settled(Box<TaskRow>),
@@ -179,6 +187,8 @@ impl Live {
 }
 
 pub struct Executor {
+    /// This executor, for the tasks it spawns (a settlement being retried).
+    me: std::sync::Weak<Executor>,
     cfg: Arc<Config>,
     registry: Arc<Registry>,
     tools: Arc<ToolHost>,
@@ -200,7 +210,8 @@ impl Executor {
         tools: Arc<ToolHost>,
         exe: PathBuf,
     ) -> Arc<Executor> {
-        Arc::new(Executor {
+        Arc::new_cyclic(|me| Executor {
+            me: me.clone(),
             global: Arc::new(Semaphore::new(cfg.max_running.max(1))),
             cfg,
             registry,
@@ -484,9 +495,7 @@ impl Executor {
                     FailReason::SpawnError,
                     format!("cannot start the supervisor: {e}"),
                 );
-                let settled = self.settle_locked(live, &mut st, s);
-                drop(st);
-                self.finish(live, settled);
+                self.settle_and_finish(live, st, s);
                 return None;
             }
         };
@@ -591,23 +600,42 @@ impl Executor {
             live.private.cancel().exists(),
         )
         .await;
-        let settled = {
-            let mut st = live.lock();
-            self.settle_locked(&live, &mut st, settlement)
-        };
-        self.finish(&live, settled);
+        self.settle_and_finish(&live, live.lock(), settlement);
     }
 
     /// Records the terminal state and decides delivery. Must be called with the task's lock
-    /// held; returns the settled row to hand out after the lock is released.
-    fn settle_locked(&self, live: &Live, st: &mut LiveState, mut s: Settlement) -> Option<TaskRow> {
-        if st.settled {
-            return None;
+    /// held; after [`Settled::Now`] the caller releases the lock and calls
+    /// [`Executor::finish`]. When the registry cannot record it (a full disk, say),
+    /// nothing is decided or delivered: the task stays as it is, with nothing contradicting
+    /// it, and the settlement is tried again until it is recorded ([`Settled::Later`]).
+    fn settle_locked(&self, live: &Arc<Live>, st: &mut LiveState, s: Settlement) -> Settled {
+        match self.attempt_settle(live, st, &s) {
+            Ok(()) => Settled::Now,
+            Err(e) => {
+                warn!(
+                    task_id = %live.task_id,
+                    registry = %self.registry.path().display(),
+                    "cannot record the settlement ({e}); trying again until it is recorded"
+                );
+                self.retry_settle(live.clone(), s);
+                Settled::Later
+            }
         }
-        st.settled = true;
-        let fg = st.fg.take().filter(|f| !f.is_closed());
+    }
+
+    /// One try at [`Executor::settle_locked`] (nothing to do if it had settled already).
+    fn attempt_settle(
+        &self,
+        live: &Live,
+        st: &mut LiveState,
+        s: &Settlement,
+    ) -> Result<(), RegistryError> {
+        if st.settled {
+            return Ok(());
+        }
         st.waiters.retain(|w| !w.is_closed());
-        s.delivery = if fg.is_some() {
+        let mut s = s.clone();
+        s.delivery = if st.fg.as_ref().is_some_and(|f| !f.is_closed()) {
             Delivery::Inline
         } else if !st.waiters.is_empty() {
             Delivery::Wait
@@ -620,15 +648,13 @@ impl Executor {
             Delivery::Wake => self.wake_notification(live, &s),
             Delivery::Inline | Delivery::Wait | Delivery::Pending => None,
         };
-        if let Err(e) = self
-            .registry
-            .settle(&live.task_id, &live.session_id, &s, wake.as_ref())
-        {
-            warn!(task_id = %live.task_id, "cannot record the settlement: {e}");
-        }
-        let row = match self.registry.get_task(&live.task_id) {
-            Ok(Some(row)) => row,
-            _ => return None,
+        self.registry
+            .settle(&live.task_id, &live.session_id, &s, wake.as_ref())?;
+        // Recorded: from here on the decision stands.
+        st.settled = true;
+        let fg = st.fg.take().filter(|f| !f.is_closed());
+        let Some(row) = self.registry.get_task(&live.task_id)? else {
+            return Ok(());
         };
         info!(task_id = %live.task_id, state = row.state.as_str(), delivery = s.delivery.as_str(), "task settled");
         if let (Some(n), Some(kept)) = (row.output_bytes, self.kept_map().get_mut(&row.owner_uid)) {
@@ -647,7 +673,46 @@ impl Executor {
         }
         st.stdin = None;
         st.supervisor = None;
-        Some(row)
+        Ok(())
+    }
+
+    /// Tries a settlement the registry could not record again, backing off to every 10 s,
+    /// until it is recorded; then finishes the task.
+    fn retry_settle(&self, live: Arc<Live>, s: Settlement) {
+        let Some(me) = self.me.upgrade() else {
+            return;
+        };
+        tokio::spawn(async move {
+            let mut pause = Duration::from_millis(200);
+            loop {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(10));
+                let attempt = {
+                    let mut st = live.lock();
+                    me.attempt_settle(&live, &mut st, &s)
+                };
+                match attempt {
+                    Ok(()) => {
+                        info!(task_id = %live.task_id, "the settlement is recorded now");
+                        me.finish(&live);
+                        return;
+                    }
+                    Err(e) => {
+                        warn!(task_id = %live.task_id, "still cannot record the settlement: {e}")
+                    }
+                }
+            }
+        });
+    }
+
+    /// Settles with the task's lock held and, if that was recorded, finishes it after.
+    fn settle_and_finish(&self, live: &Arc<Live>, st: MutexGuard<'_, LiveState>, s: Settlement) {
+        let mut st = st;
+        let settled = self.settle_locked(live, &mut st, s);
+        drop(st);
+        if let Settled::Now = settled {
+            self.finish(live);
+        }
     }
 
     /// The wake of a background completion: an `[automatic]` prompt, or a one-line notice
@@ -675,7 +740,7 @@ impl Executor {
 
     /// After settling: wake cancel-waiters, forget the live entry and remove the run's
     /// private directory (the task's result is in the registry and its public half).
-    fn finish(&self, live: &Live, _settled: Option<TaskRow>) {
+    fn finish(&self, live: &Live) {
         let _ = live.done.send(true);
         self.live_map().remove(&live.task_id);
         live.private.remove();

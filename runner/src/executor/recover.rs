@@ -46,13 +46,7 @@ pub fn recover(ex: &Arc<Executor>) -> Result<Recovered, ExecError> {
             });
         let live = Live::new(&row, private, public);
         ex.live_map().insert(row.task_id.clone(), live.clone());
-        let settle = |s| {
-            let settled = {
-                let mut st = live.lock();
-                ex.settle_locked(&live, &mut st, s)
-            };
-            ex.finish(&live, settled);
-        };
+        let settle = |s| ex.settle_and_finish(&live, live.lock(), s);
         // The run directory's result.json is its owner's to write: it settles a task only once
         // the task's supervisor is known to be gone, never in place of a live one.
         let from_result_or_lost = |why: String| match live.read_result() {

@@ -23,11 +23,9 @@ pub fn backup_path(state_dir: &Path) -> PathBuf {
 
 /// The way out, for messages.
 fn way_out(state_dir: &Path) -> String {
-    let backup = backup_path(state_dir);
-    if backup.exists() {
+    if backup_path(state_dir).exists() {
         format!(
-            "stop the daemon and run `sidejob registry restore` (from {}), or `sidejob registry rebuild` to rebuild it from the runs' result.json",
-            backup.display()
+            "stop the daemon and run `sidejob registry restore` (from {BACKUP_FILE} beside it), or `sidejob registry rebuild` to rebuild it from the runs' result.json"
         )
     } else {
         "stop the daemon and run `sidejob registry rebuild` to rebuild it from the runs' result.json (there is no backup)".into()

@@ -110,7 +110,9 @@ pub fn main(private_dir: &Path) -> i32 {
     }) {
         Ok(fd) => fd,
         Err(e) => {
-            eprintln!("sidejob supervise: the run directory (inherited descriptor): {e}");
+            say(format_args!(
+                "the run directory (inherited descriptor): {e}"
+            ));
             return 2;
         }
     };
@@ -123,13 +125,13 @@ pub fn main(private_dir: &Path) -> i32 {
     }) {
         Ok(plan) => plan,
         Err(source) => {
-            eprintln!(
-                "sidejob supervise: {}",
+            say(format_args!(
+                "{}",
                 SuperviseError::Plan {
                     path: plan_path,
                     source
                 }
-            );
+            ));
             return 2;
         }
     };
@@ -138,14 +140,31 @@ pub fn main(private_dir: &Path) -> i32 {
         Ok(result) => result,
         Err(e) => failed_result(&plan, started, e.reason(), e.to_string()),
     };
-    if let Err(e) = result.write_atomically(public.as_fd(), plan.output_owner) {
-        eprintln!(
-            "sidejob supervise: cannot write {}: {e}",
-            plan.output_dir.join(crate::run_dir::RESULT).display()
-        );
-        return 1;
+    // The run is over and this is its only record: a write that fails (a full disk) is tried
+    // again until it succeeds. The daemon sees this supervisor alive meanwhile, so it neither
+    // settles the run as lost nor reports it as finished too early.
+    let mut pause = Duration::from_millis(100);
+    loop {
+        match result.write_atomically(public.as_fd(), plan.output_owner) {
+            Ok(()) => return 0,
+            Err(e) => {
+                say(format_args!(
+                    "cannot write {}: {e}; trying again in {} ms",
+                    plan.output_dir.join(crate::run_dir::RESULT).display(),
+                    pause.as_millis()
+                ));
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_secs(5));
+            }
+        }
     }
-    0
+}
+
+/// A line to the supervisor's log (its stderr). Never panics, unlike `eprintln`: the log may
+/// be on a full disk.
+fn say(msg: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "sidejob supervise: {msg}");
 }
 
 /// Records `pid start_time`, so a daemon that restarts before it recorded the spawn can still
@@ -291,12 +310,9 @@ pub fn supervise(
                         out_open = false;
                         break;
                     }
-                    Ok(n) => capture
-                        .push(&buf[..n])
-                        .map_err(|source| SuperviseError::Output {
-                            path: out_path.clone(),
-                            source,
-                        })?,
+                    // A write error (a full disk) is kept by the capture, which goes on
+                    // reading: the command is never blocked, and the run still settles.
+                    Ok(n) => capture.push(&buf[..n]),
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) => {
                         return Err(SuperviseError::Setup {
@@ -336,11 +352,7 @@ pub fn supervise(
     read_available(&status_r, &mut status_buf);
     let mut exec_error = Vec::new();
     read_available(&err_r, &mut exec_error);
-    let (output_bytes, output_truncated) =
-        capture.finish().map_err(|source| SuperviseError::Output {
-            path: out_path.clone(),
-            source,
-        })?;
+    let (output_bytes, output_truncated, output_error) = capture.finish();
 
     let ended = SystemTime::now();
     let mut result = RunResult {
@@ -365,6 +377,13 @@ pub fn supervise(
     };
     if output_truncated {
         result.violations.push("output_cap".into());
+    }
+    if let Some(e) = &output_error {
+        result.violations.push("output_lost".into());
+        result.error = Some(format!(
+            "output.log ({}) could not be written beyond some point: {e}; the rest of the output was read and dropped",
+            out_path.display()
+        ));
     }
     if init_exit.is_none() {
         // A cgroup can only be removed once init has left it; otherwise the reaping can be

@@ -15,6 +15,9 @@ pub struct Capture {
     /// Ring buffer of the bytes past the head.
     tail: Vec<u8>,
     tail_start: usize,
+    /// The first error writing `output.log` (a full disk, say): from then on the output is
+    /// still read and counted, so the command is never blocked, but no longer written.
+    write_error: Option<io::Error>,
 }
 
 impl Capture {
@@ -28,6 +31,20 @@ impl Capture {
             total: 0,
             tail: Vec::new(),
             tail_start: 0,
+            write_error: None,
+        }
+    }
+
+    /// Why `output.log` stopped being written, if it did.
+    pub fn write_error(&self) -> Option<&io::Error> {
+        self.write_error.as_ref()
+    }
+
+    fn write(&mut self, data: &[u8]) {
+        if self.write_error.is_none() {
+            if let Err(e) = self.file.write_all(data) {
+                self.write_error = Some(e);
+            }
         }
     }
 
@@ -40,7 +57,7 @@ impl Capture {
         self.total > self.head + self.tail.len() as u64
     }
 
-    pub fn push(&mut self, mut data: &[u8]) -> io::Result<()> {
+    pub fn push(&mut self, mut data: &[u8]) {
         self.total += data.len() as u64;
         if let Some(out) = self.tee.as_mut() {
             // The terminal going away must not stop the run or its log.
@@ -48,19 +65,19 @@ impl Capture {
         }
         if self.written < self.head {
             let room = (self.head - self.written).min(data.len() as u64) as usize;
-            self.file.write_all(&data[..room])?;
+            self.write(&data[..room]);
             self.written += room as u64;
             data = &data[room..];
         }
         if data.is_empty() || self.tail_cap == 0 {
-            return Ok(());
+            return;
         }
         if data.len() >= self.tail_cap {
             self.tail.clear();
             self.tail
                 .extend_from_slice(&data[data.len() - self.tail_cap..]);
             self.tail_start = 0;
-            return Ok(());
+            return;
         }
         if self.tail.len() < self.tail_cap {
             let room = self.tail_cap - self.tail.len();
@@ -73,27 +90,32 @@ impl Capture {
             self.tail[self.tail_start] = b;
             self.tail_start = (self.tail_start + 1) % self.tail_cap;
         }
-        Ok(())
     }
 
     /// Writes the kept tail (after a marker if bytes were dropped) and syncs the file.
     /// Returns `(bytes produced, truncated)`.
-    pub fn finish(mut self) -> io::Result<(u64, bool)> {
+    /// Writes the kept tail and makes the file durable. Returns the total bytes the command
+    /// wrote, whether some were left out, and why writing stopped if it did.
+    pub fn finish(mut self) -> (u64, bool, Option<io::Error>) {
         let truncated = self.truncated();
         if !self.tail.is_empty() {
             if truncated {
                 let omitted = self.total - self.head - self.tail.len() as u64;
-                write!(
-                    self.file,
-                    "\n[sidejob: output truncated: {omitted} bytes omitted]\n"
-                )?;
+                self.write(
+                    format!("\n[sidejob: output truncated: {omitted} bytes omitted]\n").as_bytes(),
+                );
             }
-            let (newer, older) = self.tail.split_at(self.tail_start);
-            self.file.write_all(older)?;
-            self.file.write_all(newer)?;
+            let tail = std::mem::take(&mut self.tail);
+            let (newer, older) = tail.split_at(self.tail_start);
+            self.write(older);
+            self.write(newer);
         }
-        self.file.sync_data()?;
-        Ok((self.total, truncated))
+        if self.write_error.is_none() {
+            if let Err(e) = self.file.sync_data() {
+                self.write_error = Some(e);
+            }
+        }
+        (self.total, truncated, self.write_error)
     }
 }
 
@@ -111,9 +133,10 @@ mod tests {
         let path = dir.join("output.log");
         let mut c = Capture::new(File::create(&path).unwrap(), head, tail, false);
         for ch in chunks {
-            c.push(ch).unwrap();
+            c.push(ch);
         }
-        let (total, truncated) = c.finish().unwrap();
+        let (total, truncated, err) = c.finish();
+        assert!(err.is_none());
         let text = std::fs::read_to_string(&path).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
         (text, total, truncated)

@@ -167,9 +167,17 @@ pub fn rmdir_at(dir: BorrowedFd<'_>, name: &str) -> io::Result<()> {
     unistd::unlinkat(dir, name, UnlinkatFlags::RemoveDir).map_err(errno)
 }
 
-/// Makes what was written through `fd` (or renamed in the directory `fd`) durable.
+/// Makes what was written through `fd` durable.
 pub fn fsync(fd: BorrowedFd<'_>) -> io::Result<()> {
     unistd::fsync(fd).map_err(errno)
+}
+
+/// Makes the entries of the directory `dir` durable (a rename in it, a file made in it).
+/// `dir` may be an `O_PATH` descriptor, on which `fsync` itself is refused (`EBADF`): the
+/// directory is opened for reading through it first.
+pub fn fsync_dir(dir: BorrowedFd<'_>) -> io::Result<()> {
+    let readable = open_at(dir, Path::new("."), OFlag::O_RDONLY | OFlag::O_DIRECTORY, 0)?;
+    fsync(readable.as_fd())
 }
 
 /// Reads the whole of a (small) file beneath `dir`, at most `limit` bytes: more is an error,
@@ -224,7 +232,7 @@ pub fn write_atomically_at(
     f.write_all(data)?;
     f.sync_all()?;
     rename_at(dir, &tmp, name)?;
-    fsync(dir)
+    fsync_dir(dir)
 }
 
 /// Runs `f` with `creds` as the filesystem credentials.
@@ -306,4 +314,28 @@ pub fn proc_fd_path(fd: BorrowedFd<'_>) -> std::path::PathBuf {
 pub fn is_plain_name(name: &OsStr) -> bool {
     let b = name.as_bytes();
     !b.is_empty() && b != b"." && b != b".." && !b.contains(&b'/') && !b.contains(&0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn atomic_writes_work_through_a_path_only_directory_and_refuse_planted_names() {
+        let base = std::env::temp_dir().join(format!(
+            "sidejob-dirfd-{}-{}",
+            std::process::id(),
+            crate::ids::ulid()
+        ));
+        std::fs::create_dir(&base).unwrap();
+        let dir = open_dir(&base).unwrap();
+        write_atomically_at(dir.as_fd(), "r.json", b"one", 0o600, None).unwrap();
+        write_atomically_at(dir.as_fd(), "r.json", b"two", 0o600, None).unwrap();
+        assert_eq!(std::fs::read(base.join("r.json")).unwrap(), b"two");
+        // A symlink planted under a name to create is never written through.
+        std::os::unix::fs::symlink("/etc/hostname", base.join("planted")).unwrap();
+        assert!(create_at(dir.as_fd(), "planted", 0o600).is_err());
+        assert!(read_at(dir.as_fd(), Path::new("planted"), 1024).is_err());
+        std::fs::remove_dir_all(&base).unwrap();
+    }
 }

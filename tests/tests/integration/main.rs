@@ -18,6 +18,7 @@ mod containment_net;
 mod containment_process;
 mod delivery;
 mod failures;
+mod faults;
 mod inbox;
 mod isolation;
 mod mcp;

@@ -98,9 +98,7 @@ fn sigterm_stops_the_daemon_and_leaves_runs_to_settle() {
     let pid: i32 = sidejob_tests::wait_until(std::time::Duration::from_secs(10), || {
         d.private_dir(&id).join("supervisor.pid").exists()
     })
-    .then(|| {
-        std::fs::read_to_string(d.private_dir(&id).join("supervisor.pid")).expect("pid file")
-    })
+    .then(|| std::fs::read_to_string(d.private_dir(&id).join("supervisor.pid")).expect("pid file"))
     .and_then(|s| s.split_whitespace().next()?.parse().ok())
     .expect("the run's supervisor.pid");
     assert!(
