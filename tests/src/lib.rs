@@ -560,3 +560,73 @@ pub fn pids_running(cmdline: &str) -> Vec<i32> {
         })
         .collect()
 }
+
+// ---- Helpers for the attack tests (issues 8 and 9): acting as another local user ----
+
+impl Client {
+    /// Connects to `socket` as `uid`/`gid` (no supplementary groups), the way another local
+    /// user would: the daemon reads who is calling from `SO_PEERCRED`, which the kernel takes
+    /// from the connecting thread's credentials. A short-lived thread switches to that user
+    /// with the raw system calls (credentials are per thread in the kernel; glibc's wrappers
+    /// would change every thread of this process) and connects; the thread then ends, and the
+    /// connection stays that user's. Needs root.
+    pub fn connect_as(socket: &Path, uid: u32, gid: u32) -> Client {
+        let socket = socket.to_path_buf();
+        let stream = std::thread::spawn(move || -> std::io::Result<UnixStream> {
+            // SAFETY: setgroups/setresgid/setresuid with plain integer arguments (and no
+            // groups list) have no memory-safety preconditions; they change only this
+            // thread's credentials, and this thread does nothing but connect and end.
+            #[allow(unsafe_code)]
+            unsafe {
+                let groups: [libc::gid_t; 0] = [];
+                for (r, what) in [
+                    (
+                        libc::syscall(libc::SYS_setgroups, 0, groups.as_ptr()),
+                        "setgroups",
+                    ),
+                    (
+                        libc::syscall(libc::SYS_setresgid, gid, gid, gid),
+                        "setresgid",
+                    ),
+                    (
+                        libc::syscall(libc::SYS_setresuid, uid, uid, uid),
+                        "setresuid",
+                    ),
+                ] {
+                    if r != 0 {
+                        let e = std::io::Error::last_os_error();
+                        return Err(std::io::Error::new(e.kind(), format!("{what}: {e}")));
+                    }
+                }
+            }
+            UnixStream::connect(&socket)
+        })
+        .join()
+        .expect("the connecting thread panicked")
+        .unwrap_or_else(|e| panic!("connect as uid {uid}: {e}"));
+        stream
+            .set_read_timeout(Some(Duration::from_secs(120)))
+            .expect("timeout");
+        Client {
+            reader: BufReader::new(stream.try_clone().expect("clone")),
+            writer: stream,
+            next_id: 1,
+            pushes: Vec::new(),
+        }
+    }
+}
+
+/// Runs `sh -c script` as `uid`/`gid` in `/` (std drops root's supplementary groups), for what another
+/// local user does on the host between calls; returns its output. Needs root.
+pub fn sh_as(uid: u32, gid: u32, script: &str) -> std::process::Output {
+    use std::os::unix::process::CommandExt;
+    Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .current_dir("/")
+        .uid(uid)
+        .gid(gid)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run sh as another user")
+}
