@@ -190,30 +190,22 @@ rm -f .git/config; echo rm-config=$?
     );
 }
 
+/// The stand-ins are the run's only: `commondir` exists during the run and is gone after
+/// it. Positive control for the class: git inside the sandbox still commits (objects, refs,
+/// index and logs stay writable), and the host sees the commit.
 #[test]
-fn attack_git_commondir_stand_in_lives_only_as_long_as_the_run() {
+fn attack_git_commondir_stand_in_lives_only_as_long_as_the_run_and_commits_still_work() {
     let Some(mut f) = Fixture::new() else { return };
-    let r = f.run("cat .git/commondir; ls -ld .git/hooks .git/info >/dev/null && echo dirs-made");
+    let r = f.run(
+        "cat .git/commondir && echo more > file && git add file && \
+         git -c user.name=run -c user.email=run@example.com commit -q -m 'made in the sandbox'",
+    );
     assert_eq!(r["state"], "succeeded", "{r}");
-    let out = r["output"].as_str().unwrap_or("");
-    assert!(out.starts_with(".\n"), "commondir during the run: {out:?}");
+    assert_eq!(r["output"], ".\n", "commondir during the run: {r}");
     assert!(
         !present(&f.ws().join(".git/commondir")),
         "the commondir stand-in outlived the run"
     );
-    // Host git still works as before.
-    assert_eq!(git_ok(f.ws(), &["log", "-1", "--format=%s"]), "initial\n");
-}
-
-#[test]
-fn attack_git_commit_inside_the_sandbox_still_works() {
-    let Some(mut f) = Fixture::new() else { return };
-    let r = f.run(
-        "echo more > file && git add file && \
-         git -c user.name=run -c user.email=run@example.com commit -q -m 'made in the sandbox' && \
-         git log -1 --format=%s",
-    );
-    assert_eq!(r["state"], "succeeded", "{r}");
     assert_eq!(
         git_ok(f.ws(), &["log", "-1", "--format=%s"]),
         "made in the sandbox\n"
@@ -316,5 +308,95 @@ mkdir -p .git/modules/x/hooks && printf '#!/bin/sh\ntouch {marker}\n' > .git/mod
     assert!(
         present(&marker),
         "control: the submodule's fsmonitor did not run"
+    );
+}
+
+// ---- Gaps found in main: each test fails there today and is ignored until it is fixed ----
+
+/// The run makes a repository below the workspace and stages it as a gitlink (the index is
+/// writable: commits need it). Host `git status` at the top of the protected repository then
+/// runs `git status` inside the embedded repository, whose config the run wrote.
+#[test]
+#[ignore = "gap: a staged embedded repository's config (core.fsmonitor) runs on host git status"]
+fn gap_a_staged_embedded_repository_runs_its_config_on_host_git_status() {
+    let Some(mut f) = Fixture::new() else { return };
+    let marker = f.marker("embedded-ran");
+    let monitor = fsmonitor(&marker);
+    let r = f.run(&format!(
+        "git init -q x && git -C x -c user.name=run -c user.email=run@example.com commit -q --allow-empty -m x \
+         && git -C x config core.fsmonitor '{monitor}' && git add x 2>/dev/null; git ls-files -s x"
+    ));
+    assert_eq!(r["state"], "succeeded", "{r}");
+    git_ok(f.ws(), &["status", "--short"]);
+    assert!(
+        !present(&marker),
+        "host git status in the workspace ran the fsmonitor of a repository the run made"
+    );
+}
+
+/// With `extensions.worktreeConfig` on (as `git sparse-checkout` sets it), git reads
+/// `.git/config.worktree`; only an existing one is protected, so the run creates it.
+#[test]
+#[ignore = "gap: .git/config.worktree is protected only if it exists at launch"]
+fn gap_config_worktree_created_by_the_run_is_read_by_host_git() {
+    let Some(mut f) = Fixture::with(|ws| {
+        repo(ws);
+        git_ok(ws, &["config", "extensions.worktreeConfig", "true"]);
+    }) else {
+        return;
+    };
+    let marker = f.marker("worktree-config-ran");
+    let monitor = fsmonitor(&marker);
+    f.run(&format!(
+        "printf '[core]\\n\\tfsmonitor = {monitor}\\n' > .git/config.worktree; echo config.worktree=$?"
+    ));
+    git_ok(f.ws(), &["status", "--short"]);
+    assert!(
+        !present(&marker),
+        "host git status ran the fsmonitor from a config.worktree the run created"
+    );
+}
+
+/// A workspace whose `.git` is a file naming a git directory inside the workspace
+/// (`git init --separate-git-dir`): its hooks and config are in the writable workspace.
+#[test]
+#[ignore = "gap: a .git file naming a git directory inside the workspace leaves that directory writable"]
+fn gap_a_git_dir_named_by_a_git_file_inside_the_workspace_is_not_protected() {
+    let Some(mut f) = Fixture::with(|ws| {
+        let gd = ws.join(".realgit");
+        git_ok(
+            ws,
+            &[
+                "init",
+                "-q",
+                "--separate-git-dir",
+                &gd.display().to_string(),
+                ".",
+            ],
+        );
+        std::fs::write(ws.join("README"), "hello\n").expect("README");
+        git_ok(ws, &["add", "README"]);
+        git_ok(ws, &["commit", "-q", "-m", "initial"]);
+    }) else {
+        return;
+    };
+    let marker = f.marker("separate-git-dir-ran");
+    let config_before = std::fs::read(f.ws().join(".realgit/config")).expect("config");
+    f.run(&format!(
+        "printf '#!/bin/sh\\ntouch {m}\\n' > .realgit/hooks/pre-commit; chmod +x .realgit/hooks/pre-commit; echo hook=$?; \
+         git config core.fsmonitor '{monitor}'; echo config=$?",
+        m = marker.display(),
+        monitor = fsmonitor(&marker)
+    ));
+    let config_changed =
+        std::fs::read(f.ws().join(".realgit/config")).expect("config") != config_before;
+    git_ok(f.ws(), &["commit", "-q", "--allow-empty", "-m", "host"]);
+    assert!(
+        !config_changed,
+        "the run changed the git directory's config"
+    );
+    assert!(
+        !present(&marker),
+        "host git ran what the run planted in the git directory"
     );
 }

@@ -136,6 +136,11 @@ try:
 except ToolError as e:
     print("bridge call refused:", e)
 try:
+    r = tools.bash("echo x > {file}-wider; echo rc=$?", {{"profile": "workspace-write"}})
+    print("wider bridge call:", r.get("state"), r.get("output", "").strip())
+except ToolError as e:
+    print("wider bridge call refused:", e)
+try:
     open("{file}-direct", "w").write("x")
     print("direct write: ok")
 except OSError as e:
@@ -157,6 +162,10 @@ except OSError as e:
     assert!(
         !present(&ws.join("narrowed")),
         "the read-only run wrote the workspace through its bridge: {narrowed}"
+    );
+    assert!(
+        !present(&ws.join("narrowed-wider")),
+        "the read-only run widened a bridge call back to workspace-write: {narrowed}"
     );
     // Positive control: the same under the session's workspace-write writes both ways.
     let wide = code(&mut n, &s, &script("wide"), json!({}));
