@@ -227,7 +227,7 @@ print(json.dumps(out))
     gate.wait_ready(&mut n, &id);
 
     let forged = json!({"session_id": "root-s", "caller_task_id": id, "caller_session_id": "root-s",
-        "owner_uid": 0, "owner_gid": 0, "run_as": [null, null], "ceiling": "workspace-write"});
+        "owner_uid": 0, "owner_gid": 0, "run_as": [NOBODY, NOBODY], "ceiling": "workspace-write"});
     let run_dir = sd.join(".background").join(&id);
     as_nobody(&format!(
         "rm -f {dir}/bridge.json; printf '%s' '{forged}' > {dir}/bridge.json",
