@@ -157,4 +157,20 @@ fn attack_workspace_swapped_for_a_symlink_fails_the_run() {
     assert!(!present(
         &Path::new(&format!("{}.real", ws.display())).join("ran-after-swap")
     ));
+
+    // The same to a directory they can reach (so only the symlink rule stands in the way):
+    // the run's view would hold a host directory the session was never opened on.
+    let reachable = TempDir::new("reachable");
+    set_mode(reachable.path(), 0o777);
+    as_nobody(&format!(
+        "rm {ws} && ln -s {target} {ws}",
+        ws = ws.display(),
+        target = reachable.path().display()
+    ));
+    let r = n.bash(&s, "touch ran-through-link", json!({}));
+    assert_ne!(r["state"], "succeeded", "the run went ahead: {r}");
+    assert!(
+        !present(&reachable.path().join("ran-through-link")),
+        "the run wrote through the workspace symlink: {r}"
+    );
 }
