@@ -52,6 +52,53 @@ pub struct Config {
     pub schedule_lease_ms: u64,
     /// Pushes a subscriber may have queued before it gets `events.gap` and is cut off.
     pub push_queue: usize,
+    /// Each user's share of the daemon (`[per_user]`): one user at a limit never delays
+    /// another's call.
+    pub per_user: PerUser,
+    /// How often the registry is backed up to `sidejob.db.backup` (when it changed); 0: never.
+    pub backup_interval_ms: u64,
+}
+
+/// `[per_user]`: what one uid may hold of the daemon at once. A request past a limit is
+/// refused with `limit_exceeded` naming the limit (runs past `running` wait as `queued`).
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PerUser {
+    /// Runs at once; more wait as `queued`. Keep it below `max_running`, so that one user
+    /// cannot take every slot.
+    pub running: usize,
+    /// Calls waiting as `queued`; more are refused.
+    pub queued: usize,
+    /// Open connections to the control socket.
+    pub connections: usize,
+    /// Bytes of request lines received but not yet complete, over all the user's
+    /// connections.
+    pub buffered_bytes: usize,
+    /// A request line must end (newline) within this long of its first byte, or the
+    /// connection is closed.
+    pub line_timeout_ms: u64,
+    /// Open sessions (a subagent's child sessions are counted with its task, not here).
+    pub sessions: usize,
+    /// Armed schedules.
+    pub schedules: usize,
+    /// Bytes of output kept in the state directory (runs of sessions whose directory the
+    /// daemon chose); `session.close` with `delete: true` frees a session's.
+    pub output_bytes: u64,
+}
+
+impl Default for PerUser {
+    fn default() -> Self {
+        PerUser {
+            running: 256,
+            queued: 1024,
+            connections: 64,
+            buffered_bytes: 8 << 20,
+            line_timeout_ms: 30_000,
+            sessions: 256,
+            schedules: 256,
+            output_bytes: 16 << 30,
+        }
+    }
 }
 
 impl Default for Config {
@@ -76,6 +123,8 @@ impl Default for Config {
             subagent: SubagentConfig::default(),
             schedule_lease_ms: 30_000,
             push_queue: crate::wake::PUSH_QUEUE,
+            per_user: PerUser::default(),
+            backup_interval_ms: 300_000,
         }
     }
 }

@@ -561,63 +561,74 @@ pub fn pids_running(cmdline: &str) -> Vec<i32> {
         .collect()
 }
 
-// ---- Helpers for the attack tests (issues 8 and 9): acting as another local user ----
+// ---- Acting as another local user ----
+
+/// The uid (and gid) tests use as a second, unprivileged local user.
+pub const NOBODY: u32 = 65534;
+
+/// Connects `stream_fn`'s socket as `uid`/`gid` with no supplementary groups: the connect is
+/// made on a thread of its own whose credentials are switched with the raw system calls (the
+/// kernel keeps credentials per thread; the daemon reads them with `SO_PEERCRED` as they were
+/// at `connect`), so the rest of the test process stays root. Root only.
+pub fn connect_as(socket: &Path, uid: u32, gid: u32) -> std::io::Result<UnixStream> {
+    let socket = socket.to_path_buf();
+    std::thread::spawn(move || {
+        // SAFETY: integer arguments and a null list of zero groups; these change only the
+        // calling thread's credentials, and the thread ends right after the connect.
+        #[allow(unsafe_code)]
+        unsafe {
+            if libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>()) != 0
+                || libc::syscall(libc::SYS_setresgid, gid, gid, gid) != 0
+                || libc::syscall(libc::SYS_setresuid, uid, uid, uid) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        UnixStream::connect(&socket)
+    })
+    .join()
+    .expect("connect thread")
+}
 
 impl Client {
-    /// Connects to `socket` as `uid`/`gid` (no supplementary groups), the way another local
-    /// user would: the daemon reads who is calling from `SO_PEERCRED`, which the kernel takes
-    /// from the connecting thread's credentials. A short-lived thread switches to that user
-    /// with the raw system calls (credentials are per thread in the kernel; glibc's wrappers
-    /// would change every thread of this process) and connects; the thread then ends, and the
-    /// connection stays that user's. Needs root.
+    /// A client connected as another user (see [`connect_as`]).
     pub fn connect_as(socket: &Path, uid: u32, gid: u32) -> Client {
-        let socket = socket.to_path_buf();
-        let stream = std::thread::spawn(move || -> std::io::Result<UnixStream> {
-            // SAFETY: setgroups/setresgid/setresuid with plain integer arguments (and no
-            // groups list) have no memory-safety preconditions; they change only this
-            // thread's credentials, and this thread does nothing but connect and end.
-            #[allow(unsafe_code)]
-            unsafe {
-                let groups: [libc::gid_t; 0] = [];
-                for (r, what) in [
-                    (
-                        libc::syscall(libc::SYS_setgroups, 0, groups.as_ptr()),
-                        "setgroups",
-                    ),
-                    (
-                        libc::syscall(libc::SYS_setresgid, gid, gid, gid),
-                        "setresgid",
-                    ),
-                    (
-                        libc::syscall(libc::SYS_setresuid, uid, uid, uid),
-                        "setresuid",
-                    ),
-                ] {
-                    if r != 0 {
-                        let e = std::io::Error::last_os_error();
-                        return Err(std::io::Error::new(e.kind(), format!("{what}: {e}")));
-                    }
-                }
-            }
-            UnixStream::connect(&socket)
-        })
-        .join()
-        .expect("the connecting thread panicked")
-        .unwrap_or_else(|e| panic!("connect as uid {uid}: {e}"));
-        stream
-            .set_read_timeout(Some(Duration::from_secs(120)))
+        let s = connect_as(socket, uid, gid)
+            .unwrap_or_else(|e| panic!("connect {} as uid {uid}: {e}", socket.display()));
+        Client::from_stream(s)
+    }
+
+    /// A client over a connected stream.
+    pub fn from_stream(s: UnixStream) -> Client {
+        s.set_read_timeout(Some(Duration::from_secs(120)))
             .expect("timeout");
         Client {
-            reader: BufReader::new(stream.try_clone().expect("clone")),
-            writer: stream,
+            reader: BufReader::new(s.try_clone().expect("clone")),
+            writer: s,
             next_id: 1,
             pushes: Vec::new(),
         }
     }
 }
 
-/// Runs `sh -c script` as `uid`/`gid` in `/` (std drops root's supplementary groups), for what another
-/// local user does on the host between calls; returns its output. Needs root.
+impl Daemon {
+    /// A client of this daemon connected as uid/gid [`NOBODY`] (start the daemon with
+    /// `socket_group = "65534"` so that user may connect).
+    pub fn nobody(&self) -> Client {
+        Client::connect_as(&self.socket, NOBODY, NOBODY)
+    }
+
+    /// A workspace directory owned by [`NOBODY`] under this daemon's root.
+    pub fn nobody_workspace(&self, name: &str) -> PathBuf {
+        let ws = self.root.path().join(name);
+        std::fs::create_dir_all(&ws).expect("workspace");
+        std::os::unix::fs::chown(&ws, Some(NOBODY), Some(NOBODY)).expect("chown workspace");
+        ws
+    }
+}
+
+/// Runs `sh -c script` as `uid`/`gid` in `/` (std drops root's supplementary groups): what
+/// another local user does on the host between calls. Returns its output. Root only.
 pub fn sh_as(uid: u32, gid: u32, script: &str) -> std::process::Output {
     use std::os::unix::process::CommandExt;
     Command::new("sh")

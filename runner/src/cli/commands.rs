@@ -15,6 +15,7 @@ pub fn serve(
     socket: Option<PathBuf>,
     state_dir: Option<PathBuf>,
     config: Option<PathBuf>,
+    socket_group: Option<String>,
 ) -> Result<i32> {
     let mut cfg = match &config {
         Some(path) => Config::load(path)?,
@@ -25,6 +26,9 @@ pub fn serve(
     }
     if let Some(d) = state_dir {
         cfg.state_dir = d;
+    }
+    if socket_group.is_some() {
+        cfg.socket_group = socket_group;
     }
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -345,6 +349,71 @@ pub fn replay(state_dir: Option<PathBuf>) -> Result<i32> {
         }
     );
     Ok(if report.ok() { 0 } else { 1 })
+}
+
+fn state_dir_or_default(state_dir: Option<PathBuf>) -> PathBuf {
+    state_dir.unwrap_or_else(crate::config::default_state_dir)
+}
+
+/// `sidejob registry check`.
+pub fn registry_check(state_dir: Option<PathBuf>) -> Result<i32> {
+    let state_dir = state_dir_or_default(state_dir);
+    let db = state_dir.join("sidejob.db");
+    if !db.exists() {
+        bail!("no registry at {} (is --state-dir right?)", db.display());
+    }
+    crate::registry::health::check_file(&db, &state_dir)?;
+    println!("{}: the file is sound", db.display());
+    replay(Some(state_dir))
+}
+
+/// `sidejob registry backup`.
+pub fn registry_backup(state_dir: Option<PathBuf>) -> Result<i32> {
+    let state_dir = state_dir_or_default(state_dir);
+    let to = crate::registry::health::backup(&state_dir)?;
+    println!("backed up to {}", to.display());
+    Ok(0)
+}
+
+/// The state directory's lock, so nothing replaces the registry under a running daemon.
+fn stopped_daemon(state_dir: &Path) -> Result<std::fs::File> {
+    crate::server::lock_state_dir(state_dir)
+        .map_err(|e| anyhow::anyhow!("{e}; stop it first (the registry is in use)"))
+}
+
+/// `sidejob registry restore`.
+pub fn registry_restore(state_dir: Option<PathBuf>) -> Result<i32> {
+    let state_dir = state_dir_or_default(state_dir);
+    let _lock = stopped_daemon(&state_dir)?;
+    let aside = crate::registry::health::restore(&state_dir)?;
+    if let Some(a) = aside {
+        println!("the previous registry is kept as {}", a.display());
+    }
+    println!(
+        "restored {} from {}",
+        state_dir.join("sidejob.db").display(),
+        crate::registry::health::backup_path(&state_dir).display()
+    );
+    Ok(0)
+}
+
+/// `sidejob registry rebuild`.
+pub fn registry_rebuild(state_dir: Option<PathBuf>, sessions_dir: Option<PathBuf>) -> Result<i32> {
+    let state_dir = state_dir_or_default(state_dir);
+    let sessions_dir = sessions_dir.unwrap_or_else(|| state_dir.join("sessions"));
+    let _lock = stopped_daemon(&state_dir)?;
+    let r = crate::registry::health::rebuild(&state_dir, &sessions_dir)?;
+    if let Some(a) = &r.set_aside {
+        println!("the previous registry is kept as {}", a.display());
+    }
+    println!(
+        "rebuilt {} with {} sessions and {} finished runs from {}",
+        state_dir.join("sidejob.db").display(),
+        r.sessions,
+        r.tasks,
+        sessions_dir.display()
+    );
+    Ok(0)
 }
 
 pub fn rpc(socket: &Path, method: &str, params: &str) -> Result<i32> {

@@ -228,10 +228,9 @@ pub fn exec(a: ExecArgs) -> i32 {
 /// settings, or read what is typed after the run ends). Returns the copier's pid.
 fn command_stdin(want: bool) -> std::io::Result<Option<i32>> {
     use crate::sys;
-    use std::os::fd::AsRawFd;
     if !want {
         let null = std::fs::File::open("/dev/null")?;
-        sys::dup2(null.as_raw_fd(), 0)?;
+        sys::dup2(&null, 0)?;
         return Ok(None);
     }
     if !std::io::IsTerminal::is_terminal(&std::io::stdin()) {
@@ -252,7 +251,7 @@ fn command_stdin(want: bool) -> std::io::Result<Option<i32>> {
         }
         sys::Fork::Parent(pid) => {
             drop(w);
-            sys::dup2(r.as_raw_fd(), 0)?;
+            sys::dup2(&r, 0)?;
             Ok(Some(pid))
         }
     }

@@ -36,6 +36,27 @@ pub struct Cli {
 }
 
 #[derive(Subcommand)]
+enum RegistryAction {
+    /// Check the file (SQLite's quick_check) and that its event log rebuilds its rows;
+    /// exits non-zero on damage
+    Check,
+    /// Take a backup now (sidejob.db.backup in the state directory; safe while the daemon
+    /// runs, which also takes one every few minutes)
+    Backup,
+    /// Replace the registry with its backup; the current file is kept beside it as
+    /// sidejob.db.damaged-<time>. Stop the daemon first
+    Restore,
+    /// Make a new registry from the runs' result.json files, when no backup is left: each
+    /// session directory the daemon made becomes a closed session, each finished run a task.
+    /// Stop the daemon first
+    Rebuild {
+        /// Where the daemon keeps sessions [default: <state-dir>/sessions]
+        #[arg(long)]
+        sessions_dir: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
 enum Command {
     /// Start the daemon (zero configuration; SIGTERM stops it and leaves runs running)
     Serve {
@@ -46,6 +67,10 @@ enum Command {
         /// A TOML file overriding the defaults (see README)
         #[arg(long)]
         config: Option<PathBuf>,
+        /// Hand the socket (mode 0660) to this group, so its members may connect; each
+        /// still sees only their own sessions [config: socket_group]
+        #[arg(long, value_name = "GROUP")]
+        socket_group: Option<String>,
     },
     /// Run a command through the daemon in this directory's session and print its output
     Call {
@@ -107,6 +132,14 @@ enum Command {
         #[arg(long, required = true)]
         check: bool,
         #[arg(long, env = "SIDEJOB_STATE_DIR")]
+        state_dir: Option<PathBuf>,
+    },
+    /// Check, back up, restore or rebuild the registry (sidejob.db)
+    Registry {
+        #[command(subcommand)]
+        action: RegistryAction,
+        /// The daemon's state directory [default: as `serve`]
+        #[arg(long, env = "SIDEJOB_STATE_DIR", global = true)]
         state_dir: Option<PathBuf>,
     },
     /// Send one raw JSON-RPC request and print the result
@@ -234,7 +267,11 @@ pub fn main() -> i32 {
         .clone()
         .unwrap_or_else(crate::config::default_socket_path);
     let result = match cli.command {
-        Command::Serve { state_dir, config } => commands::serve(cli.socket, state_dir, config),
+        Command::Serve {
+            state_dir,
+            config,
+            socket_group,
+        } => commands::serve(cli.socket, state_dir, config, socket_group),
         Command::Call {
             session,
             background,
@@ -263,6 +300,14 @@ pub fn main() -> i32 {
             check: _,
             state_dir,
         } => commands::replay(state_dir),
+        Command::Registry { action, state_dir } => match action {
+            RegistryAction::Check => commands::registry_check(state_dir),
+            RegistryAction::Backup => commands::registry_backup(state_dir),
+            RegistryAction::Restore => commands::registry_restore(state_dir),
+            RegistryAction::Rebuild { sessions_dir } => {
+                commands::registry_rebuild(state_dir, sessions_dir)
+            }
+        },
         Command::Rpc { method, params } => commands::rpc(&socket, &method, &params),
         Command::Events {
             session,

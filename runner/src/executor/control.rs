@@ -261,8 +261,7 @@ pub(super) fn stdin_writer(
     w: OwnedFd,
     queued: Arc<AtomicU64>,
 ) -> std::io::Result<mpsc::UnboundedSender<StdinChunk>> {
-    use std::os::fd::AsRawFd;
-    sys::set_nonblocking(w.as_raw_fd(), true)?;
+    sys::set_nonblocking(&w, true)?;
     let mut pipe = tokio::net::unix::pipe::Sender::from_owned_fd(w)?;
     let (tx, mut rx) = mpsc::unbounded_channel::<StdinChunk>();
     tokio::spawn(async move {

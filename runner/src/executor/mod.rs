@@ -186,6 +186,10 @@ pub struct Executor {
     live: Mutex<HashMap<String, Arc<Live>>>,
     global: Arc<Semaphore>,
     per_session: Mutex<HashMap<String, Lane>>,
+    /// Each user's run slots (`per_user.running`), shared by their sessions' lanes.
+    per_user: Mutex<HashMap<u32, Arc<Semaphore>>>,
+    /// Each user's output kept in the state directory, once counted (see `check_shares`).
+    kept: Mutex<HashMap<u32, u64>>,
     polling: Polling,
 }
 
@@ -204,6 +208,8 @@ impl Executor {
             exe,
             live: Mutex::new(HashMap::new()),
             per_session: Mutex::new(HashMap::new()),
+            per_user: Mutex::new(HashMap::new()),
+            kept: Mutex::new(HashMap::new()),
             polling: Polling::default(),
         })
     }
@@ -247,6 +253,7 @@ impl Executor {
                 req.tool
             ))
         })?;
+        self.check_shares(&req.session)?;
         let task_id = ids::ulid();
         let workspace = PathBuf::from(&req.session.workspace);
         let session_dir = PathBuf::from(&req.session.session_dir);
@@ -411,6 +418,52 @@ impl Executor {
         // call returns; otherwise it waits as `queued`.
         self.start_or_queue(live, stdin_pipe);
         Ok((row, rx))
+    }
+
+    /// Refuses a call its session's owner has no share left for: too many calls waiting, or
+    /// too much output kept in the state directory (`[per_user]`).
+    fn check_shares(&self, session: &SessionRow) -> Result<(), ExecError> {
+        let pu = &self.cfg.per_user;
+        let uid = session.owner_uid;
+        let u = self.registry.usage_of(uid)?;
+        if u.running >= pu.running as u64 && u.queued >= pu.queued as u64 {
+            return Err(ExecError::LimitExceeded(format!(
+                "uid {uid} has {} runs running and {} waiting: per_user.queued ({}) is reached; wait for some to settle or cancel them",
+                u.running, u.queued, pu.queued
+            )));
+        }
+        let sessions_dir = self.cfg.sessions_dir().display().to_string();
+        if session.session_dir.starts_with(&sessions_dir) {
+            let kept = self.kept_output(uid)?;
+            if kept >= pu.output_bytes {
+                return Err(ExecError::LimitExceeded(format!(
+                    "uid {uid} keeps {kept} bytes of output in the state directory: per_user.output_bytes ({}) is reached; free some with session.close {{\"delete\": true}}",
+                    pu.output_bytes
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn kept_map(&self) -> MutexGuard<'_, HashMap<u32, u64>> {
+        self.kept.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A user's output kept in the state directory: counted from the registry once, then
+    /// kept up to date as their runs settle.
+    fn kept_output(&self, uid: u32) -> Result<u64, ExecError> {
+        if let Some(n) = self.kept_map().get(&uid) {
+            return Ok(*n);
+        }
+        let n = self
+            .registry
+            .kept_output(uid, &self.cfg.sessions_dir().display().to_string())?;
+        Ok(*self.kept_map().entry(uid).or_insert(n))
+    }
+
+    /// A user's output was deleted: count it again from the registry when next needed.
+    pub fn forget_kept_output(&self, uid: u32) {
+        self.kept_map().remove(&uid);
     }
 
     /// Starts the supervisor (unless the task was canceled meanwhile) and records it; a
@@ -578,6 +631,14 @@ impl Executor {
             _ => return None,
         };
         info!(task_id = %live.task_id, state = row.state.as_str(), delivery = s.delivery.as_str(), "task settled");
+        if let (Some(n), Some(kept)) = (row.output_bytes, self.kept_map().get_mut(&row.owner_uid)) {
+            if row
+                .run_dir
+                .starts_with(&self.cfg.sessions_dir().display().to_string())
+            {
+                *kept += n;
+            }
+        }
         if let Some(fg) = fg {
             let _ = fg.send(FgEvent::Settled(Box::new(row.clone())));
         }

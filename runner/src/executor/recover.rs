@@ -5,7 +5,7 @@
 //! is never mistaken for it) is watched again; a task that never started is started now; and
 //! anything else is settled `failed/lost`.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -83,7 +83,7 @@ pub fn recover(ex: &Arc<Executor>) -> Result<Recovered, ExecError> {
                     info!(task_id = %row.task_id, pid, "re-attached to a running supervisor");
                     let ex2 = ex.clone();
                     // A re-attached run counts against the concurrency bounds like any other.
-                    let permits = ex.try_slots(&row.session_id);
+                    let permits = ex.try_slots(&row.session_id, row.owner_uid);
                     tokio::spawn(async move {
                         ex2.watch(live, pidfd, None).await;
                         drop(permits);
@@ -164,7 +164,7 @@ fn attach(pid: i32, start: u64) -> Option<Arc<AsyncFd<std::os::fd::OwnedFd>>> {
         return None;
     }
     // Already exited (a zombie nobody reaped yet): there is nothing to watch.
-    if sys::poll_readable(&[fd.as_raw_fd()], 0).ok()?.first() == Some(&true) {
+    if sys::poll_readable(&[Some(fd.as_fd())], 0).ok()?.first() == Some(&true) {
         return None;
     }
     sys::async_fd(fd).ok().map(Arc::new)

@@ -206,6 +206,9 @@ pub struct SessionCloseParams {
     pub session_id: String,
     #[serde(default)]
     pub cancel: Option<bool>,
+    /// Also remove the session's directory (one the daemon chose) and its runs' output.
+    #[serde(default)]
+    pub delete: Option<bool>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]

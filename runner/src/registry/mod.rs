@@ -11,6 +11,8 @@ mod rows;
 mod schedules;
 mod schema;
 
+pub mod health;
+
 pub use inbox::{EventRef, NotificationRow};
 pub use replay::{replay_check, ReplayReport};
 pub use rows::{SessionRow, Settlement, TaskRow};
@@ -47,6 +49,9 @@ pub enum RegistryError {
     Sql(#[from] rusqlite::Error),
     #[error("registry holds a malformed row: {0}")]
     Corrupt(String),
+    /// The file is there but must not be used as it is (damaged, or emptied).
+    #[error("the registry {path} cannot be used: {why}")]
+    Unusable { path: PathBuf, why: String },
 }
 
 pub type Result<T> = std::result::Result<T, RegistryError>;
@@ -115,6 +120,15 @@ impl Op {
     }
 }
 
+/// What one uid holds now (see [`Registry::usage_of`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub queued: u64,
+    pub running: u64,
+    pub sessions: u64,
+    pub schedules: u64,
+}
+
 pub struct Registry {
     conn: Mutex<Connection>,
     path: PathBuf,
@@ -124,8 +138,20 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// Opens (creating if needed) `<state_dir>/sidejob.db` in WAL mode and runs migrations.
+    /// Opens (creating if needed) `<state_dir>/sidejob.db` in WAL mode and runs migrations,
+    /// after checking it can be trusted (see [`health`]): a damaged registry, or an empty one
+    /// beside the sessions of an earlier one, is refused.
     pub fn open(state_dir: &Path) -> Result<Registry> {
+        Self::open_with(state_dir, true)
+    }
+
+    /// [`Registry::open`] without the check: for making a new registry in place of one set
+    /// aside (`health::rebuild`).
+    pub(crate) fn open_unchecked(state_dir: &Path) -> Result<Registry> {
+        Self::open_with(state_dir, false)
+    }
+
+    fn open_with(state_dir: &Path, check: bool) -> Result<Registry> {
         std::fs::create_dir_all(state_dir).map_err(|source| RegistryError::StateDir {
             path: state_dir.into(),
             source,
@@ -142,6 +168,9 @@ impl Registry {
             let mut p = path.clone().into_os_string();
             p.push(suffix);
             let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600));
+        }
+        if check {
+            health::check_on_open(&conn, &path, state_dir)?;
         }
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
@@ -243,6 +272,41 @@ impl Registry {
                 session_id,
                 Op::Update,
                 &patch,
+            )?;
+            Ok(())
+        })
+    }
+
+    /// Records that a closed session's directory (and its runs' output) was removed: the
+    /// session is `deleted` and each of its tasks' output is gone.
+    pub fn mark_session_deleted(&self, session_id: &str) -> Result<()> {
+        self.write(|tx| {
+            let tasks: Vec<String> = {
+                let mut stmt = tx.prepare_cached(
+                    "SELECT task_id FROM tasks WHERE session_id = ?1 AND output_deleted = 0",
+                )?;
+                let rows = stmt.query_map([session_id], |r| r.get(0))?;
+                rows.collect::<rusqlite::Result<_>>()?
+            };
+            for task_id in tasks {
+                Self::apply(
+                    tx,
+                    "task.output_deleted",
+                    Entity::Task,
+                    &task_id,
+                    session_id,
+                    Op::Update,
+                    &obj([("output_deleted", true.into())]),
+                )?;
+            }
+            Self::apply(
+                tx,
+                "session.deleted",
+                Entity::Session,
+                session_id,
+                session_id,
+                Op::Update,
+                &obj([("state", "deleted".into())]),
             )?;
             Ok(())
         })
@@ -455,6 +519,47 @@ impl Registry {
     }
 
     /// How many of a session's tasks are in each live state.
+    /// What a uid holds now: live calls (queued, running or awaiting input), open top-level
+    /// sessions and armed schedules. Indexed counts: cheap enough for every call.
+    pub fn usage_of(&self, uid: u32) -> Result<Usage> {
+        let conn = self.lock();
+        let live: (u64, u64) = conn.query_row(
+            "SELECT COUNT(*) FILTER (WHERE state = 'queued'), COUNT(*) FILTER (WHERE state IN ('running','awaiting_input')) \
+             FROM tasks WHERE owner_uid = ?1 AND state IN ('queued','running','awaiting_input') AND kind = 'call'",
+            [uid],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        let sessions: u64 = conn.query_row(
+            "SELECT COUNT(*) FROM sessions WHERE owner_uid = ?1 AND state = 'open' AND parent_session_id IS NULL",
+            [uid],
+            |r| r.get(0),
+        )?;
+        let schedules: u64 = conn.query_row(
+            "SELECT COUNT(*) FROM schedules WHERE owner_uid = ?1 AND enabled = 1",
+            [uid],
+            |r| r.get(0),
+        )?;
+        Ok(Usage {
+            queued: live.0,
+            running: live.1,
+            sessions,
+            schedules,
+        })
+    }
+
+    /// The bytes of output a uid's runs keep under `sessions_dir` (their output not deleted).
+    /// Reads every such task of the uid: the executor asks once and then keeps count.
+    pub fn kept_output(&self, uid: u32, sessions_dir: &str) -> Result<u64> {
+        let prefix = format!("{}/", sessions_dir.trim_end_matches('/'));
+        let conn = self.lock();
+        Ok(conn.query_row(
+            "SELECT COALESCE(SUM(output_bytes), 0) FROM tasks \
+             WHERE owner_uid = ?1 AND output_deleted = 0 AND substr(run_dir, 1, length(?2)) = ?2",
+            rusqlite::params![uid, prefix],
+            |r| r.get(0),
+        )?)
+    }
+
     pub fn count_states(&self, session_id: &str) -> Result<Vec<(TaskState, u32)>> {
         let conn = self.lock();
         let mut stmt = conn.prepare_cached(

@@ -119,6 +119,8 @@ pub struct TaskRow {
     pub run_gid: Option<u32>,
     /// The session the run's bridge is scoped to; `None`: the run has no bridge.
     pub bridge_session_id: Option<String>,
+    /// Its output was removed with its session (`session.close` with `delete`).
+    pub output_deleted: bool,
 }
 
 /// Raw text of the enum columns, checked after the row is read.
@@ -170,6 +172,7 @@ impl TaskRow {
                 run_uid: r.get("run_uid")?,
                 run_gid: r.get("run_gid")?,
                 bridge_session_id: r.get("bridge_session_id")?,
+                output_deleted: r.get("output_deleted")?,
             },
         })
     }
@@ -233,6 +236,7 @@ impl TaskRow {
             ("run_uid", self.run_uid.into()),
             ("run_gid", self.run_gid.into()),
             ("bridge_session_id", self.bridge_session_id.clone().into()),
+            ("output_deleted", self.output_deleted.into()),
         ])
     }
 
@@ -286,6 +290,7 @@ impl TaskRow {
             run_uid: None,
             run_gid: None,
             bridge_session_id: None,
+            output_deleted: false,
         }
     }
 

@@ -113,6 +113,9 @@ pub const MIGRATIONS: &[&str] = &[
     ALTER TABLE tasks ADD COLUMN run_uid INTEGER;
     ALTER TABLE tasks ADD COLUMN run_gid INTEGER;
     ALTER TABLE tasks ADD COLUMN bridge_session_id TEXT;
+    ALTER TABLE tasks ADD COLUMN output_deleted INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX tasks_by_owner ON tasks (owner_uid, state);
+    CREATE INDEX sessions_by_owner ON sessions (owner_uid, state);
     "#,
 ];
 

@@ -37,6 +37,7 @@ impl From<SessionError> for RpcError {
         let kind = match &e {
             SessionError::InvalidParams(_) => ErrorKind::InvalidParams,
             SessionError::PermissionDenied(_) => ErrorKind::PermissionDenied,
+            SessionError::LimitExceeded(_) => ErrorKind::LimitExceeded,
             SessionError::NotFound(_) => ErrorKind::NotFound,
             SessionError::SandboxUnavailable(_) => ErrorKind::SandboxUnavailable,
             SessionError::Dir { .. } | SessionError::Registry(_) => ErrorKind::Internal,
@@ -166,6 +167,9 @@ pub async fn dispatch(
                 if s.is_open() {
                     registry.close_session(&s.session_id)?;
                 }
+            }
+            if p.delete.unwrap_or(false) {
+                delete_sessions(d, &p.session_id)?;
             }
             to_value(SessionCloseResult {
                 session_id: p.session_id,
@@ -331,6 +335,50 @@ pub async fn dispatch(
         )
         .with_hint(format!("methods: {}", METHODS.join(", ")))),
     }
+}
+
+/// `session.close` with `delete`: removes the directories the daemon made for a session and
+/// the sessions below it, once none of their tasks is live (a close has just asked them to
+/// stop; the host retries after they settle). The rows stay, marked `deleted`.
+fn delete_sessions(d: &Daemon, session_id: &str) -> Result<(), RpcError> {
+    let registry = d.executor.registry();
+    let sessions_dir = d.executor.config().sessions_dir();
+    let all = session::with_descendants(registry, session_id)?;
+    for s in &all {
+        if !std::path::Path::new(&s.session_dir).starts_with(&sessions_dir) {
+            return Err(RpcError::new(
+                ErrorKind::InvalidParams,
+                format!(
+                    "session {} keeps its runs in {}, a directory you chose: delete removes only directories the daemon made (remove yours yourself)",
+                    s.session_id, s.session_dir
+                ),
+            ));
+        }
+        if !registry.live_tasks_of_session(&s.session_id)?.is_empty() {
+            return Err(RpcError::new(
+                ErrorKind::InvalidState,
+                format!("session {} still has runs winding down", s.session_id),
+            )
+            .with_hint("call session.close with delete: true again once they have settled"));
+        }
+    }
+    for s in &all {
+        // The daemon's own tree (in its 0700 state directory); remove_dir_all never follows a
+        // symlink it meets.
+        match std::fs::remove_dir_all(&s.session_dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(RpcError::new(
+                    ErrorKind::Internal,
+                    format!("cannot remove {}: {e}", s.session_dir),
+                ))
+            }
+        }
+        registry.mark_session_deleted(&s.session_id)?;
+        d.executor.forget_kept_output(s.owner_uid);
+    }
+    Ok(())
 }
 
 fn status_of(d: &Daemon, session_id: &str) -> Result<SessionStatus, RpcError> {

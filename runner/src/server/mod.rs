@@ -2,6 +2,7 @@
 
 mod dispatch;
 mod profiles;
+mod shares;
 mod wakes;
 
 use dispatch::Reply;
@@ -67,6 +68,8 @@ pub struct Daemon {
     pub executor: Arc<Executor>,
     pub hub: Arc<Hub>,
     pub scheduler: Arc<Scheduler>,
+    /// Each user's connections and unfinished request bytes.
+    shares: Arc<shares::Shares>,
 }
 
 impl Peer {
@@ -128,12 +131,20 @@ pub async fn serve(cfg: Config) -> Result<(), ServeError> {
         cfg.schedule_lease_ms,
     );
     tokio::spawn(hub.clone().run());
+    if cfg.backup_interval_ms > 0 {
+        tokio::spawn(backups(
+            executor.registry().clone(),
+            cfg.state_dir.clone(),
+            std::time::Duration::from_millis(cfg.backup_interval_ms),
+        ));
+    }
     tokio::spawn(scheduler.clone().run());
     info!(socket = %cfg.socket.display(), state_dir = %cfg.state_dir.display(), ?recovered, "sidejob is listening");
     let daemon = Arc::new(Daemon {
         executor,
         hub,
         scheduler,
+        shares: Arc::default(),
     });
 
     loop {
@@ -154,6 +165,33 @@ pub async fn serve(cfg: Config) -> Result<(), ServeError> {
     let _ = std::fs::remove_file(&cfg.socket);
     drop(lock);
     Ok(())
+}
+
+/// Backs the registry up every `every` when it has changed (and at once when there is no
+/// backup yet), so a damaged registry can be restored (`sidejob registry restore`).
+async fn backups(registry: Arc<Registry>, state_dir: PathBuf, every: std::time::Duration) {
+    let seq = registry.subscribe_seq();
+    let mut backed: Option<i64> = None;
+    let mut first = !crate::registry::health::backup_path(&state_dir).exists();
+    loop {
+        if !first {
+            tokio::time::sleep(every).await;
+        }
+        first = false;
+        let now = *seq.borrow();
+        if backed == Some(now) {
+            continue;
+        }
+        let dir = state_dir.clone();
+        match tokio::task::spawn_blocking(move || crate::registry::health::backup(&dir)).await {
+            Ok(Ok(path)) => {
+                debug!(path = %path.display(), seq = now, "registry backed up");
+                backed = Some(now);
+            }
+            Ok(Err(e)) => warn!("cannot back up the registry: {e}"),
+            Err(e) => warn!("the registry backup stopped: {e}"),
+        }
+    }
 }
 
 fn signal(
@@ -240,8 +278,9 @@ fn resolve_group(name: &str) -> Result<u32, ServeError> {
     }
 }
 
-/// One daemon per state directory: an exclusive lock held for the daemon's life.
-fn lock_state_dir(state_dir: &Path) -> Result<File, ServeError> {
+/// One daemon per state directory: an exclusive lock held for the daemon's life (and by the
+/// `registry restore`/`rebuild` commands, which must not run beside one).
+pub(crate) fn lock_state_dir(state_dir: &Path) -> Result<File, ServeError> {
     let path = state_dir.join("daemon.lock");
     let f = File::options()
         .create(true)
@@ -360,8 +399,21 @@ async fn connection(d: Arc<Daemon>, stream: UnixStream) {
         }
     };
     let span = info_span!("connection", uid = peer.uid, conn = conn_id);
+    let limits = d.executor.config().per_user.clone();
     async move {
         debug!("connected");
+        let mut share = match d.shares.connect(peer.uid, &limits) {
+            Ok(share) => share,
+            Err(why) => {
+                let err = RpcError::new(ErrorKind::LimitExceeded, why);
+                let mut line = encode(&Response::err(Value::Null, err));
+                line.push('\n');
+                let mut stream = stream;
+                let _ = stream.write_all(line.as_bytes()).await;
+                return;
+            }
+        };
+        let line_timeout = std::time::Duration::from_millis(limits.line_timeout_ms.max(1));
         let (rd, wr) = stream.into_split();
         let (tx, rx) = mpsc::unbounded_channel::<Outgoing>();
         let writer = tokio::spawn(write_loop(wr, rx, push_rx, gap_rx, d.clone()));
@@ -369,7 +421,7 @@ async fn connection(d: Arc<Daemon>, stream: UnixStream) {
         let mut reader = BufReader::with_capacity(64 * 1024, rd);
         let mut line = Vec::new();
         loop {
-            match read_line(&mut reader, &mut line).await {
+            match read_line(&mut reader, &mut line, &mut share, line_timeout).await {
                 Ok(Line::Complete) => {
                     if line.iter().all(u8::is_ascii_whitespace) {
                         continue;
@@ -395,6 +447,21 @@ async fn connection(d: Arc<Daemon>, stream: UnixStream) {
                         ErrorKind::InvalidRequest,
                         format!("line exceeds {MAX_LINE_BYTES} bytes; the connection is closed"),
                     );
+                    let _ = tx.send(Outgoing {
+                        line: encode(&Response::err(Value::Null, err)),
+                        inline_task: None,
+                    });
+                    break;
+                }
+                Ok(refused @ (Line::OverShare | Line::TimedOut)) => {
+                    let why = match refused {
+                        Line::TimedOut => format!(
+                            "a request line was not finished within {} ms (per_user.line_timeout_ms); the connection is closed",
+                            line_timeout.as_millis()
+                        ),
+                        _ => share.over_message(),
+                    };
+                    let err = RpcError::new(ErrorKind::LimitExceeded, why);
                     let _ = tx.send(Outgoing {
                         line: encode(&Response::err(Value::Null, err)),
                         inline_task: None,
@@ -461,14 +528,37 @@ async fn write_loop(
 enum Line {
     Complete,
     TooLong,
+    /// The user's unfinished lines would take more than `per_user.buffered_bytes`.
+    OverShare,
+    /// A line was begun and not finished within `per_user.line_timeout_ms`.
+    TimedOut,
     Eof,
 }
 
-/// Reads one newline-terminated line of at most [`MAX_LINE_BYTES`] into `buf`.
-async fn read_line(r: &mut BufReader<OwnedReadHalf>, buf: &mut Vec<u8>) -> std::io::Result<Line> {
+/// Reads one newline-terminated line of at most [`MAX_LINE_BYTES`] into `buf`. The bytes of a
+/// line not yet complete count against the user's share, and a line must be finished within
+/// `timeout` of its first byte.
+async fn read_line(
+    r: &mut BufReader<OwnedReadHalf>,
+    buf: &mut Vec<u8>,
+    share: &mut shares::Connection,
+    timeout: std::time::Duration,
+) -> std::io::Result<Line> {
     buf.clear();
+    let _ = share.hold(0);
+    let mut deadline: Option<tokio::time::Instant> = None;
     loop {
-        let avail = r.fill_buf().await?;
+        let avail = match deadline {
+            None => r.fill_buf().await?,
+            Some(at) => match tokio::time::timeout_at(at, r.fill_buf()).await {
+                Ok(read) => read?,
+                Err(_) => {
+                    let _ = share.hold(0);
+                    buf.clear();
+                    return Ok(Line::TimedOut);
+                }
+            },
+        };
         if avail.is_empty() {
             return Ok(if buf.is_empty() {
                 Line::Eof
@@ -493,8 +583,14 @@ async fn read_line(r: &mut BufReader<OwnedReadHalf>, buf: &mut Vec<u8>) -> std::
             r.consume(n);
             return Ok(Line::TooLong);
         }
+        if !share.hold(buf.len() + n) {
+            let _ = share.hold(0);
+            buf.clear();
+            return Ok(Line::OverShare);
+        }
         buf.extend_from_slice(avail);
         r.consume(n);
+        deadline.get_or_insert_with(|| tokio::time::Instant::now() + timeout);
     }
 }
 

@@ -111,6 +111,17 @@ pub fn schedule_create(d: &Arc<Daemon>, peer: &Peer, p: Value) -> Result<Reply, 
         )
         .with_hint("open it again with session.open"));
     }
+    let cfg = d.executor.config();
+    let armed = d.executor.registry().usage_of(sess.owner_uid)?.schedules;
+    if armed >= cfg.per_user.schedules as u64 {
+        return Err(RpcError::new(
+            ErrorKind::LimitExceeded,
+            format!(
+                "uid {} has {armed} armed schedules: per_user.schedules ({}) is reached; cancel some with schedule.cancel",
+                sess.owner_uid, cfg.per_user.schedules
+            ),
+        ));
+    }
     to_value(d.scheduler.create(&sess, p)?)
 }
 

@@ -24,6 +24,8 @@ pub enum SessionError {
     InvalidParams(String),
     #[error("{0}")]
     PermissionDenied(String),
+    #[error("{0}")]
+    LimitExceeded(String),
     #[error("session {0} not found")]
     NotFound(String),
     /// The profile needs a sandbox layer this host lacks.
@@ -157,6 +159,24 @@ pub fn open(
                 existing.workspace
             )));
         }
+        if let Some(asked) = p.session_dir.as_deref() {
+            if std::path::Path::new(asked) != std::path::Path::new(&existing.session_dir) {
+                return Err(SessionError::InvalidParams(format!(
+                    "session {session_id} already exists with session_dir {}; leave session_dir out (or name that one) to reopen it",
+                    existing.session_dir
+                )));
+            }
+        }
+        if existing.state == "deleted" {
+            // Its directory was removed: make it again (only the daemon's own are deleted).
+            dirs::make_session_dir(
+                cfg,
+                &owner_creds(&existing, Some(caller)),
+                &session_id,
+                None,
+                &workspace,
+            )?;
+        }
         if !existing.is_open() {
             registry.reopen_session(&session_id)?;
         }
@@ -172,6 +192,15 @@ pub fn open(
         return Err(SessionError::PermissionDenied(format!(
             "session id {session_id} is reserved for uid {owner} (ids starting cli-<uid>- or mcp-<uid>- belong to that user); choose another id"
         )));
+    }
+    if p.parent_session_id.is_none() {
+        let open = registry.usage_of(uid)?.sessions;
+        if open >= cfg.per_user.sessions as u64 {
+            return Err(SessionError::LimitExceeded(format!(
+                "uid {uid} has {open} open sessions: per_user.sessions ({}) is reached; close some with session.close",
+                cfg.per_user.sessions
+            )));
+        }
     }
     let workspace = dirs::check_workspace(cfg, caller, &p.workspace)?;
     let session_dir = dirs::make_session_dir(

@@ -3,10 +3,10 @@
 //! Runs in a child forked from the (single-threaded) supervisor, so allocation is safe here.
 //! Nothing in this file returns: each path ends in `exec` or `_exit`.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 
 use crate::sandbox::linux::{self, Command, Prepared};
-use crate::sys::{self, Exit, SigSet};
+use crate::sys::{self, Exit, SigSet, Signal};
 
 /// Descriptors the init and the command inherit from the supervisor.
 pub struct Pipes {
@@ -29,7 +29,7 @@ pub fn run(cmd: &Command, sandbox: &Prepared, pipes: Pipes) -> ! {
     // parent is outside this namespace (getppid() says 0), so the lifeline tells whether the
     // supervisor died before the death signal was armed.
     if sys::set_parent_death_signal(libc::SIGKILL).is_err()
-        || sys::poll_readable(&[pipes.lifeline.as_raw_fd()], 0).map_or(true, |r| r[0])
+        || sys::poll_readable(&[Some(pipes.lifeline.as_fd())], 0).map_or(true, |r| r[0])
     {
         sys::exit_now(1);
     }
@@ -62,7 +62,12 @@ pub fn run(cmd: &Command, sandbox: &Prepared, pipes: Pipes) -> ! {
     } = pipes;
     drop((output, exec_error, lifeline));
 
-    let waitset = SigSet::of(&[libc::SIGCHLD, libc::SIGTERM, libc::SIGINT, libc::SIGHUP]);
+    let waitset = SigSet::of(&[
+        Signal::SIGCHLD,
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+    ]);
     let ended = loop {
         let mut ended = None;
         while let Ok(Some((pid, exit))) = sys::waitpid(-1, true) {

@@ -12,7 +12,7 @@ pub mod result;
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -24,7 +24,7 @@ use crate::protocol::{FailReason, TaskState};
 use crate::run_dir::PrivateDir;
 use crate::sandbox::linux::{self, PrepareError};
 use crate::sandbox::{resolve_program, LaunchPlan, OUTPUT_TAIL_BYTES};
-use crate::sys::{self, dirfd, Exit, Fork, SigSet};
+use crate::sys::{self, dirfd, Exit, Fork, SigSet, Signal};
 
 /// How long output is still read after the run's init has exited. Everything in the
 /// namespace is dead by then, so this only bounds a pathological pipe.
@@ -91,7 +91,13 @@ pub fn main(private_dir: &Path) -> i32 {
     let started = SystemTime::now();
     // Block the stop signals first: one that arrives during set-up stays pending and is read
     // from the signalfd later, instead of killing the supervisor before it can settle the run.
-    let _ = SigSet::of(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGCHLD]).block();
+    let _ = SigSet::of(&[
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+        Signal::SIGCHLD,
+    ])
+    .block();
     // Nothing the daemon might have leaked stays open here (stdio and the run directory
     // excepted).
     let _ = sys::close_from(crate::run_dir::SUPERVISOR_PUBLIC_FD as u32 + 1);
@@ -163,7 +169,12 @@ pub fn supervise(
         |step: &'static str| move |source: io::Error| SuperviseError::Setup { step, source };
 
     // Signals arrive through a descriptor we poll, never as asynchronous handlers.
-    let signals = SigSet::of(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGCHLD]);
+    let signals = SigSet::of(&[
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+        Signal::SIGCHLD,
+    ]);
     signals.block().map_err(setup("block signals"))?;
     let sigfd = signals.signalfd().map_err(setup("signalfd"))?;
 
@@ -212,9 +223,9 @@ pub fn supervise(
     drop((out_w, err_w, status_w, lifeline_r));
     // Held (never written) until the supervisor exits.
     let _lifeline = lifeline_w;
-    sys::set_nonblocking(out_r.as_raw_fd(), true).map_err(setup("output pipe"))?;
-    sys::set_nonblocking(status_r.as_raw_fd(), true).map_err(setup("status pipe"))?;
-    sys::set_nonblocking(err_r.as_raw_fd(), true).map_err(setup("exec error pipe"))?;
+    sys::set_nonblocking(&out_r, true).map_err(setup("output pipe"))?;
+    sys::set_nonblocking(&status_r, true).map_err(setup("status pipe"))?;
+    sys::set_nonblocking(&err_r, true).map_err(setup("exec error pipe"))?;
 
     let deadline = plan.timeout_ms.map(|ms| clock + Duration::from_millis(ms));
     let mut stop: Option<StopReason> = None;
@@ -264,16 +275,11 @@ pub fn supervise(
             })
             .unwrap_or(-1);
 
-        // poll(2) ignores negative descriptors: a closed pipe is left out without shifting
-        // the others' positions.
+        // A closed pipe is left out without shifting the others' positions.
         let fds = [
-            sigfd.as_raw_fd(),
-            if status_open {
-                status_r.as_raw_fd()
-            } else {
-                -1
-            },
-            if out_open { out_r.as_raw_fd() } else { -1 },
+            Some(sigfd.as_fd()),
+            status_open.then(|| status_r.as_fd()),
+            out_open.then(|| out_r.as_fd()),
         ];
         let ready = sys::poll_readable(&fds, timeout).map_err(setup("poll"))?;
 

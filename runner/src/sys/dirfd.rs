@@ -8,6 +8,10 @@
 //! - [`as_caller`]: a short-lived thread whose *filesystem* credentials (fsuid, fsgid and
 //!   supplementary groups) are the caller's, so every permission check on the way — search
 //!   permission on each parent included — is the caller's, never root's.
+//!
+//! Safe code only: the calls come from `nix` (the per-thread credentials from
+//! [`super::set_thread_fs_creds`]).
+#![deny(unsafe_code)]
 
 use std::ffi::OsStr;
 use std::io;

@@ -16,7 +16,7 @@
 //! directory's) can rename or remove it, and the entry the walk goes through next is itself
 //! checked to be root's or the daemon's, so nobody else can replace it.
 //!
-//! Safe code only: the calls come from `rustix`.
+//! Safe code only: the calls come from `nix`.
 #![deny(unsafe_code)]
 
 use std::ffi::{OsStr, OsString};
@@ -27,8 +27,11 @@ use std::os::fd::OwnedFd;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Component, Path, PathBuf};
 
-use rustix::fs::{AtFlags, FileType, Mode, OFlags, CWD};
-use rustix::io::Errno;
+use nix::dir::Dir;
+use nix::errno::Errno;
+use nix::fcntl::{self, AtFlags, OFlag, AT_FDCWD};
+use nix::sys::stat::{self, Mode, SFlag};
+use nix::unistd::{self, UnlinkatFlags};
 
 /// Which part of what was asked for a refusal is about.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -184,9 +187,9 @@ impl TrustedDir {
             Part::Ancestor
         };
         let root = Path::new("/");
-        let fd = rustix::fs::openat(CWD, "/", dir_flags(), Mode::empty())
+        let fd = fcntl::openat(AT_FDCWD, "/", dir_flags(), Mode::empty())
             .map_err(|e| refusal(root_part.clone(), root, Problem::Io(e.into())))?;
-        check(&fd, root_part, root, FileType::Directory)?;
+        check(&fd, root_part, root, SFlag::S_IFDIR)?;
         let mut dir = TrustedDir {
             fd,
             path: root.to_path_buf(),
@@ -205,8 +208,8 @@ impl TrustedDir {
     /// Opens `parent/name`, creating it (mode `mode`) first if it is missing.
     pub fn open_or_create(parent: &Path, name: &str, mode: u32) -> Result<TrustedDir, Refusal> {
         let dir = TrustedDir::open(parent)?;
-        match rustix::fs::mkdirat(&dir.fd, name, Mode::from_raw_mode(mode)) {
-            Ok(()) | Err(Errno::EXIST) => {}
+        match stat::mkdirat(&dir.fd, name, Mode::from_bits_truncate(mode)) {
+            Ok(()) | Err(Errno::EEXIST) => {}
             Err(e) => {
                 return Err(refusal(
                     Part::Directory,
@@ -221,14 +224,14 @@ impl TrustedDir {
     /// Opens the directory `name` in this one without following a symlink, and checks it.
     fn child(&self, name: &OsStr, part: Part) -> Result<TrustedDir, Refusal> {
         let path = self.path.join(name);
-        let fd = rustix::fs::openat(
+        let fd = fcntl::openat(
             &self.fd,
             name,
-            dir_flags() | OFlags::NOFOLLOW,
+            dir_flags() | OFlag::O_NOFOLLOW,
             Mode::empty(),
         )
-        .map_err(|e| open_error(&self.fd, name, part.clone(), &path, e, FileType::Directory))?;
-        check(&fd, part, &path, FileType::Directory)?;
+        .map_err(|e| open_error(&self.fd, name, part.clone(), &path, e, SFlag::S_IFDIR))?;
+        check(&fd, part, &path, SFlag::S_IFDIR)?;
         Ok(TrustedDir { fd, path })
     }
 
@@ -246,18 +249,28 @@ impl TrustedDir {
         }
         // O_NONBLOCK: opening a FIFO someone left here must not hang the daemon (it is
         // refused below as not a regular file); reads from a regular file ignore it.
-        let flags =
-            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
-        let fd = rustix::fs::openat(&self.fd, name, flags, Mode::empty())
-            .map_err(|e| open_error(&self.fd, name, Part::File, &path, e, FileType::RegularFile))?;
-        check(&fd, Part::File, &path, FileType::RegularFile)?;
+        let flags = OFlag::O_RDONLY
+            | OFlag::O_NOFOLLOW
+            | OFlag::O_NONBLOCK
+            | OFlag::O_NOCTTY
+            | OFlag::O_CLOEXEC;
+        let fd = fcntl::openat(&self.fd, name, flags, Mode::empty())
+            .map_err(|e| open_error(&self.fd, name, Part::File, &path, e, SFlag::S_IFREG))?;
+        check(&fd, Part::File, &path, SFlag::S_IFREG)?;
         Ok(File::from(fd))
     }
 
     /// The names in this directory (not `.` and `..`), read from its descriptor.
     pub fn names(&self) -> io::Result<Vec<OsString>> {
         let mut out = Vec::new();
-        for entry in rustix::fs::Dir::read_from(&self.fd)? {
+        // A descriptor of its own (`.` reopened), so reading moves no offset of ours.
+        let mut dir = Dir::openat(
+            &self.fd,
+            ".",
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?;
+        for entry in dir.iter() {
             let name = entry?.file_name().to_bytes().to_vec();
             if name != b"." && name != b".." {
                 out.push(OsString::from_vec(name));
@@ -272,12 +285,13 @@ impl TrustedDir {
     pub fn write_atomically(&self, name: &str, bytes: &[u8], mode: u32) -> io::Result<()> {
         let tmp = temp_name(name);
         let flags =
-            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        let fd = match rustix::fs::openat(&self.fd, &tmp, flags, Mode::from_raw_mode(mode)) {
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        let mode = Mode::from_bits_truncate(mode);
+        let fd = match fcntl::openat(&self.fd, tmp.as_str(), flags, mode) {
             // Left by an earlier daemon with our pid that died mid-copy.
-            Err(Errno::EXIST) => {
+            Err(Errno::EEXIST) => {
                 self.remove(OsStr::new(&tmp))?;
-                rustix::fs::openat(&self.fd, &tmp, flags, Mode::from_raw_mode(mode))?
+                fcntl::openat(&self.fd, tmp.as_str(), flags, mode)?
             }
             other => other?,
         };
@@ -285,8 +299,8 @@ impl TrustedDir {
         let written = file
             .write_all(bytes)
             .and_then(|()| file.sync_all())
-            .and_then(|()| Ok(rustix::fs::renameat(&self.fd, &tmp, &self.fd, name)?))
-            .and_then(|()| Ok(rustix::fs::fsync(&self.fd)?));
+            .and_then(|()| Ok(fcntl::renameat(&self.fd, tmp.as_str(), &self.fd, name)?))
+            .and_then(|()| Ok(unistd::fsync(&self.fd)?));
         if written.is_err() {
             let _ = self.remove(OsStr::new(&tmp));
         }
@@ -295,7 +309,11 @@ impl TrustedDir {
 
     /// Removes the file (or symlink) `name`.
     pub fn remove(&self, name: &OsStr) -> io::Result<()> {
-        Ok(rustix::fs::unlinkat(&self.fd, name, AtFlags::empty())?)
+        Ok(unistd::unlinkat(
+            &self.fd,
+            name,
+            UnlinkatFlags::NoRemoveDir,
+        )?)
     }
 }
 
@@ -309,8 +327,13 @@ fn temp_name(name: &str) -> String {
     format!(".{name}.{}.tmp", std::process::id())
 }
 
-fn dir_flags() -> OFlags {
-    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC
+fn dir_flags() -> OFlag {
+    OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC
+}
+
+/// The type bits of a mode (`S_IFDIR`, `S_IFREG`, `S_IFLNK`, …).
+fn file_type(mode: libc::mode_t) -> SFlag {
+    SFlag::from_bits_truncate(mode) & SFlag::S_IFMT
 }
 
 fn is_plain_name(name: &OsStr) -> bool {
@@ -358,20 +381,18 @@ fn open_error(
     part: Part,
     path: &Path,
     e: Errno,
-    want: FileType,
+    want: SFlag,
 ) -> Refusal {
     let problem = match e {
-        Errno::NOENT => Problem::Missing,
+        Errno::ENOENT => Problem::Missing,
         // O_NOFOLLOW on a symlink is ELOOP; O_DIRECTORY on a non-directory is ENOTDIR.
-        Errno::LOOP | Errno::NOTDIR => {
-            match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
-                Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Symlink => {
-                    let target = rustix::fs::readlinkat(dir, name, Vec::new())
-                        .ok()
-                        .map(|t| PathBuf::from(OsString::from_vec(t.into_bytes())));
+        Errno::ELOOP | Errno::ENOTDIR => {
+            match stat::fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+                Ok(st) if file_type(st.st_mode) == SFlag::S_IFLNK => {
+                    let target = fcntl::readlinkat(dir, name).ok().map(PathBuf::from);
                     Problem::Symlink { target }
                 }
-                Ok(_) if want == FileType::Directory => Problem::NotADirectory,
+                Ok(_) if want == SFlag::S_IFDIR => Problem::NotADirectory,
                 Ok(_) => Problem::NotAFile,
                 Err(e) => Problem::Io(e.into()),
             }
@@ -382,12 +403,11 @@ fn open_error(
 }
 
 /// Checks what `fd` is: its type, its owner, and who can write it.
-fn check(fd: &OwnedFd, part: Part, path: &Path, want: FileType) -> Result<(), Refusal> {
-    let st =
-        rustix::fs::fstat(fd).map_err(|e| refusal(part.clone(), path, Problem::Io(e.into())))?;
-    let mode = st.st_mode as u32;
-    if FileType::from_raw_mode(st.st_mode) != want {
-        let problem = if want == FileType::Directory {
+fn check(fd: &OwnedFd, part: Part, path: &Path, want: SFlag) -> Result<(), Refusal> {
+    let st = stat::fstat(fd).map_err(|e| refusal(part.clone(), path, Problem::Io(e.into())))?;
+    let mode = st.st_mode;
+    if file_type(st.st_mode) != want {
+        let problem = if want == SFlag::S_IFDIR {
             Problem::NotADirectory
         } else {
             Problem::NotAFile

@@ -1,6 +1,11 @@
 //! The only module with `unsafe`: thin, documented wrappers over the Linux calls that the
 //! supervisor and the executor need and that `std` does not offer.
 //!
+//! The calls come from `nix` (landlock rulesets from the `landlock` crate, in
+//! `sandbox/linux/landlock.rs`). A raw `libc` call is left only where neither crate has the
+//! call, or where its wrapper would lose something we need; each such wrapper says which in a
+//! `Raw:` line of its documentation.
+//!
 //! Every wrapper returns `io::Result` with the OS error; callers add the step and the path.
 #![allow(unsafe_code)]
 
@@ -11,7 +16,17 @@ pub mod spawn;
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+use nix::errno::Errno;
+use nix::fcntl::{fcntl, FcntlArg, FdFlag, OFlag};
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::sched::CloneFlags;
+use nix::sys::signal::{self as nsig, SaFlags, SigAction, SigHandler};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::unistd::{self, ForkResult, Gid, Pid, Uid};
+
+pub use nix::sys::signal::Signal;
 
 fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
     if ret == -1 {
@@ -19,6 +34,12 @@ fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
     } else {
         Ok(ret)
     }
+}
+
+/// A signal number as nix's [`Signal`]. A number it cannot name (a real-time signal) is
+/// `EINVAL`; none of ours is one.
+fn signal(sig: i32) -> io::Result<Signal> {
+    Ok(Signal::try_from(sig)?)
 }
 
 fn cvt_long(ret: libc::c_long) -> io::Result<libc::c_long> {
@@ -31,6 +52,8 @@ fn cvt_long(ret: libc::c_long) -> io::Result<libc::c_long> {
 
 /// Opens a pidfd for `pid`. The caller must make sure `pid` still names the process it means
 /// (its own unreaped child, or a process whose start time it checks after opening).
+///
+/// Raw: nix 0.32 has no pidfd calls.
 pub fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
     // SAFETY: pidfd_open takes two integers and returns a new descriptor or -1; no memory is
     // passed. O_NONBLOCK is not requested because the executor only polls it for readability.
@@ -40,6 +63,8 @@ pub fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
 }
 
 /// Sends `sig` to the process behind a pidfd; immune to pid reuse.
+///
+/// Raw: nix 0.32 has no pidfd calls.
 pub fn pidfd_send_signal(pidfd: &OwnedFd, sig: i32) -> io::Result<()> {
     // SAFETY: the descriptor is valid for the call (borrowed), info is NULL as permitted, and
     // flags are zero.
@@ -73,26 +98,24 @@ pub fn process_start_time(pid: i32) -> io::Result<u64> {
 }
 
 pub fn getuid() -> u32 {
-    // SAFETY: getuid cannot fail and touches no memory.
-    unsafe { libc::getuid() }
+    unistd::getuid().as_raw()
 }
 
 pub fn getgid() -> u32 {
-    // SAFETY: getgid cannot fail and touches no memory.
-    unsafe { libc::getgid() }
+    unistd::getgid().as_raw()
 }
 
 pub fn getpid() -> i32 {
-    // SAFETY: getpid cannot fail and touches no memory.
-    unsafe { libc::getpid() }
+    unistd::getpid().as_raw()
 }
 
 pub fn getppid() -> i32 {
-    // SAFETY: getppid cannot fail and touches no memory.
-    unsafe { libc::getppid() }
+    unistd::getppid().as_raw()
 }
 
 /// Fills `buf` from the kernel's random source.
+///
+/// Raw: nix has no `getrandom`, and std's is not public.
 pub fn getrandom(buf: &mut [u8]) -> io::Result<()> {
     let mut filled = 0;
     while filled < buf.len() {
@@ -112,17 +135,17 @@ pub fn getrandom(buf: &mut [u8]) -> io::Result<()> {
     Ok(())
 }
 
-/// Signals a single process by pid.
+/// Signals a process by pid (`-1`: every process we may signal); `sig` 0 only checks that
+/// the process exists.
 pub fn kill(pid: i32, sig: i32) -> io::Result<()> {
-    // SAFETY: kill takes two integers; no memory is involved.
-    cvt(unsafe { libc::kill(pid, sig) })?;
+    let sig = if sig == 0 { None } else { Some(signal(sig)?) };
+    nsig::kill(Pid::from_raw(pid), sig)?;
     Ok(())
 }
 
 /// `unshare(2)` with the given `CLONE_*` flags.
 pub fn unshare(flags: libc::c_int) -> io::Result<()> {
-    // SAFETY: unshare only changes this process's namespaces; no memory is involved.
-    cvt(unsafe { libc::unshare(flags) })?;
+    nix::sched::unshare(CloneFlags::from_bits_retain(flags))?;
     Ok(())
 }
 
@@ -153,32 +176,29 @@ pub fn fork() -> io::Result<Fork> {
     }
     // SAFETY: the process has one thread (checked just above, and nothing here starts one),
     // so the child's memory holds no lock owned by a thread that does not exist in it.
-    let pid = cvt(unsafe { libc::fork() })?;
-    Ok(if pid == 0 {
-        Fork::Child
-    } else {
-        Fork::Parent(pid)
+    Ok(match unsafe { unistd::fork() }? {
+        ForkResult::Child => Fork::Child,
+        ForkResult::Parent { child } => Fork::Parent(child.as_raw()),
     })
 }
 
 /// Sets the calling *thread's* filesystem credentials: supplementary groups, fsgid, fsuid.
-/// Raw system calls on purpose: the kernel keeps credentials per thread, while glibc's
-/// wrappers for `setgroups` apply to every thread. Used by [`dirfd::as_caller`] on a thread
-/// of its own.
+/// Used by [`dirfd::as_caller`] on a thread of its own.
+///
+/// Raw system calls on purpose, all three: the kernel keeps credentials per thread, while
+/// libc's `setgroups` (and so nix's) applies to every thread of the process, which here would
+/// hand a caller's groups to every thread of the daemon. `setfsuid`/`setfsgid` go the same
+/// way so that no libc wrapper stands between this thread and the kernel.
 pub(crate) fn set_thread_fs_creds(uid: u32, gid: u32, groups: &[u32]) -> io::Result<()> {
     // SAFETY: the kernel reads `groups.len()` gid_t values (u32 on every Linux ABI we build
     // for) from the pointer, which points at exactly that many.
     cvt_long(unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) })?;
     // setfsgid/setfsuid return the previous value whether or not they succeeded; asking with
     // an invalid id (-1) returns the current one, which tells.
-    // SAFETY: integer arguments only.
-    unsafe { libc::syscall(libc::SYS_setfsgid, gid) };
-    // SAFETY: integer arguments only.
-    let now_gid = unsafe { libc::syscall(libc::SYS_setfsgid, u32::MAX) } as u32;
-    // SAFETY: integer arguments only.
-    unsafe { libc::syscall(libc::SYS_setfsuid, uid) };
-    // SAFETY: integer arguments only.
-    let now_uid = unsafe { libc::syscall(libc::SYS_setfsuid, u32::MAX) } as u32;
+    set_fs_id(libc::SYS_setfsgid, gid);
+    let now_gid = set_fs_id(libc::SYS_setfsgid, u32::MAX);
+    set_fs_id(libc::SYS_setfsuid, uid);
+    let now_uid = set_fs_id(libc::SYS_setfsuid, u32::MAX);
     if now_uid != uid || now_gid != gid {
         return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
@@ -188,8 +208,17 @@ pub(crate) fn set_thread_fs_creds(uid: u32, gid: u32, groups: &[u32]) -> io::Res
     Ok(())
 }
 
+/// `setfsuid(2)` or `setfsgid(2)` (by `nr`) for this thread; returns the previous id.
+fn set_fs_id(nr: libc::c_long, id: u32) -> u32 {
+    // SAFETY: both calls take one integer, touch no memory and cannot fail (they report the
+    // previous id either way).
+    unsafe { libc::syscall(nr, id) as u32 }
+}
+
 /// The supplementary groups of a Unix socket's peer (`SO_PEERGROUPS`, Linux 4.13), as they
 /// were when it connected.
+///
+/// Raw: nix's socket options have no `SO_PEERGROUPS`.
 pub fn peer_groups(sock: std::os::fd::BorrowedFd<'_>) -> io::Result<Vec<u32>> {
     let mut groups: Vec<u32> = vec![0; 64];
     loop {
@@ -227,6 +256,10 @@ pub enum Exit {
 }
 
 /// `waitpid(2)`; `Ok(None)` when `WNOHANG` found nothing to reap.
+///
+/// Raw: nix's `WaitStatus` cannot name a real-time signal, so its `waitpid` reaps a child
+/// killed by one and then fails with `EINVAL`, losing the status (and the run's init would
+/// wait forever for a child it has already reaped).
 pub fn waitpid(pid: i32, nohang: bool) -> io::Result<Option<(i32, Exit)>> {
     let mut status = 0;
     let flags = if nohang { libc::WNOHANG } else { 0 };
@@ -254,120 +287,83 @@ pub fn waitpid(pid: i32, nohang: bool) -> io::Result<Option<(i32, Exit)>> {
 
 /// Asks the kernel to send `sig` to this process when its parent exits.
 pub fn set_parent_death_signal(sig: i32) -> io::Result<()> {
-    // SAFETY: PR_SET_PDEATHSIG takes the signal number as an unsigned long; no memory.
-    cvt(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, sig as libc::c_ulong, 0, 0, 0) })?;
+    nix::sys::prctl::set_pdeathsig(signal(sig)?)?;
     Ok(())
 }
 
 /// A set of signals, for blocking and for `signalfd`.
-pub struct SigSet(libc::sigset_t);
+pub struct SigSet(nsig::SigSet);
 
 impl SigSet {
-    pub fn of(signals: &[i32]) -> SigSet {
-        // SAFETY: sigemptyset initialises the zeroed set; sigaddset only writes within it.
-        unsafe {
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            for &s in signals {
-                libc::sigaddset(&mut set, s);
-            }
-            SigSet(set)
+    pub fn of(signals: &[Signal]) -> SigSet {
+        let mut set = nsig::SigSet::empty();
+        for &s in signals {
+            set.add(s);
         }
+        SigSet(set)
     }
 
     pub fn all() -> SigSet {
-        // SAFETY: sigfillset initialises the zeroed set in place.
-        unsafe {
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigfillset(&mut set);
-            SigSet(set)
-        }
+        SigSet(nsig::SigSet::all())
     }
 
     /// Blocks these signals for the calling thread (the whole process when single-threaded).
     pub fn block(&self) -> io::Result<()> {
-        self.mask(libc::SIG_BLOCK)
+        Ok(self.0.thread_block()?)
     }
 
     pub fn unblock(&self) -> io::Result<()> {
-        self.mask(libc::SIG_UNBLOCK)
-    }
-
-    fn mask(&self, how: libc::c_int) -> io::Result<()> {
-        // SAFETY: the set is initialised; the old-set pointer may be NULL.
-        let r = unsafe { libc::pthread_sigmask(how, &self.0, std::ptr::null_mut()) };
-        if r != 0 {
-            return Err(io::Error::from_raw_os_error(r));
-        }
-        Ok(())
+        Ok(self.0.thread_unblock()?)
     }
 
     /// A non-blocking, close-on-exec signalfd for these (blocked) signals.
     pub fn signalfd(&self) -> io::Result<OwnedFd> {
-        // SAFETY: -1 asks for a new descriptor; the mask is initialised.
-        let fd =
-            cvt(unsafe { libc::signalfd(-1, &self.0, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK) })?;
-        // SAFETY: the kernel returned a fresh descriptor that nothing else owns.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        let fd = SignalFd::with_flags(&self.0, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)?;
+        Ok(fd.into())
     }
 
     /// Waits for one of these (blocked) signals; returns its number.
     pub fn wait(&self) -> io::Result<i32> {
-        loop {
-            // SAFETY: the set is initialised; the info pointer may be NULL.
-            let r = unsafe { libc::sigwaitinfo(&self.0, std::ptr::null_mut()) };
-            if r == -1 {
-                let err = io::Error::last_os_error();
-                if err.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(err);
-            }
-            return Ok(r);
-        }
+        Ok(self.0.wait()? as i32)
     }
 }
 
 /// Reads one pending signal number from a signalfd; `Ok(None)` if none is pending.
 pub fn read_signalfd(fd: &OwnedFd) -> io::Result<Option<i32>> {
-    // SAFETY: signalfd_siginfo is plain old data; zeroed is a valid value.
-    let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
-    let size = std::mem::size_of::<libc::signalfd_siginfo>();
-    // SAFETY: we pass a pointer to `info` and exactly its size.
-    let n = unsafe {
-        libc::read(
-            fd.as_raw_fd(),
-            (&mut info as *mut libc::signalfd_siginfo).cast(),
-            size,
-        )
-    };
-    if n == -1 {
-        let err = io::Error::last_os_error();
-        if err.kind() == io::ErrorKind::WouldBlock {
-            return Ok(None);
-        }
-        return Err(err);
+    // A signalfd hands out whole `signalfd_siginfo` records; the signal number is its first
+    // field (`ssi_signo`, a u32).
+    let mut info = [0u8; std::mem::size_of::<libc::signalfd_siginfo>()];
+    match unistd::read(fd, &mut info) {
+        Ok(n) if n >= 4 => Ok(Some(
+            u32::from_ne_bytes([info[0], info[1], info[2], info[3]]) as i32,
+        )),
+        Ok(_) => Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
+        Err(Errno::EAGAIN) => Ok(None),
+        Err(e) => Err(e.into()),
     }
-    Ok(Some(info.ssi_signo as i32))
 }
 
 extern "C" fn noop_handler(_: libc::c_int) {}
 
 /// Installs a handler that does nothing, so that a PID-namespace init (which the kernel shields
-/// from signals left at their default action) still receives `sig` through `sigwaitinfo`.
+/// from signals left at their default action) still receives `sig` through [`SigSet::wait`].
 pub fn install_noop_handler(sig: i32) -> io::Result<()> {
-    // SAFETY: sigaction is zero-initialisable; we set a valid handler and an empty mask.
-    unsafe {
-        let mut act: libc::sigaction = std::mem::zeroed();
-        act.sa_sigaction = noop_handler as *const () as usize;
-        libc::sigemptyset(&mut act.sa_mask);
-        cvt(libc::sigaction(sig, &act, std::ptr::null_mut()))?;
-    }
+    let act = SigAction::new(
+        SigHandler::Handler(noop_handler),
+        SaFlags::empty(),
+        nsig::SigSet::empty(),
+    );
+    // SAFETY: the handler does nothing, so it is async-signal-safe and can interrupt any code
+    // without breaking an invariant of it.
+    unsafe { nsig::sigaction(signal(sig)?, &act) }?;
     Ok(())
 }
 
 /// Restores the default action for every catchable signal (used before exec, so the command
 /// does not inherit the supervisor's dispositions).
+///
+/// Raw: nix's `Signal` cannot name the real-time signals, whose dispositions (an ignored one
+/// survives exec) must be reset too.
 pub fn reset_signal_dispositions() {
     for sig in 1..libc::SIGRTMAX() {
         if sig == libc::SIGKILL || sig == libc::SIGSTOP {
@@ -383,21 +379,30 @@ pub fn reset_signal_dispositions() {
 
 /// A pipe whose both ends are close-on-exec.
 pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: `fds` is a valid array of two ints for the kernel to fill.
-    cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
-    // SAFETY: both descriptors were just created and are owned by nobody else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    Ok(unistd::pipe2(OFlag::O_CLOEXEC)?)
 }
 
-/// `dup2(2)`: makes `target` a copy of `fd` (clearing close-on-exec on `target`).
-pub fn dup2(fd: RawFd, target: RawFd) -> io::Result<()> {
-    // SAFETY: both are integers; dup2 validates them.
-    cvt(unsafe { libc::dup2(fd, target) })?;
+/// `dup2(2)` onto a standard descriptor: makes `target` (0, 1 or 2) a copy of `fd`, clearing
+/// close-on-exec on it. Any other target is refused: nothing else may be replaced behind the
+/// back of the `OwnedFd` that holds it.
+pub fn dup2(fd: impl AsFd, target: RawFd) -> io::Result<()> {
+    match target {
+        0 => unistd::dup2_stdin(fd)?,
+        1 => unistd::dup2_stdout(fd)?,
+        2 => unistd::dup2_stderr(fd)?,
+        _ => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("dup2 onto descriptor {target}: only 0, 1 and 2 are replaced"),
+            ))
+        }
+    }
     Ok(())
 }
 
 /// Closes every descriptor from `first` upwards.
+///
+/// Raw: nix has no `close_range`.
 pub fn close_from(first: u32) -> io::Result<()> {
     // SAFETY: close_range only closes descriptors; the caller guarantees nothing it still
     // uses lies at or above `first`.
@@ -406,77 +411,69 @@ pub fn close_from(first: u32) -> io::Result<()> {
 }
 
 /// Sets or clears `O_NONBLOCK`.
-pub fn set_nonblocking(fd: RawFd, on: bool) -> io::Result<()> {
-    // SAFETY: F_GETFL/F_SETFL on a descriptor the caller owns.
-    unsafe {
-        let flags = cvt(libc::fcntl(fd, libc::F_GETFL))?;
-        let flags = if on {
-            flags | libc::O_NONBLOCK
-        } else {
-            flags & !libc::O_NONBLOCK
-        };
-        cvt(libc::fcntl(fd, libc::F_SETFL, flags))?;
-    }
+pub fn set_nonblocking(fd: impl AsFd, on: bool) -> io::Result<()> {
+    let fd = fd.as_fd();
+    let mut flags = OFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFL)?);
+    flags.set(OFlag::O_NONBLOCK, on);
+    fcntl(fd, FcntlArg::F_SETFL(flags))?;
     Ok(())
 }
 
 pub fn setsid() -> io::Result<()> {
-    // SAFETY: setsid takes no arguments.
-    cvt(unsafe { libc::setsid() })?;
+    unistd::setsid()?;
     Ok(())
 }
 
 /// Drops to `uid`/`gid` with no supplementary groups. Order matters: groups and gid first,
-/// while we still have the privilege to change them.
+/// while we still have the privilege to change them. (libc's `setgroups` applies to every
+/// thread; this runs in the single-threaded command child, where that is the one thread.)
 pub fn drop_to(uid: u32, gid: u32) -> io::Result<()> {
-    // SAFETY: setgroups with a zero-length list and a NULL pointer is valid; the rest take ints.
-    unsafe {
-        cvt(libc::setgroups(0, std::ptr::null()))?;
-        cvt(libc::setresgid(gid, gid, gid))?;
-        cvt(libc::setresuid(uid, uid, uid))?;
-    }
+    let (uid, gid) = (Uid::from_raw(uid), Gid::from_raw(gid));
+    unistd::setgroups(&[])?;
+    unistd::setresgid(gid, gid, gid)?;
+    unistd::setresuid(uid, uid, uid)?;
     Ok(())
 }
 
-/// `poll(2)` on a set of descriptors for readability; returns which were ready (readable,
-/// hung up or in error).
-pub fn poll_readable(fds: &[RawFd], timeout_ms: i32) -> io::Result<Vec<bool>> {
-    let mut pfds: Vec<libc::pollfd> = fds
+/// `poll(2)` for readability on a set of descriptors; returns which were ready (readable,
+/// hung up or in error). A `None` is left out (never ready) without shifting the others'
+/// positions. A negative timeout waits for ever.
+pub fn poll_readable(fds: &[Option<BorrowedFd<'_>>], timeout_ms: i32) -> io::Result<Vec<bool>> {
+    let timeout = PollTimeout::try_from(timeout_ms.max(-1)).unwrap_or(PollTimeout::NONE);
+    let mut pfds: Vec<PollFd<'_>> = fds
         .iter()
-        .map(|&fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        })
+        .flatten()
+        .map(|fd| PollFd::new(*fd, PollFlags::POLLIN))
         .collect();
     loop {
-        // SAFETY: `pfds` is a valid array of `pfds.len()` pollfd structs.
-        let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout_ms) };
-        if r == -1 {
-            let err = io::Error::last_os_error();
-            if err.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(err);
+        match nix::poll::poll(&mut pfds, timeout) {
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+            Ok(_) => break,
         }
-        return Ok(pfds.iter().map(|p| p.revents != 0).collect());
     }
+    // Flags nix does not know (`None`) are still flags: ready.
+    let mut ready = pfds
+        .iter()
+        .map(|p| p.revents().is_none_or(|r| !r.is_empty()));
+    Ok(fds
+        .iter()
+        .map(|fd| fd.is_some() && ready.next().unwrap_or(false))
+        .collect())
 }
 
 /// `execvp`-free exec: runs `path` with `argv` and `envp`. Returns only on failure.
 pub fn execve(path: &CString, argv: &[CString], envp: &[CString]) -> io::Error {
-    let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
-    argv_ptrs.push(std::ptr::null());
-    let mut envp_ptrs: Vec<*const libc::c_char> = envp.iter().map(|a| a.as_ptr()).collect();
-    envp_ptrs.push(std::ptr::null());
-    // SAFETY: all pointers reference NUL-terminated strings owned by the caller that outlive
-    // the call, and both arrays are NULL-terminated.
-    unsafe { libc::execve(path.as_ptr(), argv_ptrs.as_ptr(), envp_ptrs.as_ptr()) };
-    io::Error::last_os_error()
+    match unistd::execve(path, argv, envp) {
+        Err(e) => e.into(),
+        Ok(never) => match never {},
+    }
 }
 
 /// Ends the process at once without running destructors or atexit handlers (used in forked
 /// children, which must not flush buffers they share with their parent).
+///
+/// Raw: nix has no `_exit`, and `std::process::exit` runs the atexit handlers.
 pub fn exit_now(code: i32) -> ! {
     // SAFETY: _exit never returns and is always safe to call.
     unsafe { libc::_exit(code) }
@@ -489,6 +486,8 @@ pub fn fsync_dir(path: &std::path::Path) -> io::Result<()> {
 
 /// Marks every descriptor from `first` upwards close-on-exec, so `exec` drops them all while
 /// the ones still needed before it (an error pipe) stay usable until then.
+///
+/// Raw: nix has no `close_range`.
 pub fn cloexec_from(first: u32) -> io::Result<()> {
     const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
     // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets a flag on descriptors.
@@ -503,21 +502,12 @@ pub fn cloexec_from(first: u32) -> io::Result<()> {
 pub fn write_all_fd(fd: &OwnedFd, data: &[u8]) {
     let mut off = 0;
     while off < data.len() {
-        // SAFETY: the pointer and length describe the unwritten rest of `data`.
-        let n = unsafe {
-            libc::write(
-                fd.as_raw_fd(),
-                data[off..].as_ptr().cast(),
-                data.len() - off,
-            )
-        };
-        if n <= 0 {
-            if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return;
+        match unistd::write(fd, &data[off..]) {
+            Ok(0) => return,
+            Ok(n) => off += n,
+            Err(Errno::EINTR) => continue,
+            Err(_) => return,
         }
-        off += n as usize;
     }
 }
 
@@ -525,20 +515,16 @@ pub fn write_all_fd(fd: &OwnedFd, data: &[u8]) {
 /// bytes read, `Ok(0)` at end of file, and `WouldBlock` when nothing is ready.
 pub fn read_fd(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<usize> {
     loop {
-        // SAFETY: the pointer and length describe `buf`, which we hold mutably.
-        let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-        if n < 0 {
-            let err = io::Error::last_os_error();
-            if err.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(err);
+        match unistd::read(fd, buf) {
+            Err(Errno::EINTR) => continue,
+            other => return Ok(other?),
         }
-        return Ok(n as usize);
     }
 }
 
 /// Registers an owned descriptor (a pidfd) with tokio's reactor, readable-only.
+///
+/// Unsafe in tokio, not in the kernel: its registration trusts the descriptor to stay open.
 pub fn async_fd(fd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
     // SAFETY: an OwnedFd is a valid open descriptor for as long as it lives, and the AsyncFd
     // owns it, so it stays open until after the registration is dropped.
@@ -549,10 +535,9 @@ pub fn async_fd(fd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
 /// Restores the default action of SIGPIPE (Rust ignores it), so a client command whose output
 /// pipe closes (`sidejob tasks | head`) ends quietly like other Unix tools. Never for the daemon.
 pub fn default_sigpipe() {
-    // SAFETY: setting a signal's disposition to SIG_DFL is always valid.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
+    // SAFETY: the default disposition runs no code of ours, so no handler can break an
+    // invariant of the code it interrupts.
+    let _ = unsafe { nsig::signal(Signal::SIGPIPE, SigHandler::SigDfl) };
 }
 
 /// A user's credentials from the user database: `gid` as their primary group and their
@@ -574,20 +559,27 @@ pub fn user_creds(uid: u32, gid: u32) -> dirfd::Creds {
 /// Takes ownership of a descriptor this process inherited at a documented number (the
 /// supervisor's descriptor 3, the run's public directory). Refused if nothing is open there.
 /// Call once, first thing, before anything else could own that number.
+///
+/// Raw: the check comes before there is a descriptor to hand to nix (which takes only
+/// descriptors known to be open).
 pub fn take_inherited_fd(fd: RawFd) -> io::Result<OwnedFd> {
     // SAFETY: F_GETFD only reads the descriptor's flags; it fails with EBADF if not open.
     cvt(unsafe { libc::fcntl(fd, libc::F_GETFD) })?;
-    // Close-on-exec from here on: nothing this process executes may inherit it.
-    // SAFETY: F_SETFD on an open descriptor (checked just above).
-    cvt(unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) })?;
     // SAFETY: the descriptor is open (checked above) and, by this function's contract, owned
     // by nothing else in this process: it was inherited, and this is the one place that
     // claims it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // Close-on-exec from here on: nothing this process executes may inherit it.
+    fcntl(&fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC))?;
+    Ok(fd)
 }
 
 /// `flock(2)` on a descriptor: `LOCK_SH`, `LOCK_EX`, `LOCK_UN`, with `LOCK_NB` to fail
 /// (`EWOULDBLOCK`) instead of waiting. The lock belongs to the open file description.
+///
+/// Raw: nix's only non-deprecated flock is `Flock`, a guard that owns the descriptor and
+/// unlocks it on drop; git's stand-ins turn a shared hold into an exclusive one on the same
+/// open file and let the close release it, which that guard cannot express.
 pub fn flock(fd: std::os::fd::BorrowedFd<'_>, op: libc::c_int) -> io::Result<()> {
     loop {
         // SAFETY: integer arguments only; the descriptor is borrowed, so open for the call.

@@ -1,14 +1,25 @@
-//! Wrappers for the calls that build a run's sandbox: mounts, landlock, seccomp, capabilities,
-//! rlimits. Thin on purpose: each returns the OS error and the caller names the step.
+//! Wrappers for the calls that build a run's sandbox: mounts, seccomp, capabilities, rlimits
+//! and the landlock probe (rulesets are built with the `landlock` crate, in
+//! `sandbox/linux/landlock.rs`). Thin on purpose: each returns the OS error and the caller
+//! names the step.
 //!
-//! Constants and structs of the landlock and mount APIs are spelled out here (they are stable
-//! kernel ABI) so we do not depend on the libc crate having caught up.
+//! Most calls come from `nix`. The raw ones are the calls nix 0.32 does not have: the new
+//! mount API (`open_tree`, `move_mount`, `mount_setattr`), capabilities (`capset`, the
+//! bounding and ambient sets), seccomp, the interface-flags ioctl and the landlock ABI probe.
+//! Their constants and structs are spelled out here (they are stable kernel ABI) so we do not
+//! depend on the libc crate having caught up.
 
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+
+use nix::fcntl::OFlag;
+use nix::mount::{MntFlags, MsFlags};
+use nix::sys::resource::Resource;
+use nix::sys::socket::{AddressFamily, SockFlag, SockType};
+use nix::sys::stat::Mode;
 
 use super::{cvt, cvt_long};
 
@@ -27,35 +38,25 @@ pub fn mount(
     flags: libc::c_ulong,
     data: Option<&CStr>,
 ) -> io::Result<()> {
-    let src = source.map(cpath).transpose()?;
-    let tgt = cpath(target)?;
-    // SAFETY: every pointer is either NULL (allowed for source, fstype and data) or a
-    // NUL-terminated string that outlives the call.
-    cvt(unsafe {
-        libc::mount(
-            src.as_ref().map_or(std::ptr::null(), |s| s.as_ptr()),
-            tgt.as_ptr(),
-            fstype.map_or(std::ptr::null(), |s| s.as_ptr()),
-            flags,
-            data.map_or(std::ptr::null(), |d| d.as_ptr().cast()),
-        )
-    })?;
+    nix::mount::mount(
+        source,
+        target,
+        fstype,
+        MsFlags::from_bits_retain(flags),
+        data,
+    )?;
     Ok(())
 }
 
 /// Detaches the mount at `target` (and everything below it) lazily.
 pub fn umount_detach(target: &Path) -> io::Result<()> {
-    let tgt = cpath(target)?;
-    // SAFETY: a NUL-terminated path and an integer flag.
-    cvt(unsafe { libc::umount2(tgt.as_ptr(), libc::MNT_DETACH) })?;
+    nix::mount::umount2(target, MntFlags::MNT_DETACH)?;
     Ok(())
 }
 
 /// `pivot_root(new_root, put_old)`.
 pub fn pivot_root(new_root: &Path, put_old: &Path) -> io::Result<()> {
-    let (a, b) = (cpath(new_root)?, cpath(put_old)?);
-    // SAFETY: two NUL-terminated paths that outlive the call.
-    cvt_long(unsafe { libc::syscall(libc::SYS_pivot_root, a.as_ptr(), b.as_ptr()) })?;
+    nix::unistd::pivot_root(new_root, put_old)?;
     Ok(())
 }
 
@@ -75,6 +76,8 @@ struct MountAttr {
 
 /// `mount_setattr(fd, "", AT_EMPTY_PATH | AT_RECURSIVE)`: sets `set` and clears `clear` on the
 /// mount at `fd` and every mount below it, in one call.
+///
+/// Raw: nix 0.32 has no `mount_setattr`.
 pub fn mount_setattr(fd: &OwnedFd, set: u64, clear: u64) -> io::Result<()> {
     let attr = MountAttr {
         attr_set: set,
@@ -98,6 +101,8 @@ pub fn mount_setattr(fd: &OwnedFd, set: u64, clear: u64) -> io::Result<()> {
 }
 
 /// Like [`mount_setattr`], on the mount at `path` (and every mount below it).
+///
+/// Raw: nix 0.32 has no `mount_setattr`.
 pub fn mount_setattr_path(path: &Path, set: u64, clear: u64) -> io::Result<()> {
     let p = cpath(path)?;
     let attr = MountAttr {
@@ -123,6 +128,8 @@ pub fn mount_setattr_path(path: &Path, set: u64, clear: u64) -> io::Result<()> {
 
 /// `open_tree(fd, "", OPEN_TREE_CLONE | AT_EMPTY_PATH)`: a detached copy of the mount (or
 /// the file) at `fd`, ready to be attached elsewhere with [`move_mount`].
+///
+/// Raw: nix 0.32 has no `open_tree`.
 pub fn open_tree_clone(fd: &OwnedFd) -> io::Result<OwnedFd> {
     const OPEN_TREE_CLONE: libc::c_uint = 1;
     // SAFETY: a valid descriptor, an empty path and integer flags; returns a new descriptor.
@@ -140,6 +147,8 @@ pub fn open_tree_clone(fd: &OwnedFd) -> io::Result<OwnedFd> {
 
 /// Attaches the detached mount `from` on top of the file or directory `to` (both descriptors,
 /// so no path is looked up again between the check and the mount).
+///
+/// Raw: nix 0.32 has no `move_mount`.
 pub fn move_mount(from: &OwnedFd, to: &OwnedFd) -> io::Result<()> {
     const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
     const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
@@ -160,15 +169,9 @@ pub fn move_mount(from: &OwnedFd, to: &OwnedFd) -> io::Result<()> {
 /// Opens `path` as an `O_PATH` descriptor (no read or write access, just a handle on the
 /// inode); with `nofollow`, a symlink in the last component is opened itself.
 pub fn open_path(path: &Path, nofollow: bool) -> io::Result<OwnedFd> {
-    let p = cpath(path)?;
-    let mut flags = libc::O_PATH | libc::O_CLOEXEC;
-    if nofollow {
-        flags |= libc::O_NOFOLLOW;
-    }
-    // SAFETY: a NUL-terminated path and integer flags; returns a new descriptor.
-    let fd = cvt(unsafe { libc::open(p.as_ptr(), flags) })?;
-    // SAFETY: fresh descriptor, owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    let mut flags = OFlag::O_PATH | OFlag::O_CLOEXEC;
+    flags.set(OFlag::O_NOFOLLOW, nofollow);
+    Ok(nix::fcntl::open(path, flags, Mode::empty())?)
 }
 
 /// What `fstat` says about a descriptor: its type bits and link count.
@@ -190,10 +193,7 @@ impl FileInfo {
 }
 
 pub fn fstat(fd: &OwnedFd) -> io::Result<FileInfo> {
-    // SAFETY: `stat` is plain old data; zeroed is a valid value for the kernel to overwrite.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid descriptor (O_PATH descriptors support fstat) and a writable struct.
-    cvt(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
+    let st = nix::sys::stat::fstat(fd)?;
     Ok(FileInfo {
         mode: st.st_mode,
         nlink: st.st_nlink,
@@ -206,25 +206,28 @@ pub fn fd_path(fd: &OwnedFd) -> std::path::PathBuf {
 }
 
 pub fn sethostname(name: &str) -> io::Result<()> {
-    // SAFETY: the pointer and length describe `name`'s bytes.
-    cvt(unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) })?;
+    nix::unistd::sethostname(name)?;
     Ok(())
 }
 
 /// Brings the loopback interface of the current network namespace up.
+///
+/// Raw (the ioctls only): nix has no call that sets an interface's flags.
 pub fn loopback_up() -> io::Result<()> {
-    // SAFETY: socket takes integers and returns a new descriptor.
-    let fd = cvt(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
-    // SAFETY: fresh descriptor, owned by nobody else.
-    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: ifreq is plain old data; zeroed is valid.
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
-        *dst = *src as libc::c_char;
-    }
-    // SAFETY: SIOCGIFFLAGS/SIOCSIFFLAGS read and write the ifreq we own; the union member
-    // used is ifru_flags, which both ioctls define.
+    let sock = nix::sys::socket::socket(
+        AddressFamily::Inet,
+        SockType::Datagram,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    // SAFETY: ifreq is plain old data, so zeroed is a valid value; SIOCGIFFLAGS and
+    // SIOCSIFFLAGS read the name and read or write `ifru_flags` (the union member both
+    // define) of the ifreq we own, on a socket descriptor that is open for the calls.
     unsafe {
+        let mut req: libc::ifreq = std::mem::zeroed();
+        for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+            *dst = *src as libc::c_char;
+        }
         cvt(libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req))?;
         req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
         cvt(libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req))?;
@@ -235,26 +238,19 @@ pub fn loopback_up() -> io::Result<()> {
 // ---- process attributes ---------------------------------------------------------------------
 
 pub fn set_no_new_privs() -> io::Result<()> {
-    // SAFETY: integer arguments only.
-    cvt(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) })?;
+    nix::sys::prctl::set_no_new_privs()?;
     Ok(())
 }
 
 /// A non-dumpable process's `/proc/<pid>` entries (environ, mem, fd, root…) are root-owned
 /// and need `CAP_SYS_PTRACE`, so a sandboxed command cannot look into its init.
 pub fn set_dumpable(on: bool) -> io::Result<()> {
-    // SAFETY: integer arguments only.
-    cvt(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, on as libc::c_ulong, 0, 0, 0) })?;
+    nix::sys::prctl::set_dumpable(on)?;
     Ok(())
 }
 
-pub fn setrlimit(resource: libc::__rlimit_resource_t, soft: u64, hard: u64) -> io::Result<()> {
-    let lim = libc::rlimit {
-        rlim_cur: soft,
-        rlim_max: hard,
-    };
-    // SAFETY: a valid resource id and a pointer to an initialised rlimit.
-    cvt(unsafe { libc::setrlimit(resource, &lim) })?;
+pub fn setrlimit(resource: Resource, soft: u64, hard: u64) -> io::Result<()> {
+    nix::sys::resource::setrlimit(resource, soft, hard)?;
     Ok(())
 }
 
@@ -268,6 +264,8 @@ pub fn last_cap() -> u32 {
 
 /// Removes every capability from the bounding set (so no exec can regain one) and clears
 /// the ambient set. Needs `CAP_SETPCAP`, so it runs before the uid changes.
+///
+/// Raw: nix's prctl module has neither `PR_CAPBSET_DROP` nor `PR_CAP_AMBIENT`.
 pub fn drop_bounding_and_ambient_caps(last: u32) -> io::Result<()> {
     for cap in 0..=last {
         // SAFETY: integer arguments only.
@@ -294,6 +292,8 @@ pub fn drop_bounding_and_ambient_caps(last: u32) -> io::Result<()> {
 }
 
 /// Empties the effective, permitted and inheritable sets (a uid-0 run keeps none).
+///
+/// Raw: nix has no `capset`.
 pub fn clear_caps() -> io::Result<()> {
     #[repr(C)]
     struct Header {
@@ -337,36 +337,22 @@ pub fn has_no_effective_caps() -> bool {
 
 // ---- landlock -------------------------------------------------------------------------------
 
-#[repr(C)]
-struct RulesetAttr {
-    handled_access_fs: u64,
-    handled_access_net: u64,
-    scoped: u64,
-}
-
-#[repr(C, packed)]
-struct PathBeneathAttr {
-    allowed_access: u64,
-    parent_fd: i32,
-}
-
-#[repr(C)]
-struct NetPortAttr {
-    allowed_access: u64,
-    port: u64,
-}
-
 const LANDLOCK_CREATE_RULESET_VERSION: u32 = 1;
-const LANDLOCK_RULE_PATH_BENEATH: u32 = 1;
-const LANDLOCK_RULE_NET_PORT: u32 = 2;
 
-/// The landlock ABI version the kernel offers; an error if landlock is unavailable.
+/// The landlock ABI version the kernel offers; an error if landlock is unavailable
+/// (`EOPNOTSUPP`: disabled at boot; `ENOSYS`: not built in).
+///
+/// Raw: the `landlock` crate keeps its probe private on purpose (a program should ask for
+/// rights and read the `RulesetStatus`, not branch on versions), but `sidejob doctor` and the
+/// coverage report name the ABI and say why landlock is missing. Rulesets themselves are
+/// built with the crate.
 pub fn landlock_abi() -> io::Result<u32> {
-    // SAFETY: NULL attr with size 0 and the VERSION flag is the documented probe.
+    // SAFETY: NULL attr with size 0 and the VERSION flag is the documented probe; no memory
+    // is read or written.
     let r = cvt_long(unsafe {
         libc::syscall(
             libc::SYS_landlock_create_ruleset,
-            std::ptr::null::<RulesetAttr>(),
+            std::ptr::null::<libc::c_void>(),
             0usize,
             LANDLOCK_CREATE_RULESET_VERSION,
         )
@@ -374,83 +360,11 @@ pub fn landlock_abi() -> io::Result<u32> {
     Ok(r as u32)
 }
 
-/// Creates a ruleset handling these access rights (a right handled and not granted by any
-/// rule is denied). `size` lets older ABIs (without `scoped` or `net`) take a shorter struct.
-pub fn landlock_create_ruleset(fs: u64, net: u64, scoped: u64, abi: u32) -> io::Result<OwnedFd> {
-    let attr = RulesetAttr {
-        handled_access_fs: fs,
-        handled_access_net: net,
-        scoped,
-    };
-    let size = match abi {
-        0..=3 => 8,
-        4 | 5 => 16,
-        _ => std::mem::size_of::<RulesetAttr>(),
-    };
-    // SAFETY: `attr` is laid out as `struct landlock_ruleset_attr` and `size` does not exceed
-    // it; returns a new descriptor.
-    let fd = cvt_long(unsafe {
-        libc::syscall(
-            libc::SYS_landlock_create_ruleset,
-            &attr as *const RulesetAttr,
-            size,
-            0u32,
-        )
-    })?;
-    // SAFETY: fresh descriptor, owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
-}
-
-/// Grants `access` beneath the file or directory open at `parent`.
-pub fn landlock_allow_path(ruleset: &OwnedFd, parent: &OwnedFd, access: u64) -> io::Result<()> {
-    let attr = PathBeneathAttr {
-        allowed_access: access,
-        parent_fd: parent.as_raw_fd(),
-    };
-    // SAFETY: valid descriptors and a packed `struct landlock_path_beneath_attr`.
-    cvt_long(unsafe {
-        libc::syscall(
-            libc::SYS_landlock_add_rule,
-            ruleset.as_raw_fd(),
-            LANDLOCK_RULE_PATH_BENEATH,
-            &attr as *const PathBeneathAttr,
-            0u32,
-        )
-    })?;
-    Ok(())
-}
-
-/// Grants TCP `access` (bind and/or connect) on `port`.
-pub fn landlock_allow_port(ruleset: &OwnedFd, port: u16, access: u64) -> io::Result<()> {
-    let attr = NetPortAttr {
-        allowed_access: access,
-        port: port as u64,
-    };
-    // SAFETY: a valid descriptor and a `struct landlock_net_port_attr`.
-    cvt_long(unsafe {
-        libc::syscall(
-            libc::SYS_landlock_add_rule,
-            ruleset.as_raw_fd(),
-            LANDLOCK_RULE_NET_PORT,
-            &attr as *const NetPortAttr,
-            0u32,
-        )
-    })?;
-    Ok(())
-}
-
-/// Enforces the ruleset on this process and its future children. Needs `no_new_privs`.
-pub fn landlock_restrict_self(ruleset: &OwnedFd) -> io::Result<()> {
-    // SAFETY: a valid ruleset descriptor and zero flags.
-    cvt_long(unsafe {
-        libc::syscall(libc::SYS_landlock_restrict_self, ruleset.as_raw_fd(), 0u32)
-    })?;
-    Ok(())
-}
-
 // ---- seccomp --------------------------------------------------------------------------------
 
 /// Is seccomp filtering compiled into this kernel?
+///
+/// Raw: nix's prctl module has no `PR_GET_SECCOMP`.
 pub fn seccomp_available() -> bool {
     // SAFETY: integer arguments only; EINVAL means no CONFIG_SECCOMP.
     unsafe { libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0) != -1 }
@@ -458,6 +372,8 @@ pub fn seccomp_available() -> bool {
 
 /// Installs a classic-BPF seccomp filter on this process (inherited by its children and kept
 /// across exec). Needs `no_new_privs` (or `CAP_SYS_ADMIN`).
+///
+/// Raw: neither nix nor the landlock crate installs seccomp filters.
 pub fn seccomp_install(filter: &[libc::sock_filter]) -> io::Result<()> {
     let prog = libc::sock_fprog {
         len: filter.len() as libc::c_ushort,

@@ -31,6 +31,7 @@ mod restart;
 mod schedules;
 mod serve;
 mod sessions;
+mod shares;
 mod smoke;
 mod stdin;
 mod subagent;

@@ -82,6 +82,29 @@ fn a_closed_session_can_be_reopened() {
 }
 
 #[test]
+fn reopening_a_session_with_another_session_dir_is_refused() {
+    let d = Daemon::start();
+    let mut c = d.client();
+    let opened = c.ok(
+        "session.open",
+        json!({"session_id": "sd", "workspace": d.workspace}),
+    );
+    let other = d.root.path().join("elsewhere");
+    let (code, kind) = c.err(
+        "session.open",
+        json!({"session_id": "sd", "workspace": d.workspace, "session_dir": other}),
+    );
+    assert_eq!((code, kind.as_str()), (-32602, "invalid_params"));
+    assert!(!other.exists(), "nothing is made for the refused directory");
+    // Naming the session's own directory (or none) reopens it.
+    let again = c.ok(
+        "session.open",
+        json!({"session_id": "sd", "workspace": d.workspace, "session_dir": opened["session_dir"]}),
+    );
+    assert_eq!(again["session_dir"], opened["session_dir"]);
+}
+
+#[test]
 fn calls_above_the_concurrency_bound_wait_as_queued() {
     let d = Daemon::start_with_config("max_running = 1\n");
     let mut c = d.client();

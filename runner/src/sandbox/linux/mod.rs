@@ -11,11 +11,12 @@ pub mod view;
 
 use std::ffi::{CString, OsStr};
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use nix::sys::resource::Resource;
 use serde::Serialize;
 
 use crate::sandbox::profile::Network;
@@ -334,9 +335,9 @@ pub struct Prepared {
     staging: PathBuf,
     tmp_options: CString,
     pinned: Vec<PathBuf>,
-    landlock: Option<(u32, Vec<landlock::PathRule>)>,
+    landlock: Option<landlock::Plan>,
     seccomp: Option<Vec<libc::sock_filter>>,
-    rlimits: Vec<(libc::__rlimit_resource_t, u64, u64)>,
+    rlimits: Vec<(Resource, u64, u64)>,
     last_cap: u32,
 }
 
@@ -389,12 +390,7 @@ pub fn prepare(plan: &LaunchPlan) -> Result<Prepared, PrepareError> {
         Ok(abi) if !lacks("landlock_fs") || sb.best_effort => {
             let (active, _) = landlock::coverage(abi, sb.network);
             layers.extend(active.iter().map(|l| l.to_string()));
-            let mounts: Vec<(PathBuf, bool, bool)> = sb
-                .mounts
-                .iter()
-                .map(|m| (m.target.clone(), m.exec, m.write))
-                .collect();
-            Some((abi, landlock::rules_for(&mounts)))
+            Some(landlock::Plan::new(abi, sb))
         }
         _ => None,
     };
@@ -434,17 +430,17 @@ pub fn prepare(plan: &LaunchPlan) -> Result<Prepared, PrepareError> {
         }
     };
 
-    let mut rlimits = vec![(libc::RLIMIT_CORE, 0, 0)];
+    let mut rlimits = vec![(Resource::RLIMIT_CORE, 0, 0)];
     let l = &sb.limits;
     if let Some(n) = l.open_files {
-        rlimits.push((libc::RLIMIT_NOFILE, n, n));
+        rlimits.push((Resource::RLIMIT_NOFILE, n, n));
     }
     if let Some(n) = l.file_size {
-        rlimits.push((libc::RLIMIT_FSIZE, n, n));
+        rlimits.push((Resource::RLIMIT_FSIZE, n, n));
     }
     if let Some(s) = l.cpu_time_s {
         // SIGXCPU at the soft limit (reported as `cpu_limit`), SIGKILL a second later.
-        rlimits.push((libc::RLIMIT_CPU, s, s + 1));
+        rlimits.push((Resource::RLIMIT_CPU, s, s + 1));
     }
 
     // The private /tmp is as large as the memory limit, if there is one (its pages are
@@ -608,18 +604,18 @@ pub fn launch(
 /// The command's side: confinement that applies to the process itself, then exec. Never
 /// returns; a failure is written to the exec-error pipe.
 fn confine_and_exec(p: &Prepared, cmd: &Command, output: &OwnedFd, exec_error: &OwnedFd) -> ! {
-    let fail = |what: &str, e: &dyn std::fmt::Display| -> ! {
-        sys::write_all_fd(exec_error, format!("sandbox {what}: {e}").as_bytes());
+    let fail_with = |e: &dyn std::fmt::Display| -> ! {
+        sys::write_all_fd(exec_error, format!("sandbox {e}").as_bytes());
         sys::exit_now(127)
     };
+    let fail = |what: &str, e: &dyn std::fmt::Display| -> ! { fail_with(&format!("{what}: {e}")) };
     // a. Default signal handling, its own session (no terminal to steal), output to the pipe.
     let _ = SigSet::all().unblock();
     sys::reset_signal_dispositions();
     if let Err(e) = sys::setsid() {
         fail("setsid", &e);
     }
-    let out = output.as_raw_fd();
-    if let Err(e) = sys::dup2(out, 1).and_then(|_| sys::dup2(out, 2)) {
+    if let Err(e) = sys::dup2(output, 1).and_then(|_| sys::dup2(output, 2)) {
         fail("redirect output", &e);
     }
     // b. The working directory, resolved inside the view.
@@ -635,9 +631,9 @@ fn confine_and_exec(p: &Prepared, cmd: &Command, output: &OwnedFd, exec_error: &
     // d. The landlock ruleset is built now (its rules open paths of the view, which the
     //    target uid might not be allowed to traverse) and enforced after no_new_privs.
     let ruleset = match &p.landlock {
-        Some((abi, rules)) => match landlock::ruleset(*abi, rules, p.plan.network) {
-            Ok(rs) => Some(rs),
-            Err((path, e)) => fail(&format!("landlock rule {}", path.display()), &e),
+        Some(plan) => match landlock::ruleset(plan) {
+            Ok(rs) => Some((rs, plan)),
+            Err(e) => fail_with(&e),
         },
         None => None,
     };
@@ -661,10 +657,11 @@ fn confine_and_exec(p: &Prepared, cmd: &Command, output: &OwnedFd, exec_error: &
     if let Err(e) = ssys::set_no_new_privs() {
         fail("no_new_privs", &e);
     }
-    // i. Landlock: filesystem, TCP and scoping.
-    if let Some(rs) = ruleset {
-        if let Err(e) = ssys::landlock_restrict_self(&rs) {
-            fail("landlock restrict", &e);
+    // i. Landlock: filesystem, TCP and scoping; what the kernel enforced is checked against
+    //    the layers the run reports.
+    if let Some((rs, plan)) = ruleset {
+        if let Err(e) = landlock::restrict(rs, plan) {
+            fail_with(&e);
         }
     }
     // j. Seccomp last: from here on only the calls needed to exec remain to be made.

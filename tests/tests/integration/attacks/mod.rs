@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 use sidejob_tests::{is_root, skip_unless, wait_until, Client, Daemon, TempDir};
 
 /// The attacker: another local user with access to the socket.
-pub(crate) const NOBODY: u32 = 65534;
+pub(crate) use sidejob_tests::NOBODY;
 
 /// A root daemon whose socket is open to group 65534 (nobody's primary group), as the
 /// README's shared deployment has it; `None` (skipped) unless this is root.
@@ -43,7 +43,15 @@ pub(crate) fn daemon_with(extra: &str) -> Option<Daemon> {
     // The socket's own directory is the daemon's; the temporary directory above it must
     // be passable, as /run is for a system daemon.
     set_mode(d.root.path(), 0o755);
+    socket_handed_to_group(&d);
     Some(d)
+}
+
+/// Waits until the daemon has handed its socket to the group: the harness returns once the
+/// socket accepts, which is as soon as it is bound, before its mode and group are set. A
+/// reply to a request comes after both.
+pub(crate) fn socket_handed_to_group(d: &Daemon) {
+    d.client().ok("initialize", json!({}));
 }
 
 /// A connection to `d` as uid 65534.

@@ -234,9 +234,10 @@ print(json.dumps(out))
         dir = run_dir.display()
     ));
     d.restart();
-    // A reply on the control socket means start-up (recovery, bridges served again) is done.
+    // A reply on the control socket means start-up (recovery, bridges served again, the
+    // socket handed to its group) is done.
+    super::socket_handed_to_group(&d);
     let mut n = nobody(&d);
-    n.ok("initialize", json!({}));
     gate.open();
     let t = n.wait_settled(&id);
     let output = n.output(&id);

@@ -1,0 +1,275 @@
+//! Keeping the registry trustworthy: the check the daemon makes before it trusts the file, an
+//! online backup, and the ways back from damage (restore the backup, or rebuild the rows from
+//! the runs' `result.json` files when no backup is left).
+//!
+//! A damaged or emptied registry is never used silently: a daemon that finds one refuses to
+//! start, with one line naming the file and the way out (`sidejob registry restore` or
+//! `rebuild`).
+
+use std::path::{Path, PathBuf};
+
+use rusqlite::{Connection, OpenFlags};
+
+use super::{Registry, RegistryError, Result, SessionRow, Settlement, TaskRow};
+use crate::protocol::{Delivery, TaskKind};
+
+/// The backup next to the registry.
+pub const BACKUP_FILE: &str = "sidejob.db.backup";
+
+/// The registry's backup path in `state_dir`.
+pub fn backup_path(state_dir: &Path) -> PathBuf {
+    state_dir.join(BACKUP_FILE)
+}
+
+/// The way out, for messages.
+fn way_out(state_dir: &Path) -> String {
+    let backup = backup_path(state_dir);
+    if backup.exists() {
+        format!(
+            "stop the daemon and run `sidejob registry restore` (from {}), or `sidejob registry rebuild` to rebuild it from the runs' result.json",
+            backup.display()
+        )
+    } else {
+        "stop the daemon and run `sidejob registry rebuild` to rebuild it from the runs' result.json (there is no backup)".into()
+    }
+}
+
+/// Refuses a registry that is damaged (`PRAGMA quick_check`), or empty beside sessions and
+/// runs of a registry that was there before (a truncated file).
+pub(super) fn check_on_open(conn: &Connection, path: &Path, state_dir: &Path) -> Result<()> {
+    let version: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .map_err(|e| damaged(path, state_dir, e.to_string()))?;
+    if version == 0 {
+        let left = leftovers(state_dir);
+        if left > 0 {
+            return Err(RegistryError::Unusable {
+                path: path.into(),
+                why: format!(
+                    "it is empty, but {left} session or run directories of an earlier registry are in {}; {}",
+                    state_dir.display(),
+                    way_out(state_dir)
+                ),
+            });
+        }
+        return Ok(());
+    }
+    let verdict: String = conn
+        .query_row("PRAGMA quick_check(1)", [], |r| r.get(0))
+        .map_err(|e| damaged(path, state_dir, e.to_string()))?;
+    if verdict != "ok" {
+        return Err(damaged(path, state_dir, verdict));
+    }
+    Ok(())
+}
+
+fn damaged(path: &Path, state_dir: &Path, detail: String) -> RegistryError {
+    RegistryError::Unusable {
+        path: path.into(),
+        why: format!("it is damaged ({detail}); {}", way_out(state_dir)),
+    }
+}
+
+/// Session directories and private run directories in the state directory.
+fn leftovers(state_dir: &Path) -> usize {
+    ["sessions", "runs"]
+        .iter()
+        .filter_map(|d| std::fs::read_dir(state_dir.join(d)).ok())
+        .map(|entries| entries.count())
+        .sum()
+}
+
+/// `sidejob registry check`: the same check as at start-up, on a file opened read-only.
+pub fn check_file(db: &Path, state_dir: &Path) -> Result<()> {
+    let conn =
+        Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_ONLY).map_err(|source| {
+            RegistryError::Open {
+                path: db.into(),
+                source,
+            }
+        })?;
+    check_on_open(&conn, db, state_dir)
+}
+
+/// Copies the registry to [`BACKUP_FILE`] with SQLite's online backup: a consistent snapshot,
+/// taken through a connection of its own while the daemon keeps writing, written to a
+/// temporary file and renamed into place.
+pub fn backup(state_dir: &Path) -> Result<PathBuf> {
+    let db = state_dir.join("sidejob.db");
+    let src =
+        Connection::open_with_flags(&db, OpenFlags::SQLITE_OPEN_READ_ONLY).map_err(|source| {
+            RegistryError::Open {
+                path: db.clone(),
+                source,
+            }
+        })?;
+    src.busy_timeout(std::time::Duration::from_secs(5))?;
+    let dest = backup_path(state_dir);
+    let tmp = state_dir.join(format!("{BACKUP_FILE}.tmp"));
+    let _ = std::fs::remove_file(&tmp);
+    src.backup(rusqlite::DatabaseName::Main, &tmp, None)?;
+    let io = |source| RegistryError::StateDir {
+        path: dest.clone(),
+        source,
+    };
+    std::fs::File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .map_err(io)?;
+    std::fs::rename(&tmp, &dest).map_err(io)?;
+    crate::sys::fsync_dir(state_dir).map_err(io)?;
+    Ok(dest)
+}
+
+/// Moves a damaged registry (and its -wal/-shm) aside as `sidejob.db.damaged-<time>`;
+/// returns where it went, if there was one.
+fn set_aside(state_dir: &Path) -> Result<Option<PathBuf>> {
+    let db = state_dir.join("sidejob.db");
+    if !db.exists() {
+        return Ok(None);
+    }
+    let stamp = crate::ids::now_rfc3339().replace([':', '.'], "-");
+    let aside = state_dir.join(format!("sidejob.db.damaged-{stamp}"));
+    let io = |source| RegistryError::StateDir {
+        path: db.clone(),
+        source,
+    };
+    std::fs::rename(&db, &aside).map_err(io)?;
+    for suffix in ["-wal", "-shm"] {
+        let mut p = db.clone().into_os_string();
+        p.push(suffix);
+        let _ = std::fs::remove_file(&p);
+    }
+    Ok(Some(aside))
+}
+
+/// `sidejob registry restore`: the backup becomes the registry (the current one is set
+/// aside). The daemon must be stopped. Returns where the old one went.
+pub fn restore(state_dir: &Path) -> Result<Option<PathBuf>> {
+    let backup = backup_path(state_dir);
+    let check = Connection::open_with_flags(&backup, OpenFlags::SQLITE_OPEN_READ_ONLY).map_err(
+        |source| RegistryError::Open {
+            path: backup.clone(),
+            source,
+        },
+    )?;
+    let verdict: String = check.query_row("PRAGMA quick_check(1)", [], |r| r.get(0))?;
+    drop(check);
+    if verdict != "ok" {
+        return Err(RegistryError::Unusable {
+            path: backup,
+            why: format!("the backup is damaged too ({verdict}); use `sidejob registry rebuild`"),
+        });
+    }
+    let aside = set_aside(state_dir)?;
+    let db = state_dir.join("sidejob.db");
+    std::fs::copy(&backup, &db).map_err(|source| RegistryError::StateDir {
+        path: db.clone(),
+        source,
+    })?;
+    Ok(aside)
+}
+
+/// What a rebuild found.
+#[derive(Debug, Default)]
+pub struct Rebuilt {
+    pub sessions: usize,
+    pub tasks: usize,
+    pub set_aside: Option<PathBuf>,
+}
+
+/// `sidejob registry rebuild`: a new registry from what is on disk when no backup is left.
+/// Every session directory the daemon made (`sessions_dir/<id>`) becomes a closed session of
+/// its directory's owner, and every run in it with a `result.json` a settled task, as that
+/// file describes it. What the files cannot say (a session's workspace and profile, a run's
+/// arguments) is recorded as unknown; runs without a result are left out. The daemon must be
+/// stopped.
+pub fn rebuild(state_dir: &Path, sessions_dir: &Path) -> Result<Rebuilt> {
+    let mut out = Rebuilt {
+        set_aside: set_aside(state_dir)?,
+        ..Rebuilt::default()
+    };
+    let registry = Registry::open_unchecked(state_dir)?;
+    let Ok(entries) = std::fs::read_dir(sessions_dir) else {
+        return Ok(out);
+    };
+    for e in entries.flatten() {
+        let Some(session_id) = e.file_name().to_str().map(str::to_owned) else {
+            continue;
+        };
+        if !crate::ids::is_valid_session_id(&session_id) {
+            continue;
+        }
+        let dir = e.path();
+        let Ok(meta) = std::fs::symlink_metadata(&dir) else {
+            continue;
+        };
+        if !meta.is_dir() {
+            continue;
+        }
+        use std::os::unix::fs::MetadataExt;
+        let mut results = Vec::new();
+        if let Ok(runs) = std::fs::read_dir(dir.join(crate::session::dirs::BACKGROUND)) {
+            for r in runs.flatten() {
+                let task_id = r.file_name().to_string_lossy().into_owned();
+                if !crate::ids::is_valid_task_id(&task_id) {
+                    continue;
+                }
+                let read = crate::run_dir::open_public(&dir, meta.uid(), &task_id).and_then(|fd| {
+                    crate::run_dir::read_result(std::os::fd::AsFd::as_fd(&fd), meta.uid())
+                });
+                if let Ok(Some(res)) = read {
+                    if res.task_id == task_id && res.session_id == session_id {
+                        results.push(res);
+                    }
+                }
+            }
+        }
+        results.sort_by(|a, b| a.started_at.cmp(&b.started_at));
+        let session = SessionRow {
+            session_id: session_id.clone(),
+            owner_uid: meta.uid(),
+            owner_gid: meta.gid(),
+            workspace: String::new(),
+            session_dir: dir.display().to_string(),
+            profile: results
+                .first()
+                .map(|r| r.profile.clone())
+                .unwrap_or_default(),
+            proactive_wake: true,
+            parent_session_id: None,
+            state: "closed".into(),
+            created_at: results
+                .first()
+                .map(|r| r.started_at.clone())
+                .unwrap_or_else(crate::ids::now_rfc3339),
+            closed_at: Some(crate::ids::now_rfc3339()),
+        };
+        registry.insert_session(&session)?;
+        out.sessions += 1;
+        for res in results {
+            let row = TaskRow {
+                run_dir: crate::run_dir::public_path(&session.session_dir, &res.task_id),
+                profile: res.profile.clone(),
+                created_at: res.started_at.clone(),
+                ..TaskRow::new(
+                    res.task_id.clone(),
+                    &session,
+                    res.tool.clone(),
+                    TaskKind::Call,
+                    "(rebuilt from result.json)".into(),
+                    "null".into(),
+                )
+            };
+            registry.insert_task(&row)?;
+            let settlement = Settlement {
+                delivery: Delivery::Pending,
+                ..crate::executor::settlement_from_result(&res)
+            };
+            // Whether it was delivered is not on disk: `pending`, so a `task.wait` can still
+            // take it.
+            registry.settle(&res.task_id, &session_id, &settlement, None)?;
+            out.tasks += 1;
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,123 @@
+//! Each user's share of the control socket (`[per_user]` in the configuration): open
+//! connections, and bytes of request lines received but not yet complete. One user at a
+//! limit is refused (`limit_exceeded`); nobody else notices.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::config::PerUser;
+
+#[derive(Default)]
+struct Held {
+    connections: usize,
+    buffered: usize,
+}
+
+/// What every uid holds now.
+#[derive(Default)]
+pub struct Shares {
+    by_uid: Mutex<HashMap<u32, Held>>,
+}
+
+impl Shares {
+    fn lock(&self) -> MutexGuard<'_, HashMap<u32, Held>> {
+        self.by_uid.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts a new connection of `uid`, or says why it may not have one.
+    pub fn connect(self: &Arc<Self>, uid: u32, limits: &PerUser) -> Result<Connection, String> {
+        let mut map = self.lock();
+        let held = map.entry(uid).or_default();
+        if held.connections >= limits.connections {
+            return Err(format!(
+                "uid {uid} has {} connections open: per_user.connections ({}) is reached; close some",
+                held.connections, limits.connections
+            ));
+        }
+        held.connections += 1;
+        Ok(Connection {
+            shares: self.clone(),
+            uid,
+            limit: limits.buffered_bytes,
+            buffered: 0,
+        })
+    }
+}
+
+/// One counted connection; gives its share back when dropped.
+pub struct Connection {
+    shares: Arc<Shares>,
+    uid: u32,
+    limit: usize,
+    /// Bytes of the unfinished line this connection holds.
+    buffered: usize,
+}
+
+impl Connection {
+    /// The unfinished line now holds `len` bytes; false if that takes the user past
+    /// `per_user.buffered_bytes`.
+    pub fn hold(&mut self, len: usize) -> bool {
+        let mut map = self.shares.lock();
+        let held = map.entry(self.uid).or_default();
+        let total = held.buffered - self.buffered + len;
+        if len > self.buffered && total > self.limit {
+            return false;
+        }
+        held.buffered = total;
+        self.buffered = len;
+        true
+    }
+
+    /// The message for a refusal by [`Connection::hold`].
+    pub fn over_message(&self) -> String {
+        format!(
+            "uid {} holds more than {} bytes of unfinished request lines: per_user.buffered_bytes is reached; the connection is closed",
+            self.uid, self.limit
+        )
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        let mut map = self.shares.lock();
+        if let Some(held) = map.get_mut(&self.uid) {
+            held.connections = held.connections.saturating_sub(1);
+            held.buffered = held.buffered.saturating_sub(self.buffered);
+            if held.connections == 0 {
+                map.remove(&self.uid);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_are_per_user_and_given_back() {
+        let shares = Arc::new(Shares::default());
+        let limits = PerUser {
+            connections: 2,
+            buffered_bytes: 100,
+            ..PerUser::default()
+        };
+        let mut a1 = shares.connect(1, &limits).unwrap();
+        let mut a2 = shares.connect(1, &limits).unwrap();
+        assert!(
+            shares.connect(1, &limits).is_err(),
+            "a third connection of uid 1"
+        );
+        let mut b = shares.connect(2, &limits).unwrap();
+        assert!(a1.hold(60));
+        assert!(!a2.hold(60), "uid 1 would hold 120 bytes");
+        assert!(a2.hold(40));
+        assert!(b.hold(100), "uid 2 has its own share");
+        assert!(a1.hold(0));
+        assert!(a2.hold(100));
+        drop(a1);
+        let _a3 = shares.connect(1, &limits).unwrap();
+        drop(a2);
+        assert!(shares.lock().get(&1).is_some_and(|h| h.buffered == 0));
+    }
+}
