@@ -769,3 +769,18 @@ impl Daemon {
         d
     }
 }
+
+/// Runs `sh -c script` as `uid`/`gid` in `/` (std drops root's supplementary groups): what
+/// another local user does on the host between calls. Returns its output. Root only.
+pub fn sh_as(uid: u32, gid: u32, script: &str) -> std::process::Output {
+    use std::os::unix::process::CommandExt;
+    Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .current_dir("/")
+        .uid(uid)
+        .gid(gid)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run sh as another user")
+}

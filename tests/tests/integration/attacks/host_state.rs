@@ -1,0 +1,132 @@
+//! Class 5 of issue 8: the daemon's state on the host is private. The state directory is
+//! 0700 and the registry 0600; session and run directories and the files in them belong to
+//! the session's owner and no one else (root aside) — for uid 65534's session too.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::json;
+
+use super::{daemon, mode_uid, nobody, start_gated, NobodyDir, NOBODY};
+
+fn run_dir(task: &serde_json::Value) -> PathBuf {
+    Path::new(task["result_path"].as_str().expect("result_path"))
+        .parent()
+        .expect("run dir")
+        .to_path_buf()
+}
+
+/// Can uid 65534 read `path` on the host (`cat`, `ls`)?
+fn nobody_reads(path: &Path) -> bool {
+    let cmd = if path.is_dir() { "ls" } else { "cat" };
+    sidejob_tests::sh_as(
+        NOBODY,
+        NOBODY,
+        &format!("{cmd} {} >/dev/null 2>&1", path.display()),
+    )
+    .status
+    .success()
+}
+
+#[test]
+fn attack_host_state_is_private_to_its_owners() {
+    let Some(d) = daemon() else { return };
+    let mut c = d.client();
+    let root_ws = sidejob_tests::TempDir::new("root-ws");
+    let root_s = c.ok("session.open", json!({"workspace": root_ws.path()}))["session_id"]
+        .as_str()
+        .expect("session_id")
+        .to_owned();
+    // A root run whose plan (argv, env) holds a secret, held at a gate while the host looks.
+    let (root_task, gate) = start_gated(
+        &mut c,
+        &root_s,
+        root_ws.path(),
+        "echo root-secret-output",
+        json!({}),
+    );
+    let mut n = nobody(&d);
+    let ws = NobodyDir::new("ws");
+    let opened = n.ok("session.open", json!({"workspace": ws.path()}));
+    let s = opened["session_id"]
+        .as_str()
+        .expect("session_id")
+        .to_owned();
+    let session_dir = PathBuf::from(opened["session_dir"].as_str().expect("session_dir"));
+    let mine = n.bash(&s, "echo mine", json!({}));
+    assert_eq!(mine["state"], "succeeded", "{mine}");
+
+    // The daemon's own files.
+    let state = &d.state_dir;
+    assert_eq!(mode_uid(state), (0o700, 0));
+    for f in ["sidejob.db", "sidejob.db-wal", "sidejob.db-shm"] {
+        let p = state.join(f);
+        if p.exists() {
+            assert_eq!(mode_uid(&p), (0o600, 0), "{f}");
+        }
+    }
+    let private = state.join("runs").join(&root_task);
+    assert_eq!(mode_uid(&private).0, 0o700);
+    assert_eq!(
+        mode_uid(&private.join("plan.json")).0 & 0o077,
+        0,
+        "plan.json"
+    );
+
+    // uid 65534's session: its directories and files are theirs, 0700/0600.
+    assert_eq!(mode_uid(&session_dir), (0o700, NOBODY));
+    assert_eq!(mode_uid(&session_dir.join(".background")), (0o700, NOBODY));
+    let theirs = run_dir(&mine);
+    assert_eq!(mode_uid(&theirs), (0o700, NOBODY));
+    assert_eq!(mode_uid(&theirs.join("output.log")), (0o600, NOBODY));
+    assert_eq!(mode_uid(&theirs.join("result.json")), (0o600, NOBODY));
+
+    // Root's run files: root's alone.
+    let root_run = state
+        .join("sessions")
+        .join(&root_s)
+        .join(".background")
+        .join(&root_task);
+    assert_eq!(mode_uid(&root_run), (0o700, 0));
+    assert_eq!(mode_uid(&root_run.join("output.log")), (0o600, 0));
+
+    // What uid 65534 can and cannot read on the host.
+    assert!(
+        nobody_reads(ws.path()),
+        "control: uid {NOBODY} reads its own workspace"
+    );
+    for p in [
+        state.join("sidejob.db"),
+        state.to_path_buf(),
+        private.join("plan.json"),
+        root_run.join("output.log"),
+    ] {
+        assert!(!nobody_reads(&p), "uid {NOBODY} reads {}", p.display());
+    }
+    gate.open();
+    let t = c.wait_settled(&root_task);
+    assert_eq!(t["state"], "succeeded", "{t}");
+    assert_eq!(mode_uid(&root_run.join("result.json")), (0o600, 0));
+}
+
+/// A session directory the daemon chooses lies in the state directory, which is 0700: the
+/// `output_path` and `result_path` it hands a non-root owner (and the inline-output hint that
+/// says "read <output_path> for all of it") name files that owner cannot open.
+#[test]
+#[ignore = "gap: a non-root owner cannot reach its own output_path when the daemon chose the session directory"]
+fn gap_a_users_own_output_path_is_unreadable_to_them() {
+    let Some(d) = daemon() else { return };
+    let mut n = nobody(&d);
+    let ws = NobodyDir::new("ws");
+    let s = n.ok("session.open", json!({"workspace": ws.path()}))["session_id"]
+        .as_str()
+        .expect("session_id")
+        .to_owned();
+    let r = n.bash(&s, "echo mine", json!({}));
+    let output_path = Path::new(r["output_path"].as_str().expect("output_path"));
+    assert_eq!(mode_uid(output_path), (0o600, NOBODY), "the file is theirs");
+    assert!(
+        nobody_reads(output_path),
+        "uid {NOBODY} cannot read its own output_path {}",
+        output_path.display()
+    );
+}
