@@ -74,10 +74,17 @@ pub fn open_dir(path: &Path) -> io::Result<OwnedFd> {
 
 /// Opens `rel` beneath `dir` without following symlinks (`O_NOFOLLOW` on the last component
 /// too, so a symlink there is `ELOOP`). `mode` applies when `flags` create a file.
+///
+/// `O_NONBLOCK` unless `O_PATH` (which takes no other flags): a FIFO (or a device) planted
+/// under a name we open must not make the open — or a read — wait forever for a writer that
+/// never comes; the caller checks what it opened. On regular files and directories
+/// `O_NONBLOCK` changes nothing.
 pub fn open_at(dir: BorrowedFd<'_>, rel: &Path, flags: OFlag, mode: u32) -> io::Result<OwnedFd> {
-    let mut how = OpenHow::new()
-        .flags(flags | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW)
-        .resolve(beneath());
+    let mut flags = flags | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW;
+    if !flags.contains(OFlag::O_PATH) {
+        flags |= OFlag::O_NONBLOCK;
+    }
+    let mut how = OpenHow::new().flags(flags).resolve(beneath());
     if flags.intersects(OFlag::O_CREAT | OFlag::O_TMPFILE) {
         how = how.mode(Mode::from_bits_truncate(mode));
     }
