@@ -46,7 +46,7 @@ pub fn excerpt(row: &TaskRow, max: usize) -> (String, bool) {
     let head = read_range(&mut f, 0, half).unwrap_or_default();
     let tail = read_range(&mut f, size - half, half).unwrap_or_default();
     let text = format!(
-        "{}\n[sidejob: {} bytes not shown; read {} for all of it]\n{}",
+        "{}\n[sidejob: {} bytes not shown; task.output has all of it ({})]\n{}",
         String::from_utf8_lossy(&head),
         size - 2 * half,
         row.output_path(),

@@ -396,6 +396,20 @@ pub fn supervise(
             .extend(cg.violations().into_iter().map(String::from));
         cg.remove();
     }
+    let set_aside = sandbox.quarantine_git();
+    if !set_aside.is_empty() {
+        if !result.violations.iter().any(|v| v == "git_repository") {
+            result.violations.push("git_repository".into());
+        }
+        let note = format!(
+            "repositories the run staged in the workspace's index were set aside, so host git does not run their configuration: {} (renamed .git.quarantined-by-sidejob)",
+            set_aside.join(", ")
+        );
+        result.error = Some(match result.error.take() {
+            Some(e) => format!("{e}; {note}"),
+            None => note,
+        });
+    }
     sandbox.release_git();
     let status = String::from_utf8_lossy(&status_buf).into_owned();
     let mut words = status.split_whitespace();

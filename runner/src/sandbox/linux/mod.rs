@@ -342,6 +342,15 @@ pub struct Prepared {
 }
 
 impl Prepared {
+    /// After the run: sets aside the repositories it staged in the workspace's index (see
+    /// [`git::Guard::quarantine_staged_repositories`]); returns their paths.
+    pub fn quarantine_git(&self) -> Vec<String> {
+        self.git
+            .as_ref()
+            .map(|g| g.quarantine_staged_repositories(self.caller.as_ref()))
+            .unwrap_or_default()
+    }
+
     /// After the run: lets go of its git stand-ins (the last run out removes them).
     pub fn release_git(&mut self) {
         if let Some(g) = self.git.take() {

@@ -108,12 +108,12 @@ fn attack_host_state_is_private_to_its_owners() {
     assert_eq!(mode_uid(&root_run.join("result.json")), (0o600, 0));
 }
 
-/// A session directory the daemon chooses lies in the state directory, which is 0700: the
-/// `output_path` and `result_path` it hands a non-root owner (and the inline-output hint that
-/// says "read <output_path> for all of it") name files that owner cannot open.
+/// A session directory the daemon chooses lies in the state directory, which is 0700: a
+/// non-root owner reads its output through `task.output` (the inline hint names it), and one
+/// that wants the files themselves names a session directory of its own, whose output_path it
+/// can read.
 #[test]
-#[ignore = "gap: a non-root owner cannot reach its own output_path when the daemon chose the session directory"]
-fn gap_a_users_own_output_path_is_unreadable_to_them() {
+fn a_users_own_output_is_theirs_to_read_through_the_daemon_or_their_own_directory() {
     let Some(d) = daemon() else { return };
     let mut n = nobody(&d);
     let ws = NobodyDir::new("ws");
@@ -121,12 +121,37 @@ fn gap_a_users_own_output_path_is_unreadable_to_them() {
         .as_str()
         .expect("session_id")
         .to_owned();
-    let r = n.bash(&s, "echo mine", json!({}));
+    let r = n.bash(&s, "head -c 200000 /dev/zero | tr '\\0' m", json!({}));
+    let id = r["task_id"].as_str().expect("id").to_owned();
     let output_path = Path::new(r["output_path"].as_str().expect("output_path"));
     assert_eq!(mode_uid(output_path), (0o600, NOBODY), "the file is theirs");
     assert!(
-        nobody_reads(output_path),
-        "uid {NOBODY} cannot read its own output_path {}",
+        !nobody_reads(output_path),
+        "the state directory stays closed: {}",
         output_path.display()
+    );
+    assert!(
+        r["output"]
+            .as_str()
+            .is_some_and(|o| o.contains("task.output has all of it")),
+        "the inline hint names what the owner can use: {r}"
+    );
+    assert_eq!(n.output(&id).len(), 200_000, "task.output gives all of it");
+
+    let home = NobodyDir::new("home");
+    let own = home.join("sessions");
+    let s2 = n.ok(
+        "session.open",
+        json!({"workspace": ws.path(), "session_id": "own-dir", "session_dir": own}),
+    )["session_id"]
+        .as_str()
+        .expect("session_id")
+        .to_owned();
+    let r = n.bash(&s2, "echo mine", json!({}));
+    let output_path = Path::new(r["output_path"].as_str().expect("output_path"));
+    assert!(output_path.starts_with(&own));
+    assert!(
+        nobody_reads(output_path),
+        "uid {NOBODY} reads the output in the session directory it chose"
     );
 }
