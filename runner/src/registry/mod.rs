@@ -523,28 +523,21 @@ impl Registry {
     /// sessions and armed schedules. Indexed counts: cheap enough for every call.
     pub fn usage_of(&self, uid: u32) -> Result<Usage> {
         let conn = self.lock();
-        let live: (u64, u64) = conn.query_row(
-            "SELECT COUNT(*) FILTER (WHERE state = 'queued'), COUNT(*) FILTER (WHERE state IN ('running','awaiting_input')) \
-             FROM tasks WHERE owner_uid = ?1 AND state IN ('queued','running','awaiting_input') AND kind = 'call'",
-            [uid],
-            |r| Ok((r.get(0)?, r.get(1)?)),
+        let mut stmt = conn.prepare_cached(
+            "SELECT \
+               (SELECT COUNT(*) FROM tasks WHERE owner_uid = ?1 AND state = 'queued' AND kind = 'call'), \
+               (SELECT COUNT(*) FROM tasks WHERE owner_uid = ?1 AND state IN ('running','awaiting_input') AND kind = 'call'), \
+               (SELECT COUNT(*) FROM sessions WHERE owner_uid = ?1 AND state = 'open' AND parent_session_id IS NULL), \
+               (SELECT COUNT(*) FROM schedules WHERE owner_uid = ?1 AND enabled = 1)",
         )?;
-        let sessions: u64 = conn.query_row(
-            "SELECT COUNT(*) FROM sessions WHERE owner_uid = ?1 AND state = 'open' AND parent_session_id IS NULL",
-            [uid],
-            |r| r.get(0),
-        )?;
-        let schedules: u64 = conn.query_row(
-            "SELECT COUNT(*) FROM schedules WHERE owner_uid = ?1 AND enabled = 1",
-            [uid],
-            |r| r.get(0),
-        )?;
-        Ok(Usage {
-            queued: live.0,
-            running: live.1,
-            sessions,
-            schedules,
-        })
+        Ok(stmt.query_row([uid], |r| {
+            Ok(Usage {
+                queued: r.get(0)?,
+                running: r.get(1)?,
+                sessions: r.get(2)?,
+                schedules: r.get(3)?,
+            })
+        })?)
     }
 
     /// The bytes of output a uid's runs keep under `sessions_dir` (their output not deleted).

@@ -8,6 +8,10 @@
 //! and the ratios to bare and to bwrap side by side, then each figure against its target:
 //! `sidejob exec` p50 ≤ 0.9× the bwrap line, the round trip p50 ≤ 1.0× the bwrap line.
 //!
+//! With `SIDEJOB_BENCH_BASELINE=<another sidejob binary>` the same two rows are measured for
+//! that build too, in the same rounds, and the cost of one build over the other is printed
+//! (a change's before/after, free of the machine's drift between two runs).
+//!
 //! `cargo build --release --workspace && target/release/sidejob-sandbox-bench [ROUNDS]`
 
 use std::process::{Command, Stdio};
@@ -69,17 +73,35 @@ fn main() {
     let daemon = Daemon::start_with_log("", "warn");
     let mut client = daemon.client();
     let session = daemon.open_session(&mut client);
+    // The baseline build's daemon, started from its own binary (the harness reads SIDEJOB_BIN).
+    let baseline = std::env::var_os("SIDEJOB_BENCH_BASELINE").map(std::path::PathBuf::from);
+    let base_daemon = baseline.as_ref().map(|b| {
+        let ours = std::env::var_os("SIDEJOB_BIN");
+        std::env::set_var("SIDEJOB_BIN", b);
+        let d = Daemon::start_with_log("", "warn");
+        if let Some(o) = ours {
+            std::env::set_var("SIDEJOB_BIN", o);
+        }
+        d
+    });
+    let mut base_client = base_daemon.as_ref().map(|d| {
+        let mut c = d.client();
+        let s = d.open_session(&mut c);
+        (c, s)
+    });
 
     let names = [
         "bare /bin/true",
         "sidejob exec -- /bin/true",
         "bwrap --unshare-all … /bin/true",
         "daemon tool.call `true` round trip",
+        "baseline: sidejob exec",
+        "baseline: daemon round trip",
     ];
     let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); names.len()];
     // One warm-up round, then the measured ones.
     for round in 0..=rounds {
-        let mut t = [None; 4];
+        let mut t = [None; 6];
         t[0] = Some(time(&mut || run(&mut Command::new("/bin/true"))));
         t[1] = Some(time(&mut || {
             run(Command::new(&sidejob)
@@ -110,6 +132,21 @@ fn main() {
             );
             assert_eq!(r["state"], "succeeded", "{r}");
         }));
+        if let (Some(b), Some((bc, bs))) = (&baseline, base_client.as_mut()) {
+            t[4] = Some(time(&mut || {
+                run(Command::new(b)
+                    .args(["exec", "--workspace"])
+                    .arg(ws.path())
+                    .args(["--", "/bin/true"]))
+            }));
+            t[5] = Some(time(&mut || {
+                let r = bc.ok(
+                    "tool.call",
+                    json!({"session_id": bs, "tool": "bash", "args": {"command": "true"}}),
+                );
+                assert_eq!(r["state"], "succeeded", "{r}");
+            }));
+        }
         if round > 0 {
             for (i, d) in t.iter().enumerate() {
                 if let Some(d) = d {
@@ -137,6 +174,9 @@ fn main() {
         None => format!("{:>9}", "-"),
     };
     for (i, name) in names.iter().enumerate() {
+        if i >= 4 && baseline.is_none() {
+            continue;
+        }
         match measured[i] {
             Some((p50, p90)) => println!(
                 "{name:<36} {p50:>9.2} {p90:>9.2} {} {}",
@@ -146,6 +186,14 @@ fn main() {
             None => println!(
                 "{name:<36} not measured: bwrap is not installed (apt-get install bubblewrap)"
             ),
+        }
+    }
+    if let Some(b) = &baseline {
+        println!("this build against the baseline ({}), p50:", b.display());
+        for (ours, theirs, what) in [(1, 4, "sidejob exec"), (3, 5, "daemon round trip")] {
+            if let (Some((a, _)), Some((z, _))) = (measured[ours], measured[theirs]) {
+                println!("  {what:<34} {:>6.2}x ({:+.2} ms)", a / z, a - z);
+            }
         }
     }
     println!("targets (p50 as a multiple of the bwrap line's p50):");

@@ -325,6 +325,8 @@ pub struct Prepared {
     pub layers: Vec<String>,
     /// Whose credentials the caller's paths are opened with.
     caller: Option<crate::sys::dirfd::Creds>,
+    /// Does the command run as uid 0 (root's own runs)?
+    root_run: bool,
     /// Git in the writable workspace (see [`git`]); released when the run is over.
     git: Option<git::Guard>,
     /// Where the view mounts a private tmpfs on an empty `.git` stand-in ([`git::Guard`]),
@@ -514,6 +516,7 @@ pub fn prepare(plan: &LaunchPlan) -> Result<Prepared, PrepareError> {
     Ok(Prepared {
         layers,
         caller: plan.caller.clone(),
+        root_run: plan.uid.map_or(sys::getuid() == 0, |u| u == 0),
         git_shadow: git.as_ref().and_then(|g| g.shadow.clone()).map(|path| {
             let mut opts = "mode=0755,size=64m".to_owned();
             if let (Some(uid), Some(gid)) = (plan.uid, plan.gid) {
@@ -593,7 +596,7 @@ pub fn launch(
     view::mount_root(&p.staging)?;
     view::mount_sources(&p.staging, &sources, &p.tmp_options)?;
     drop(sources);
-    view::mount_proc(&p.staging)?;
+    view::mount_proc(&p.staging, p.root_run)?;
     view::mask_sys(&p.staging)?;
     view::mount_dev(&p.staging)?;
     view::protect(&p.staging, &p.pinned, &p.plan.protected)?;

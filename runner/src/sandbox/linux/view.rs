@@ -292,7 +292,7 @@ pub fn mount_sources(
 /// A fresh `/proc` for the run's PID namespace (it shows only the run's processes), with
 /// `/proc/sys` and `/proc/sysrq-trigger` read-only. Before `/proc/sys` is locked,
 /// `vm.memfd_noexec = 2` makes this PID namespace refuse executable memfds (fileless exec).
-pub fn mount_proc(staging: &Path) -> Result<bool, LaunchError> {
+pub fn mount_proc(staging: &Path, root_run: bool) -> Result<bool, LaunchError> {
     let proc_dir = staging.join("proc");
     std::fs::create_dir_all(&proc_dir).map_err(err("mkdir", &proc_dir))?;
     sys::mount(
@@ -304,53 +304,60 @@ pub fn mount_proc(staging: &Path) -> Result<bool, LaunchError> {
     )
     .map_err(err("mount proc", &proc_dir))?;
     let memfd_noexec = std::fs::write(proc_dir.join("sys/vm/memfd_noexec"), "2").is_ok();
-    for p in PROC_READ_ONLY {
+    // What this kernel's /proc has (one directory read: a fresh PID namespace's /proc lists
+    // few processes), so that each entry below costs a mount only where it exists.
+    let present: Vec<String> = std::fs::read_dir(&proc_dir)
+        .map_err(err("read", &proc_dir))?
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect();
+    let has = |name: &str| present.iter().any(|p| p == name);
+    let read_only: &[&str] = if root_run {
+        PROC_READ_ONLY
+    } else {
+        &PROC_READ_ONLY[..2]
+    };
+    for p in read_only.iter().filter(|p| has(p)) {
         let path = proc_dir.join(p);
-        if path.exists() {
-            bind(
-                &path,
-                &path,
-                MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
-            )?;
-        }
+        bind(
+            &path,
+            &path,
+            MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
+        )?;
     }
-    mask(&proc_dir, PROC_MASKED)?;
+    let masked: Vec<&str> = PROC_MASKED.iter().copied().filter(|p| has(p)).collect();
+    mask(&proc_dir, &masked)?;
     Ok(memfd_noexec)
 }
 
-/// `/proc` entries that stay readable but never writable (what container runtimes lock).
+/// `/proc` entries that stay readable but never writable (what container runtimes lock). The
+/// first two always; the rest only for a run whose uid is 0, the one uid their owner-write
+/// permission lets through (runs hold no capability).
 pub const PROC_READ_ONLY: &[&str] = &["sys", "sysrq-trigger", "bus", "fs", "irq"];
 
-/// `/proc` entries the run does not see at all (what container runtimes mask): the host's
-/// keyrings' descriptions, kernel memory, timers and scheduler internals that leak other
-/// processes' activity, and hardware control files. A file reads as empty (`/dev/null` over
-/// it), a directory as empty (a read-only tmpfs over it).
+/// `/proc` entries the run does not see at all (what container runtimes mask): the keyrings'
+/// descriptions, timers and scheduler internals that leak other processes' activity, and
+/// hardware information. A file reads as empty (`/dev/null` over it), a directory as empty
+/// (a read-only tmpfs over it). Entries only a capability opens (`kcore`, `kpageflags`, …)
+/// need no mask: runs hold none.
 pub const PROC_MASKED: &[&str] = &[
     "keys",
     "key-users",
-    "kcore",
-    "kallsyms",
     "timer_list",
     "timer_stats",
     "sched_debug",
     "latency_stats",
-    "kpagecount",
-    "kpageflags",
-    "kpagecgroup",
     "acpi",
     "asound",
     "scsi",
 ];
 
-/// `/sys` entries masked the same way, when a profile puts `/sys` in the view.
-pub const SYS_MASKED: &[&str] = &["firmware", "devices/virtual/powercap", "kernel/security"];
-
-/// Hides each of `names` under `dir` (see [`PROC_MASKED`]).
+/// Hides each of `names` under `dir` (see [`PROC_MASKED`]): one mount each.
 fn mask(dir: &Path, names: &[&str]) -> Result<(), LaunchError> {
     for name in names {
         let path = dir.join(name);
         let Ok(meta) = std::fs::symlink_metadata(&path) else {
-            continue; // this kernel has no such entry
+            continue;
         };
         if meta.is_dir() {
             sys::mount(
@@ -362,16 +369,23 @@ fn mask(dir: &Path, names: &[&str]) -> Result<(), LaunchError> {
             )
             .map_err(err("mask", &path))?;
         } else {
-            // Not nodev: /dev/null must stay openable to read as empty.
-            bind(
-                Path::new("/dev/null"),
+            // A plain bind of /dev/null: writing to it is harmless, so it needs no read-only
+            // flag (and no second call to set one).
+            sys::mount(
+                Some(Path::new("/dev/null")),
                 &path,
-                MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC,
-            )?;
+                None,
+                libc::MS_BIND,
+                None,
+            )
+            .map_err(err("mask", &path))?;
         }
     }
     Ok(())
 }
+
+/// `/sys` entries masked the same way, when a profile puts `/sys` in the view.
+pub const SYS_MASKED: &[&str] = &["firmware", "devices/virtual/powercap", "kernel/security"];
 
 /// Masks [`SYS_MASKED`] if the view holds `/sys` (no shipped profile does).
 pub fn mask_sys(staging: &Path) -> Result<(), LaunchError> {
