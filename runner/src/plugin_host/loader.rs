@@ -173,6 +173,9 @@ pub fn load(source: &Path, copies_dir: &Path) -> Result<LoadedPlugin, LoadError>
                 t.name
             )));
         }
+        if let Some(problem) = super::schema::problem(&t.input_schema) {
+            return Err(invalid(format!("tool {}: {problem}", t.name)));
+        }
         tools.push(ToolInfo {
             name: t.name.clone(),
             description: t.description.clone(),

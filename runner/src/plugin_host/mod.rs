@@ -7,6 +7,7 @@
 //! the plugin that planned it, so a reload never touches a running task or its delivery.
 
 mod loader;
+mod schema;
 mod watch;
 
 pub use loader::{check_owner_and_mode, LoadError, LoadedPlugin};
@@ -107,7 +108,13 @@ impl Tool {
             RStr::from(context.as_str()),
         )
         .into_result()
-        .map_err(|e| PlanError(e.into_string()))?;
+        .map_err(|e| {
+            let message = e.into_string();
+            if message.starts_with("the plugin panicked") {
+                warn!(tool = %self.info.name, plugin = %self.plugin.source.display(), "{message}");
+            }
+            PlanError(message)
+        })?;
         let plan: json::LaunchPlan = serde_json::from_str(out.as_str()).map_err(|e| {
             PlanError(format!(
                 "the {} plugin returned an invalid plan: {e}",
@@ -213,6 +220,9 @@ pub struct ToolHost {
     /// Serialises reloads (start-up and the watcher).
     reloading: Mutex<()>,
     watcher: Mutex<Option<watch::Watcher>>,
+    /// Bumped whenever a reload changes the tools offered (names, schemas, descriptions), so
+    /// listeners above (MCP's `tools/list_changed`) hear of it without polling.
+    changed: tokio::sync::watch::Sender<u64>,
 }
 
 impl ToolHost {
@@ -253,6 +263,7 @@ impl ToolHost {
             errors: Mutex::new(Vec::new()),
             reloading: Mutex::new(()),
             watcher: Mutex::new(None),
+            changed: tokio::sync::watch::channel(0).0,
         });
         // Watch first, then load: a file added in between is then seen by both.
         let watched: Vec<(PathBuf, bool)> = host
@@ -286,6 +297,11 @@ impl ToolHost {
 
     pub fn get(&self, name: &str) -> Option<Tool> {
         self.current().tools.get(name).cloned()
+    }
+
+    /// A receiver that sees a new value each time the offered tools change.
+    pub fn watch_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changed.subscribe()
     }
 
     /// The refusals of the last (re)load, one line each.
@@ -420,8 +436,17 @@ impl ToolHost {
                   "no tools are loaded: build the workspace (cargo build) or set plugin_dirs");
         }
         self.remove_stale_copies(&plugins);
+        let differs = old.tools.len() != tools.len()
+            || old
+                .tools
+                .iter()
+                .zip(tools.iter())
+                .any(|((a, ta), (b, tb))| a != b || ta.info != tb.info);
         *self.catalog.write().unwrap_or_else(|e| e.into_inner()) =
             Arc::new(Catalog { plugins, tools });
+        if differs {
+            self.changed.send_modify(|generation| *generation += 1);
+        }
         *self.errors.lock().unwrap_or_else(|e| e.into_inner()) = errors;
     }
 
