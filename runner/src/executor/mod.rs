@@ -487,6 +487,7 @@ impl Executor {
             return None;
         }
         st.settled = true;
+        crate::metrics::settled(s.state);
         let fg = st.fg.take().filter(|f| !f.is_closed());
         st.waiters.retain(|w| !w.is_closed());
         s.delivery = if fg.is_some() {
@@ -560,6 +561,7 @@ impl Executor {
 }
 
 pub(crate) fn settlement_from_result(r: &RunResult) -> Settlement {
+    crate::metrics::violations_seen(r.violations.len());
     Settlement {
         state: r.state,
         reason: r.reason,

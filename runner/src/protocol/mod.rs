@@ -39,6 +39,7 @@ pub const METHODS: &[&str] = &[
     "schedule.create",
     "schedule.list",
     "schedule.cancel",
+    "daemon.status",
 ];
 
 /// An incoming request. `id` is absent for notifications, which get no reply.

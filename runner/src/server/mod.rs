@@ -2,6 +2,7 @@
 
 mod dispatch;
 mod profiles;
+mod status;
 mod wakes;
 
 use dispatch::Reply;
@@ -59,12 +60,15 @@ pub struct Peer {
 pub struct Conn {
     pub id: u64,
     pub channel: PushChannel,
+    /// Set once this connection gets `tools.changed` pushes (its first `events.subscribe`).
+    pub tools_watched: Arc<std::sync::atomic::AtomicBool>,
 }
 
 pub struct Daemon {
     pub executor: Arc<Executor>,
     pub hub: Arc<Hub>,
     pub scheduler: Arc<Scheduler>,
+    pub started: status::Started,
 }
 
 static NEXT_CONN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -93,7 +97,23 @@ pub async fn serve(cfg: Config) -> Result<(), ServeError> {
         crate::sandbox::Catalog::configure_dir(dir.clone());
     }
     let _profile_watch = crate::sandbox::Catalog::default_dir().and_then(profiles::watch);
-    let listener = bind_socket(&cfg.socket)?;
+    let (listener, activated) = match activated_listener()? {
+        Some(l) => (l, true),
+        None => (bind_socket(&cfg.socket)?, false),
+    };
+    // The socket the service manager bound is the one clients use: report that one.
+    let cfg = match listener
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_pathname().map(Path::to_path_buf))
+    {
+        Some(path) if activated && path != cfg.socket => {
+            let mut c = (*cfg).clone();
+            c.socket = path;
+            Arc::new(c)
+        }
+        _ => cfg,
+    };
     let registry = Arc::new(Registry::open(&cfg.state_dir)?);
     let exe = std::env::current_exe().map_err(|source| ServeError::Io {
         step: "locate",
@@ -113,12 +133,17 @@ pub async fn serve(cfg: Config) -> Result<(), ServeError> {
     );
     tokio::spawn(hub.clone().run());
     tokio::spawn(scheduler.clone().run());
-    info!(socket = %cfg.socket.display(), state_dir = %cfg.state_dir.display(), ?recovered, "sidejob is listening");
+    info!(socket = %cfg.socket.display(), state_dir = %cfg.state_dir.display(), socket_activated = activated, ?recovered, "sidejob is listening");
     let daemon = Arc::new(Daemon {
         executor,
         hub,
         scheduler,
+        started: status::Started::now(activated),
     });
+    // Tell a service manager (Type=notify) that clients may connect now; a no-op elsewhere.
+    if let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Ready]) {
+        warn!("cannot notify the service manager: {e}");
+    }
 
     loop {
         tokio::select! {
@@ -134,8 +159,12 @@ pub async fn serve(cfg: Config) -> Result<(), ServeError> {
         }
     }
     info!("stopping: runs keep going under their supervisors");
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     drop(listener);
-    let _ = std::fs::remove_file(&cfg.socket);
+    // An activated socket belongs to the service manager, which keeps it for the next start.
+    if !activated {
+        let _ = std::fs::remove_file(&cfg.socket);
+    }
     drop(lock);
     Ok(())
 }
@@ -172,6 +201,34 @@ fn lock_state_dir(state_dir: &Path) -> Result<File, ServeError> {
             source,
         }),
     }
+}
+
+/// The listening socket passed by a service manager (`LISTEN_PID` is us, `LISTEN_FDS` is 1,
+/// the socket is descriptor 3), as systemd's socket activation does; `None` when there is
+/// none.
+fn activated_listener() -> Result<Option<UnixListener>, ServeError> {
+    let io = |source| ServeError::Io {
+        step: "take over",
+        path: "the socket passed in LISTEN_FDS".into(),
+        source,
+    };
+    let fds: Vec<i32> = sd_notify::listen_fds().map_err(io)?.collect();
+    let fd = match fds.as_slice() {
+        [] => return Ok(None),
+        [fd] => *fd,
+        more => {
+            return Err(io(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "{} sockets were passed; sidejob listens on exactly one",
+                    more.len()
+                ),
+            )))
+        }
+    };
+    let std_listener = crate::sys::activation::inherited_unix_listener(fd).map_err(io)?;
+    std_listener.set_nonblocking(true).map_err(io)?;
+    UnixListener::from_std(std_listener).map(Some).map_err(io)
 }
 
 /// Binds the control socket (mode 0660), replacing the stale socket of a dead daemon and
@@ -230,6 +287,7 @@ async fn connection(d: Arc<Daemon>, stream: UnixStream) {
                     push: push_tx,
                     gap: gap_tx,
                 },
+                tools_watched: Default::default(),
             }),
         },
         Err(e) => {

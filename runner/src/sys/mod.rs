@@ -4,6 +4,7 @@
 //! Every wrapper returns `io::Result` with the OS error; callers add the step and the path.
 #![allow(unsafe_code)]
 
+pub mod activation;
 pub mod sandbox;
 
 use std::ffi::CString;

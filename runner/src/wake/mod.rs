@@ -118,6 +118,9 @@ impl Hub {
                     let Some(line) = self.message_for(ev)? else {
                         continue;
                     };
+                    if ev.entity == Entity::Notification {
+                        crate::metrics::wake_pushed();
+                    }
                     for id in targets {
                         send(st, id, ev.seq, line.clone());
                     }
