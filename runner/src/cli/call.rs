@@ -7,7 +7,7 @@
 //! never stops a long build, and a `task.wait` on a second connection takes its result: the
 //! result is delivered to this command (no wake) unless the command leaves early.
 
-use std::io::{IsTerminal, Read, Write};
+use std::io::{Read, Write};
 use std::path::Path;
 use std::sync::mpsc;
 use std::time::Duration;
@@ -193,7 +193,7 @@ pub fn call(socket: &Path, a: CallArgs) -> Result<i32> {
         });
     }
     drop(tx);
-    stream(&mut client, &task_id, &events, &a)
+    stream(socket, &mut client, &task_id, &events, &a)
 }
 
 /// Waits until the task settles, or until `yield_after` passes.
@@ -291,6 +291,7 @@ fn forward_stdin(socket: &Path, task_id: &str) {
 
 /// Streams the output until the task settles (or the wait runs out, or the person detaches).
 fn stream(
+    socket: &Path,
     client: &mut Client,
     task_id: &str,
     events: &mpsc::Receiver<Event>,
@@ -301,7 +302,6 @@ fn stream(
     let mut interrupted = false;
     let mut settled: Option<Task> = None;
     let mut output = String::new();
-    let spinner_ok = !a.json && std::io::stderr().is_terminal();
     loop {
         let page = client.call(
             "task.output",
@@ -342,13 +342,17 @@ fn stream(
             Ok(Err(e)) => bail!("lost the wait for task {task_id}: {e}"),
             Err(Ok(())) if !interrupted => {
                 interrupted = true;
-                let r = client.call("task.cancel", json!({ "task_id": task_id }))?;
-                if spinner_ok || std::io::stderr().is_terminal() {
-                    eprintln!(
-                        "\nsidejob: canceling {task_id} ({}); Ctrl+C again leaves it running",
-                        r["result"].as_str().unwrap_or("?").replace('_', " ")
-                    );
-                }
+                // The cancel waits while the run winds down (up to the grace): ask for it on
+                // its own connection, so a second Ctrl+C is still heard meanwhile.
+                eprintln!("\nsidejob: canceling {task_id}; Ctrl+C again leaves it running");
+                let (socket, id) = (socket.to_path_buf(), task_id.to_owned());
+                std::thread::spawn(move || {
+                    let sent = Client::connect(&socket)
+                        .and_then(|mut c| c.call("task.cancel", json!({ "task_id": id })));
+                    if let Err(e) = sent {
+                        eprintln!("sidejob: cannot cancel {id}: {e}");
+                    }
+                });
             }
             Err(Ok(())) => {
                 eprintln!("\nsidejob: left {task_id} running in the background");

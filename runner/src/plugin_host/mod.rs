@@ -234,10 +234,14 @@ impl ToolHost {
                 .ok()
                 .and_then(|e| e.parent().map(Path::to_path_buf))
             {
-                dirs.push(SourceDir {
-                    path: exe_dir.join("../lib/sidejob/plugins"),
-                    shipped_only: false,
-                });
+                // An installed layout: <prefix>/bin/sidejob and <prefix>/lib/sidejob/plugins
+                // (deploy/install.sh puts them there).
+                if let Some(prefix) = exe_dir.parent() {
+                    dirs.push(SourceDir {
+                        path: prefix.join("lib/sidejob/plugins"),
+                        shipped_only: false,
+                    });
+                }
                 dirs.push(SourceDir {
                     path: exe_dir.clone(),
                     shipped_only: true,

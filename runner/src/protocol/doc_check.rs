@@ -295,7 +295,10 @@ fn every_parameter_of_every_method_is_named_in_its_section() {
         let t = text(m);
         for f in fields {
             assert!(
-                t.contains(&format!("{f}?")) || t.contains(&format!("{f},")) || t.contains(&format!("{f}}}")) || t.contains(&format!("`{f}`")),
+                t.contains(&format!("{f}?"))
+                    || t.contains(&format!("{f},"))
+                    || t.contains(&format!("{f}}}"))
+                    || t.contains(&format!("`{f}`")),
                 "docs/protocol.md: the {m} section does not name its parameter {f}"
             );
         }
@@ -319,7 +322,10 @@ fn every_parameter_of_every_method_is_named_in_its_section() {
     check("schedule.create", fields_of::<ScheduleCreateParams>());
     check("schedule.list", fields_of::<ScheduleListParams>());
     check("schedule.cancel", fields_of::<ScheduleCancelParams>());
-    assert!(fields_of::<ToolCallParams>().contains(&"wake"), "the probe reads field names");
+    assert!(
+        fields_of::<ToolCallParams>().contains(&"wake"),
+        "the probe reads field names"
+    );
 }
 
 #[test]

@@ -115,11 +115,17 @@ async fn connect(
     match Daemon::connect(socket, pushes.clone()).await {
         Ok(d) => return Ok(d),
         Err(e) if !start => {
+            let why = match e.kind() {
+                std::io::ErrorKind::NotFound => "no socket there".to_owned(),
+                std::io::ErrorKind::ConnectionRefused => {
+                    "the socket is left over from a daemon that stopped".to_owned()
+                }
+                _ => e.to_string(),
+            };
             return Err(format!(
-                "no sidejob daemon is listening on {} ({}); start one with `sidejob serve`, or run `sidejob mcp --start-daemon`",
+                "no sidejob daemon is listening on {} ({why}); start one with `sidejob serve`, or run `sidejob mcp --start-daemon`",
                 socket.display(),
-                e.kind().to_string().replace('_', " ")
-            ))
+            ));
         }
         Err(_) => {}
     }
