@@ -1,7 +1,7 @@
 //! `cargo bench -p sidejob --bench wakes`: how fast completions and schedules reach a host.
 //!
 //! - exit → notification: a background command prints the wall clock as its last act; the
-//!   time until its `notification` push arrives on a subscribed socket (SPEC §13: p99 ≤ 5 ms);
+//!   time until its `notification` push arrives on a subscribed socket (README.md, Benchmarks: p99 ≤ 5 ms);
 //! - 10 000 prompt occurrences due at the same instant: the time from that instant until the
 //!   last one is pushed, and a count proving each was delivered exactly once (target ≤ 2 s).
 

@@ -1,4 +1,4 @@
-//! Calls → runs: submitting, yielding, settling, waiting, cancelling (SPEC §4).
+//! Calls → runs: submitting, yielding, settling, waiting, cancelling (docs/protocol.md).
 //!
 //! Exactly-once delivery: each live task has one mutex. The settle path, the yield path and
 //! `task.background` all take it, and the settle path decides — once, under it — whether the

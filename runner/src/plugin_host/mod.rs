@@ -1,4 +1,4 @@
-//! The tools sidejob offers, loaded from plugin libraries (SPEC §10).
+//! The tools sidejob offers, loaded from plugin libraries (docs/plugins.md).
 //!
 //! Tools are planners: they describe themselves and turn a call's arguments into a launch plan;
 //! they never start processes. Every `*.so` in the plugin directories is loaded through a

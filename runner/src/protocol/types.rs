@@ -1,10 +1,10 @@
-//! Parameters and results of every method, and the Task shape (SPEC §11).
+//! Parameters and results of every method, and the Task shape (docs/protocol.md).
 //! Fields may be added, never renamed.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// Task states (SPEC §3).
+/// Task states (docs/protocol.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TaskState {
@@ -45,7 +45,7 @@ impl TaskState {
     }
 }
 
-/// Why a task failed (SPEC §3).
+/// Why a task failed (docs/protocol.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FailReason {
@@ -74,7 +74,7 @@ impl FailReason {
     }
 }
 
-/// Who received a terminal result (SPEC §4): `pending` until someone does.
+/// Who received a terminal result (docs/protocol.md): `pending` until someone does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Delivery {
@@ -439,7 +439,7 @@ pub struct TaskBackgroundResult {
     pub state: TaskState,
 }
 
-/// A durable inbox entry (SPEC §7).
+/// A durable inbox entry (docs/protocol.md).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Notification {
     pub id: String,

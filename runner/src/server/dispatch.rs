@@ -1,4 +1,4 @@
-//! One handler per method of the host protocol (SPEC §11).
+//! One handler per method of the host protocol (docs/protocol.md).
 
 use std::sync::Arc;
 use std::time::Duration;

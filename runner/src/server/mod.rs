@@ -1,4 +1,4 @@
-//! The daemon: the control socket, connections, framing and peer credentials (SPEC §11).
+//! The daemon: the control socket, connections, framing and peer credentials (docs/protocol.md).
 
 mod dispatch;
 mod profiles;

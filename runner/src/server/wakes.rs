@@ -1,4 +1,4 @@
-//! Handlers for live events, the inbox and schedules (SPEC §7, §8).
+//! Handlers for live events, the inbox and schedules (docs/protocol.md).
 
 use std::sync::Arc;
 

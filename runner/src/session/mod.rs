@@ -1,4 +1,4 @@
-//! Sessions: ids, directories, ownership (SPEC §3).
+//! Sessions: ids, directories, ownership (docs/protocol.md).
 
 use std::path::{Path, PathBuf};
 

@@ -1,4 +1,4 @@
-//! `sidejob-sandbox-bench`: the sandbox's start-up cost (SPEC §13), not a timed test.
+//! `sidejob-sandbox-bench`: the sandbox's start-up cost (README.md, Benchmarks), not a timed test.
 //!
 //! Runs, interleaved round by round so background noise hits all of them alike:
 //! bare `/bin/true`; `sidejob exec -- /bin/true` (default profile); the bubblewrap line

@@ -1,4 +1,4 @@
-//! The command line (SPEC §12): `call`, `tasks`, `logs [-f]`, `wait`, `cancel`.
+//! The command line (README.md): `call`, `tasks`, `logs [-f]`, `wait`, `cancel`.
 
 use std::process::Output;
 

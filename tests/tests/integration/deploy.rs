@@ -356,3 +356,56 @@ fn the_install_script_puts_the_plugins_where_the_installed_daemon_finds_them() {
         );
     }
 }
+
+/// `kubernetes-validate` from the test virtualenv (tests/requirements.txt).
+fn kubernetes_validate() -> Option<PathBuf> {
+    let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let candidates = [
+        std::env::var_os("SIDEJOB_TEST_PYTHON")
+            .map(PathBuf::from)
+            .and_then(|p| p.parent().map(|d| d.join("kubernetes-validate"))),
+        Some(workspace.join("target/ci-venv/bin/kubernetes-validate")),
+    ];
+    let found = candidates.into_iter().flatten().find(|p| p.is_file());
+    if found.is_none() && std::env::var_os("CI").is_some() {
+        panic!("kubernetes-validate is missing: .ci/run installs tests/requirements.txt into target/ci-venv");
+    }
+    found
+}
+
+#[test]
+fn the_kubernetes_manifests_match_the_kubernetes_schema() {
+    let Some(validate) = kubernetes_validate() else {
+        sidejob_tests::skip_unless(false, "kubernetes-validate is not installed (pip install -r tests/requirements.txt)");
+        return;
+    };
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes");
+    let mut manifests: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("deploy/kubernetes")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    manifests.sort();
+    assert!(!manifests.is_empty());
+    let check = |files: &[PathBuf]| {
+        Command::new(&validate)
+            .arg("--strict")
+            .args(files)
+            .output()
+            .expect("run kubernetes-validate")
+    };
+    let o = check(&manifests);
+    assert!(
+        o.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // The check can fail: a misspelled field is caught.
+    let root = TempDir::new("k8s");
+    let broken = root.path().join("broken.yaml");
+    let text = std::fs::read_to_string(&manifests[0]).expect("read");
+    std::fs::write(&broken, text.replacen("readinessProbe", "readinesProbe", 1)).expect("write");
+    assert!(!check(&[broken]).status.success(), "a misspelled field passed");
+}
