@@ -376,7 +376,10 @@ fn kubernetes_validate() -> Option<PathBuf> {
 #[test]
 fn the_kubernetes_manifests_match_the_kubernetes_schema() {
     let Some(validate) = kubernetes_validate() else {
-        sidejob_tests::skip_unless(false, "kubernetes-validate is not installed (pip install -r tests/requirements.txt)");
+        sidejob_tests::skip_unless(
+            false,
+            "kubernetes-validate is not installed (pip install -r tests/requirements.txt)",
+        );
         return;
     };
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes");
@@ -407,5 +410,8 @@ fn the_kubernetes_manifests_match_the_kubernetes_schema() {
     let broken = root.path().join("broken.yaml");
     let text = std::fs::read_to_string(&manifests[0]).expect("read");
     std::fs::write(&broken, text.replacen("readinessProbe", "readinesProbe", 1)).expect("write");
-    assert!(!check(&[broken]).status.success(), "a misspelled field passed");
+    assert!(
+        !check(&[broken]).status.success(),
+        "a misspelled field passed"
+    );
 }
