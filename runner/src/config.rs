@@ -49,6 +49,9 @@ pub struct Config {
     pub schedule_lease_ms: u64,
     /// Pushes a subscriber may have queued before it gets `events.gap` and is cut off.
     pub push_queue: usize,
+    /// Serve Prometheus metrics on this loopback address (e.g. `127.0.0.1:9464`); off when
+    /// unset.
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 impl Default for Config {
@@ -72,6 +75,7 @@ impl Default for Config {
             subagent: SubagentConfig::default(),
             schedule_lease_ms: 30_000,
             push_queue: crate::wake::PUSH_QUEUE,
+            metrics_addr: None,
         }
     }
 }

@@ -70,6 +70,10 @@ pub enum Command {
         /// How the daemon logs to stderr (SIDEJOB_LOG sets the level, e.g. debug)
         #[arg(long, value_enum, default_value = "text", env = "SIDEJOB_LOG_FORMAT")]
         log_format: LogFormat,
+        /// Serve Prometheus metrics on this loopback address, e.g. 127.0.0.1:9464 (the
+        /// config's metrics_addr)
+        #[arg(long, value_name = "ADDR")]
+        metrics_addr: Option<std::net::SocketAddr>,
     },
     /// Run a command through the daemon: streams its output and exits with its exit code
     #[command(after_help = "Examples:\n  sidejob call -- make test\n  \

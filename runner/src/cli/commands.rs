@@ -19,6 +19,7 @@ pub fn serve(
     state_dir: Option<PathBuf>,
     config: Option<PathBuf>,
     log_format: LogFormat,
+    metrics_addr: Option<std::net::SocketAddr>,
 ) -> Result<i32> {
     let mut cfg = match &config {
         Some(path) => Config::load(path)?,
@@ -29,6 +30,9 @@ pub fn serve(
     }
     if let Some(d) = state_dir {
         cfg.state_dir = d;
+    }
+    if metrics_addr.is_some() {
+        cfg.metrics_addr = metrics_addr;
     }
     let filter = tracing_subscriber::EnvFilter::try_from_env("SIDEJOB_LOG")
         .unwrap_or_else(|_| "info".into());

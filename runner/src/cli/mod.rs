@@ -71,7 +71,14 @@ pub fn main() -> i32 {
             state_dir,
             config,
             log_format,
-        } => commands::serve(conn.socket.or(top.socket), state_dir, config, log_format),
+            metrics_addr,
+        } => commands::serve(
+            conn.socket.or(top.socket),
+            state_dir,
+            config,
+            log_format,
+            metrics_addr,
+        ),
         Command::Call(a) => {
             let s = socket(&a.conn, &top);
             call::call(&s, a)

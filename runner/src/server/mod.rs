@@ -1,6 +1,7 @@
 //! The daemon: the control socket, connections, framing and peer credentials (docs/protocol.md).
 
 mod dispatch;
+mod metrics;
 mod profiles;
 mod status;
 mod wakes;
@@ -97,6 +98,7 @@ pub async fn serve(cfg: Config) -> Result<(), ServeError> {
         crate::sandbox::Catalog::configure_dir(dir.clone());
     }
     let _profile_watch = crate::sandbox::Catalog::default_dir().and_then(profiles::watch);
+    let metrics = cfg.metrics_addr.map(metrics::bind).transpose()?;
     let (listener, activated) = match activated_listener()? {
         Some(l) => (l, true),
         None => (bind_socket(&cfg.socket)?, false),
@@ -140,6 +142,9 @@ pub async fn serve(cfg: Config) -> Result<(), ServeError> {
         scheduler,
         started: status::Started::now(activated),
     });
+    if let Some(listener) = metrics {
+        metrics::serve(daemon.clone(), listener);
+    }
     // Tell a service manager (Type=notify) that clients may connect now; a no-op elsewhere.
     if let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Ready]) {
         warn!("cannot notify the service manager: {e}");

@@ -41,6 +41,11 @@ const ALL_STATES: [TaskState; 7] = [
 
 pub fn daemon_status(d: &Daemon, peer: &Peer, p: Value) -> Result<Reply, RpcError> {
     let _: DaemonStatusParams = params("daemon.status", p)?;
+    to_value(collect(d, peer.uid)?)
+}
+
+/// The status as `uid` may see it (root: every session).
+pub fn collect(d: &Daemon, uid: u32) -> Result<DaemonStatusResult, RpcError> {
     let cfg = d.executor.config();
     let registry = d.executor.registry();
     let host = d.executor.tools();
@@ -60,7 +65,7 @@ pub fn daemon_status(d: &Daemon, peer: &Peer, p: Value) -> Result<Reply, RpcErro
         .into_iter()
         .filter(|line| !line.ends_with(": ok"))
         .collect();
-    let owner = (peer.uid != 0).then_some(peer.uid);
+    let owner = (uid != 0).then_some(uid);
     let mut tasks: BTreeMap<String, u32> = ALL_STATES
         .iter()
         .map(|s| (s.as_str().to_owned(), 0))
@@ -80,7 +85,7 @@ pub fn daemon_status(d: &Daemon, peer: &Peer, p: Value) -> Result<Reply, RpcErro
         tasks.insert(state.as_str().to_owned(), n as u32);
     }
     let queue_depth = tasks.get("queued").copied().unwrap_or(0);
-    to_value(DaemonStatusResult {
+    Ok(DaemonStatusResult {
         version: env!("CARGO_PKG_VERSION").into(),
         pid: std::process::id(),
         started_at: d.started.at_rfc3339.clone(),

@@ -415,3 +415,52 @@ fn the_kubernetes_manifests_match_the_kubernetes_schema() {
         "a misspelled field passed"
     );
 }
+
+#[test]
+fn the_opt_in_prometheus_endpoint_serves_the_status_counters() {
+    let d = Daemon::start_with_config("metrics_addr = \"127.0.0.1:0\"\n");
+    // The daemon logs the port it bound before its control socket accepts.
+    let log = d.log();
+    let addr = log
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split("/metrics").next())
+        .unwrap_or_else(|| panic!("no metrics address in the log:\n{log}"))
+        .to_owned();
+    let o = d.cli(&["call", "--", "exit 2"]);
+    assert_eq!(o.status.code(), Some(2));
+    let mut s = std::net::TcpStream::connect(&addr).expect("connect to the metrics endpoint");
+    std::io::Write::write_all(&mut s, b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .expect("request");
+    let mut response = String::new();
+    s.read_to_string(&mut response).expect("response");
+    assert!(response.starts_with("HTTP/1.1 200 OK"), "{response}");
+    assert!(response.contains("text/plain; version=0.0.4"), "{response}");
+    assert!(
+        response.contains("sidejob_runs_settled_total{state=\"failed\"} 1"),
+        "{response}"
+    );
+    assert!(
+        response.contains("# TYPE sidejob_tasks gauge"),
+        "{response}"
+    );
+    assert!(response.contains("sidejob_tools_loaded 3"), "{response}");
+}
+
+#[test]
+fn metrics_are_refused_off_loopback() {
+    let root = TempDir::new("metrics-public");
+    let o = Command::new(sidejob_bin())
+        .arg("serve")
+        .arg("--socket")
+        .arg(root.path().join("s.sock"))
+        .arg("--state-dir")
+        .arg(root.path().join("state"))
+        .args(["--metrics-addr", "0.0.0.0:0"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run");
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("loopback"), "{err}");
+}
