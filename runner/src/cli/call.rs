@@ -163,8 +163,9 @@ pub fn call(socket: &Path, a: CallArgs) -> Result<i32> {
     if !a.background {
         catch_interrupts(tx.clone())?;
     }
-    let started: ToolCallResult = serde_json::from_value(client.call("tool.call", params)?)
-        .context("unexpected tool.call result")?;
+    let reply = client.call("tool.call", params)?;
+    let started: ToolCallResult =
+        serde_json::from_value(reply.clone()).context("unexpected tool.call result")?;
     let task_id = match started {
         ToolCallResult::Running(r) => r.task_id,
         // A run that could not start settles at once.
@@ -172,8 +173,7 @@ pub fn call(socket: &Path, a: CallArgs) -> Result<i32> {
     };
     if a.background {
         if a.json {
-            let task = client.call("task.get", json!({ "task_id": task_id }))?;
-            println!("{}", serde_json::to_string_pretty(&task)?);
+            println!("{}", serde_json::to_string_pretty(&reply)?);
         } else {
             println!("{task_id}");
         }

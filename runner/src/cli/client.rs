@@ -40,17 +40,23 @@ impl ClientError {
     }
 }
 
-/// An error reply as one line: the message, then the daemon's hint after a semicolon.
+/// An error reply as one line: the message, its kind (what scripts match on), then the
+/// daemon's hint after a semicolon.
 fn rpc_line(e: &RpcError) -> String {
-    match e
+    let mut line = match e.kind() {
+        Some(kind) => format!("{} ({kind})", e.message),
+        None => e.message.clone(),
+    };
+    if let Some(hint) = e
         .data
         .as_ref()
         .and_then(|d| d.get("hint"))
         .and_then(Value::as_str)
     {
-        Some(hint) => format!("{}; {hint}", e.message),
-        None => e.message.clone(),
+        line.push_str("; ");
+        line.push_str(hint);
     }
+    line
 }
 
 pub struct Client {
