@@ -2,10 +2,10 @@
 //! scenarios are in tests/fixtures/mcp/client.py, each run against a real daemon.
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use sidejob_tests::{sidejob_bin, skip_unless, Daemon};
+use sidejob_tests::{kill_processes_mentioning, sidejob_bin, skip_unless, Daemon};
 
 use super::plugins::{built_plugin, daemon_with_plugin_dir, install};
 
@@ -33,12 +33,17 @@ fn python() -> Option<PathBuf> {
 }
 
 fn scenario(d: &Daemon, name: &str, extra: &[&str]) {
+    scenario_with_env(d, name, extra, &[]);
+}
+
+/// Runs one scenario; false if it was skipped (no SDK here).
+fn scenario_with_env(d: &Daemon, name: &str, extra: &[&str], env: &[(&str, &Path)]) -> bool {
     let Some(py) = python() else {
         skip_unless(
             false,
             "the MCP Python SDK is not installed (pip install -r tests/requirements.txt)",
         );
-        return;
+        return false;
     };
     let o = Command::new(py)
         .arg(client_script())
@@ -47,6 +52,7 @@ fn scenario(d: &Daemon, name: &str, extra: &[&str]) {
         .arg(&d.socket)
         .arg(&d.workspace)
         .args(extra)
+        .envs(env.iter().map(|(k, v)| (*k, *v)))
         .stdin(Stdio::null())
         .output()
         .expect("run the MCP client");
@@ -58,6 +64,7 @@ fn scenario(d: &Daemon, name: &str, extra: &[&str]) {
         String::from_utf8_lossy(&o.stderr),
         d.log()
     );
+    true
 }
 
 fn client_script() -> PathBuf {
@@ -139,4 +146,29 @@ fn mcp_sdk_plugin_reload_sends_tools_list_changed() {
         "{status:?}: {rest}\ndaemon log:\n{}",
         d.log()
     );
+}
+
+#[test]
+fn mcp_sdk_start_daemon_starts_one_when_none_listens() {
+    // A daemon's directories, but no daemon: `sidejob mcp --start-daemon` starts it.
+    let mut d = Daemon::start();
+    d.terminate();
+    let state_dir = d.root.path().join("started-state");
+    if !scenario_with_env(
+        &d,
+        "start_daemon",
+        &[],
+        &[("SIDEJOB_STATE_DIR", state_dir.as_path())],
+    ) {
+        return;
+    }
+    // It went on running on its own, with the state directory it was given.
+    let started =
+        sidejob_tests::Client::connect(&d.socket).ok("daemon.status", serde_json::json!({}));
+    assert_eq!(
+        started["state_dir"],
+        state_dir.display().to_string(),
+        "{started}"
+    );
+    kill_processes_mentioning(&d.socket.display().to_string());
 }
