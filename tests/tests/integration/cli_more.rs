@@ -275,3 +275,21 @@ fn every_flag_has_help_text() {
         );
     }
 }
+
+#[test]
+fn status_lists_profiles_that_do_not_load() {
+    let dir = sidejob_tests::TempDir::new("profiles");
+    std::fs::write(dir.path().join("broken.toml"), "extends = 42\n").expect("write");
+    let d = Daemon::start_with_config(&format!(
+        "profiles_dir = {:?}\n",
+        dir.path().display().to_string()
+    ));
+    let v: Value = serde_json::from_slice(&d.cli(&["status", "--json"]).stdout).expect("JSON");
+    let errors = v["profile_errors"].as_array().expect("profile_errors");
+    assert!(
+        errors.len() == 1 && errors[0].as_str().unwrap_or("").contains("broken"),
+        "{v}"
+    );
+    let human = stdout(&d.cli(&["status"]));
+    assert!(human.contains("profile error: profile broken"), "{human}");
+}
