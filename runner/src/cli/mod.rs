@@ -203,13 +203,19 @@ fn usage_error(e: clap::Error) -> i32 {
     let runs_command = args.iter().any(|a| a == "call" || a == "exec");
     let has_dashes = args.iter().any(|a| a == "--");
     if runs_command && !has_dashes && e.kind() == ErrorKind::UnknownArgument {
-        let verb = if args.iter().any(|a| a == "exec") {
-            "exec"
-        } else {
-            "call"
-        };
+        let at = args
+            .iter()
+            .position(|a| a == "call" || a == "exec")
+            .unwrap_or(0);
+        let command: Vec<&str> = args[at + 1..]
+            .iter()
+            .map(String::as_str)
+            .skip_while(|a| a.starts_with('-'))
+            .collect();
         eprintln!(
-            "sidejob: put the command after `--`, so its own flags are not taken for sidejob's: sidejob {verb} -- echo hi"
+            "sidejob: put the command after `--`, so its own flags are not taken for sidejob's: sidejob {} -- {}",
+            args[at],
+            if command.is_empty() { "echo hi".to_owned() } else { command.join(" ") }
         );
         return 2;
     }

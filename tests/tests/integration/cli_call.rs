@@ -246,5 +246,5 @@ fn without_dashes_call_says_how_to_pass_a_command() {
     assert_eq!(o.status.code(), Some(2), "{}", describe(&o));
     let err = stderr(&o);
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.contains("sidejob call -- "), "{err}");
+    assert!(err.contains("sidejob call -- echo -n hi"), "{err}");
 }

@@ -15,6 +15,16 @@ use sidejob_tests::{sidejob_bin, signal, Client, Daemon, TempDir};
 
 use super::plugins::{built_plugin, install};
 
+/// A daemon this file started; killed if a test fails before it stops it.
+struct Serve(Child);
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A datagram socket standing in for systemd's NOTIFY_SOCKET.
 struct Notify {
     path: PathBuf,
@@ -44,7 +54,7 @@ impl Notify {
 /// `sidejob serve` started as systemd starts a socket-activated `Type=notify` service: the
 /// listening socket is descriptor 3, `LISTEN_FDS=1`, `LISTEN_PID` is the service's own pid
 /// (set by a shell that then execs, keeping its pid), and `NOTIFY_SOCKET` is set.
-fn serve_activated(listener: &UnixListener, state_dir: &Path, notify: &Notify) -> Child {
+fn serve_activated(listener: &UnixListener, state_dir: &Path, notify: &Notify) -> Serve {
     let fd = listener.as_raw_fd();
     let mut cmd = Command::new("sh");
     cmd.arg("-c")
@@ -72,7 +82,7 @@ fn serve_activated(listener: &UnixListener, state_dir: &Path, notify: &Notify) -
             Ok(())
         });
     }
-    cmd.spawn().expect("spawn sidejob serve")
+    Serve(cmd.spawn().expect("spawn sidejob serve"))
 }
 
 #[test]
@@ -96,9 +106,9 @@ fn a_socket_activated_daemon_serves_the_socket_it_was_given_and_says_ready() {
         .to_owned();
     let r = c.bash(&s, "echo activated", json!({}));
     assert_eq!(r["output"], "activated\n", "{r}");
-    signal(child.id() as i32, libc::SIGTERM);
+    signal(child.0.id() as i32, libc::SIGTERM);
     assert_eq!(notify.next(), "STOPPING=1");
-    let status = child.wait().expect("wait");
+    let status = child.0.wait().expect("wait");
     assert!(status.success(), "{status:?}");
     assert!(
         path.exists(),
@@ -146,7 +156,7 @@ fn a_passed_descriptor_that_is_not_a_listening_socket_is_refused() {
 }
 
 /// `sidejob serve` with extra arguments, on its own socket; returns when it is ready.
-fn serve_with(root: &Path, args: &[&str], notify: &Notify) -> (Child, PathBuf) {
+fn serve_with(root: &Path, args: &[&str], notify: &Notify) -> (Serve, PathBuf) {
     let socket = root.join("sidejob.sock");
     let child = Command::new(sidejob_bin())
         .arg("serve")
@@ -162,6 +172,7 @@ fn serve_with(root: &Path, args: &[&str], notify: &Notify) -> (Child, PathBuf) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn");
+    let child = Serve(child);
     assert_eq!(notify.next(), "READY=1");
     (child, socket)
 }
@@ -208,15 +219,16 @@ fn json_logs_carry_a_plugin_panic_and_nothing_else_reaches_stderr() {
         err["message"].as_str().unwrap_or("").contains("panicked"),
         "{err}"
     );
-    signal(child.id() as i32, libc::SIGTERM);
+    signal(child.0.id() as i32, libc::SIGTERM);
     let mut stderr = String::new();
     child
+        .0
         .stderr
         .take()
         .expect("stderr")
         .read_to_string(&mut stderr)
         .expect("read");
-    child.wait().expect("wait");
+    child.0.wait().expect("wait");
     let lines: Vec<Value> = stderr
         .lines()
         .map(|l| {
@@ -317,22 +329,24 @@ fn the_install_script_puts_the_plugins_where_the_installed_daemon_finds_them() {
     // The installed binary, with nothing next to it, finds its plugins in the prefix.
     let notify = Notify::new(root.path());
     let socket = root.path().join("installed.sock");
-    let mut child = Command::new(prefix.join("bin/sidejob"))
-        .arg("serve")
-        .arg("--socket")
-        .arg(&socket)
-        .arg("--state-dir")
-        .arg(root.path().join("state"))
-        .env("NOTIFY_SOCKET", &notify.path)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn the installed sidejob");
+    let mut child = Serve(
+        Command::new(prefix.join("bin/sidejob"))
+            .arg("serve")
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--state-dir")
+            .arg(root.path().join("state"))
+            .env("NOTIFY_SOCKET", &notify.path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn the installed sidejob"),
+    );
     assert_eq!(notify.next(), "READY=1");
     let status = Client::connect(&socket).ok("daemon.status", json!({}));
-    signal(child.id() as i32, libc::SIGTERM);
-    child.wait().expect("wait");
+    signal(child.0.id() as i32, libc::SIGTERM);
+    child.0.wait().expect("wait");
     let plugins = prefix.join("lib/sidejob/plugins");
     let mut tools: Vec<(String, String)> = status["tools"]
         .as_array()
