@@ -178,6 +178,13 @@ fn status_names_the_daemon_its_tools_and_counters() {
         v["uptime_ms"].as_u64().is_some() && v["wakes_pushed"].is_u64(),
         "{v}"
     );
+    assert_eq!(v["violations"], 0, "{v}");
+    // A run stopped by its timeout is a violation, and exits 124.
+    let o = d.cli(&["call", "--timeout", "300ms", "--", "sleep 30"]);
+    assert_eq!(o.status.code(), Some(124), "{}", describe(&o));
+    let v: Value = serde_json::from_slice(&d.cli(&["status", "--json"]).stdout).expect("JSON");
+    assert_eq!(v["violations"], 1, "{v}");
+    assert_eq!(v["tasks"]["failed"], 2, "{v}");
 }
 
 #[test]
