@@ -1,4 +1,4 @@
-//! The stable interface between the sidejob daemon and its tool plugins (SPEC §10).
+//! The stable interface between the sidejob daemon and its tool plugins (docs/plugins.md).
 //!
 //! A plugin is a `cdylib` that exports one [`abi_stable`] root module, [`PluginModule`]. The
 //! module is a prefix type with four entry points, and it is frozen: every value that crosses

@@ -67,8 +67,30 @@ extern "C" fn render<P: Plugin>(result: RStr<'_>) -> RResult<RString, RString> {
     })
 }
 
+std::thread_local! {
+    /// Where the last panic in this plugin happened (`file:line`), set by the quiet hook.
+    static PANIC_AT: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// A plugin carries its own copy of `std`, so its panics go through its own hook: replace the
+/// default one (which prints a raw message and backtrace on the daemon's stderr) with one that
+/// only records where the panic happened. The daemon logs the error the guard returns, in
+/// the daemon's log format.
+fn quiet_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        std::panic::set_hook(Box::new(|info| {
+            let at = info
+                .location()
+                .map(|l| format!("{}:{}", l.file(), l.line()));
+            PANIC_AT.with(|p| *p.borrow_mut() = at);
+        }));
+    });
+}
+
 /// Runs `f`, turning a panic into an error that names the entry point.
 fn guard(entry: &str, f: impl FnOnce() -> Result<String, String>) -> RResult<RString, RString> {
+    quiet_panics();
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(s)) => RResult::ROk(s.into()),
         Ok(Err(e)) => RResult::RErr(e.into()),
@@ -78,7 +100,11 @@ fn guard(entry: &str, f: impl FnOnce() -> Result<String, String>) -> RResult<RSt
                 .map(|s| s.to_string())
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "a non-string payload".into());
-            RResult::RErr(format!("the plugin panicked in {entry}: {what}").into())
+            let at = PANIC_AT
+                .with(|p| p.borrow_mut().take())
+                .map(|at| format!(" (at {at})"))
+                .unwrap_or_default();
+            RResult::RErr(format!("the plugin panicked in {entry}: {what}{at}").into())
         }
     }
 }

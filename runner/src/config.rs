@@ -57,6 +57,9 @@ pub struct Config {
     pub per_user: PerUser,
     /// How often the registry is backed up to `sidejob.db.backup` (when it changed); 0: never.
     pub backup_interval_ms: u64,
+    /// Serve Prometheus metrics on this loopback address (e.g. `127.0.0.1:9464`); off when
+    /// unset.
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// `[per_user]`: what one uid may hold of the daemon at once. A request past a limit is
@@ -125,6 +128,7 @@ impl Default for Config {
             push_queue: crate::wake::PUSH_QUEUE,
             per_user: PerUser::default(),
             backup_interval_ms: 300_000,
+            metrics_addr: None,
         }
     }
 }
@@ -286,5 +290,59 @@ mod tests {
         assert_eq!(cfg.max_running, 4);
         assert_eq!(cfg.default_yield_after_ms, None);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+#[cfg(test)]
+mod readme {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    /// The README's configuration block (the first ```toml block after "### Configuration").
+    fn block() -> String {
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
+            .expect("README.md");
+        let section = &readme[readme.find("### Configuration").expect("section")..];
+        let start = section.find("```toml\n").expect("toml block") + "```toml\n".len();
+        section[start..start + section[start..].find("```").expect("end")].to_owned()
+    }
+
+    #[test]
+    fn the_readme_config_block_lists_every_key_with_its_real_default() {
+        let text = block();
+        // Every key that is set there is the real default.
+        let parsed: Config = toml::from_str(&text).expect("the README block parses as a config");
+        assert_eq!(format!("{parsed:?}"), format!("{:?}", Config::default()));
+        // Every key is there (set, or commented out where the default depends on the host).
+        let keys: Vec<String> = text
+            .lines()
+            .map(|l| l.trim_start_matches("# ").trim())
+            .filter_map(
+                |l| match l.strip_prefix('[').and_then(|t| t.strip_suffix(']')) {
+                    Some(table) => Some(table.to_owned()),
+                    None => l.split_once(" = ").map(|(k, _)| k.to_owned()),
+                },
+            )
+            .collect();
+        // The fields, read from the Debug form of the defaults (`Config { socket: .., .. }`),
+        // so a field added later must be documented too.
+        let debug = format!("{:?}", Config::default());
+        let fields: Vec<&str> = debug
+            .split(['{', ','])
+            .filter_map(|piece| piece.trim().split_once(": ").map(|(k, _)| k))
+            .filter(|k| k.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+            .collect();
+        assert!(fields.len() > 15, "{fields:?}");
+        for field in fields {
+            assert!(keys.iter().any(|k| k == field), "README lacks {field}");
+        }
+        // And nothing is listed that the config does not know (deny_unknown_fields above).
+        let known = format!("{:?}", Config::default());
+        for k in &keys {
+            assert!(
+                known.contains(&format!("{k}:")),
+                "README lists {k}, which is not a key"
+            );
+        }
     }
 }

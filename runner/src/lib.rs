@@ -5,6 +5,7 @@ pub mod cli;
 pub mod config;
 pub mod executor;
 pub mod ids;
+pub mod metrics;
 pub mod plugin_host;
 pub mod protocol;
 pub mod registry;

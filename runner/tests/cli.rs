@@ -30,9 +30,11 @@ fn client_without_a_daemon_says_where_it_looked() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("cannot connect to /nonexistent/sidejob.sock"),
+        err.contains("no sidejob daemon is listening on /nonexistent/sidejob.sock")
+            && err.contains("start one with `sidejob serve`"),
         "{err}"
     );
+    assert_eq!(err.lines().count(), 1, "{err}");
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! The `bash` tool: `{command, workdir?, description?}` runs `bash -c <command>` in the
+//! The `bash` tool: `{command, workdir?, description?, env?}` runs `bash -c <command>` in the
 //! session's sandbox.
 
 use serde::Deserialize;
@@ -16,6 +16,9 @@ struct Args {
     workdir: Option<String>,
     #[serde(default)]
     description: Option<String>,
+    /// Variables added to the command's environment (on top of what the profile passes).
+    #[serde(default)]
+    env: std::collections::BTreeMap<String, String>,
 }
 
 impl Plugin for Bash {
@@ -35,7 +38,8 @@ impl Plugin for Bash {
                     "properties": {
                         "command": {"type": "string", "minLength": 1, "description": "The command, run with bash -c"},
                         "workdir": {"type": "string", "description": "Directory to run in, relative to the workspace"},
-                        "description": {"type": "string", "description": "A few words on what the command does, for task lists"}
+                        "description": {"type": "string", "description": "A few words on what the command does, for task lists"},
+                        "env": {"type": "object", "additionalProperties": {"type": "string"}, "description": "Variables to set in the command's environment"}
                     },
                     "required": ["command"],
                     "additionalProperties": false
@@ -65,6 +69,7 @@ impl Plugin for Bash {
             argv: vec![shell.into(), "-c".into(), args.command],
             cwd: args.workdir.filter(|d| !d.is_empty()),
             summary: Some(one_line(&summary, 160)),
+            env: args.env,
             ..LaunchPlan::default()
         })
     }

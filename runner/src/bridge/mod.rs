@@ -1,4 +1,4 @@
-//! The bridge (SPEC §10): a per-run Unix socket through which a sandboxed script calls tools
+//! The bridge (docs/plugins.md): a per-run Unix socket through which a sandboxed script calls tools
 //! of its own session. It speaks the host protocol (newline-delimited JSON-RPC 2.0) but
 //! serves only [`BRIDGE_METHODS`], and only for the run's session: a task of another session
 //! is refused as if it did not exist, and every other method is `method_not_found`. The socket

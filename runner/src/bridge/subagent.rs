@@ -1,4 +1,4 @@
-//! Subagents (SPEC §10): a tool whose plan asks for `child_session` runs in a new session
+//! Subagents (docs/plugins.md): a tool whose plan asks for `child_session` runs in a new session
 //! below the caller's (at most [`MAX_DEPTH`] levels deep), with a bridge scoped to it. When
 //! the agent exits, its task waits for the child's background tasks that are not services,
 //! and hands the services over to the parent session, so a subagent that starts a server

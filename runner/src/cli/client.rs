@@ -10,17 +10,53 @@ use crate::protocol::RpcError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("cannot connect to {path}: {source}")]
-    Connect {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("connection to the daemon failed: {0}")]
-    Io(#[from] std::io::Error),
+    #[error("no sidejob daemon is listening on {path} ({reason}); start one with `sidejob serve`, or point --socket / SIDEJOB_SOCKET at the one you run")]
+    NoDaemon { path: PathBuf, reason: &'static str },
+    #[error("cannot connect to the daemon at {path}: permission denied; the socket is mode 0660, so run as its owner or a member of its group")]
+    Denied { path: PathBuf },
+    #[error("cannot connect to the daemon at {path}: {reason}")]
+    Connect { path: PathBuf, reason: String },
+    #[error("the connection to the daemon failed: {0}")]
+    Io(String),
     #[error("the daemon sent something that is not JSON-RPC: {0}")]
     Protocol(String),
-    #[error("{0}")]
+    #[error("{}", rpc_line(.0))]
     Rpc(RpcError),
+}
+
+impl From<std::io::Error> for ClientError {
+    fn from(e: std::io::Error) -> ClientError {
+        ClientError::Io(e.to_string())
+    }
+}
+
+impl ClientError {
+    /// The daemon's error kind (`not_found`, `invalid_state`, ...), when it answered one.
+    pub fn kind(&self) -> Option<&str> {
+        match self {
+            ClientError::Rpc(e) => e.kind(),
+            _ => None,
+        }
+    }
+}
+
+/// An error reply as one line: the message, its kind (what scripts match on), then the
+/// daemon's hint after a semicolon.
+fn rpc_line(e: &RpcError) -> String {
+    let mut line = match e.kind() {
+        Some(kind) => format!("{} ({kind})", e.message),
+        None => e.message.clone(),
+    };
+    if let Some(hint) = e
+        .data
+        .as_ref()
+        .and_then(|d| d.get("hint"))
+        .and_then(Value::as_str)
+    {
+        line.push_str("; ");
+        line.push_str(hint);
+    }
+    line
 }
 
 pub struct Client {
@@ -32,9 +68,20 @@ pub struct Client {
 
 impl Client {
     pub fn connect(path: &Path) -> Result<Client, ClientError> {
-        let stream = UnixStream::connect(path).map_err(|source| ClientError::Connect {
-            path: path.into(),
-            source,
+        let stream = UnixStream::connect(path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => ClientError::NoDaemon {
+                path: path.into(),
+                reason: "no socket there",
+            },
+            std::io::ErrorKind::ConnectionRefused => ClientError::NoDaemon {
+                path: path.into(),
+                reason: "the socket is left over from a daemon that stopped",
+            },
+            std::io::ErrorKind::PermissionDenied => ClientError::Denied { path: path.into() },
+            _ => ClientError::Connect {
+                path: path.into(),
+                reason: e.to_string(),
+            },
         })?;
         Ok(Client {
             reader: BufReader::new(stream.try_clone()?),
@@ -94,5 +141,65 @@ impl Client {
                 .cloned()
                 .ok_or_else(|| ClientError::Protocol("reply has neither result nor error".into()));
         }
+    }
+}
+
+impl Client {
+    /// The full id of the task `given` names: a whole id, or a prefix that starts exactly
+    /// one task id among those the daemon lists for the caller (as docker and git accept).
+    pub fn resolve_task(&mut self, given: &str) -> Result<String, anyhow::Error> {
+        let wanted = given.trim().to_ascii_uppercase();
+        if crate::ids::is_valid_task_id(&wanted) {
+            return Ok(wanted);
+        }
+        if wanted.is_empty() {
+            anyhow::bail!(
+                "give a task id (or the first characters of one); `sidejob tasks` lists them"
+            );
+        }
+        let mut matches: Vec<String> = Vec::new();
+        for t in self.all_tasks(None)? {
+            if t.task_id.starts_with(&wanted) && !matches.contains(&t.task_id) {
+                matches.push(t.task_id);
+            }
+        }
+        match matches.len() {
+            1 => Ok(matches.remove(0)),
+            0 => anyhow::bail!(
+                "no task id starts with {given}; `sidejob tasks --all` lists the tasks you can see"
+            ),
+            n => anyhow::bail!(
+                "{given} is ambiguous: {n} task ids start with it ({}); give more characters",
+                matches
+                    .iter()
+                    .take(3)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+                    + if n > 3 { ", …" } else { "" }
+            ),
+        }
+    }
+
+    /// Every task the daemon lists in the caller's sessions (or in `session`).
+    pub fn all_tasks(
+        &mut self,
+        session: Option<&str>,
+    ) -> Result<Vec<crate::protocol::Task>, anyhow::Error> {
+        let sessions: Vec<String> = match session {
+            Some(s) => vec![s.to_owned()],
+            None => {
+                let list: crate::protocol::SessionListResult =
+                    serde_json::from_value(self.call("session.list", json!({}))?)?;
+                list.sessions.into_iter().map(|s| s.session_id).collect()
+            }
+        };
+        let mut all = Vec::new();
+        for s in sessions {
+            let r: crate::protocol::TaskListResult =
+                serde_json::from_value(self.call("task.list", json!({ "session_id": s }))?)?;
+            all.extend(r.tasks);
+        }
+        Ok(all)
     }
 }

@@ -7,14 +7,19 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
+use super::args::{Cli, LogFormat, Shell};
+use super::call::exit_code_of;
+use super::format::{format_ms, print_table, short_ids, Spinner};
 use super::Client;
 use crate::config::Config;
-use crate::protocol::{Task, TaskState, ToolCallResult};
+use crate::protocol::{DaemonStatusResult, Task, TaskState};
 
 pub fn serve(
     socket: Option<PathBuf>,
     state_dir: Option<PathBuf>,
     config: Option<PathBuf>,
+    log_format: LogFormat,
+    metrics_addr: Option<std::net::SocketAddr>,
     socket_group: Option<String>,
 ) -> Result<i32> {
     let mut cfg = match &config {
@@ -30,14 +35,23 @@ pub fn serve(
     if socket_group.is_some() {
         cfg.socket_group = socket_group;
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SIDEJOB_LOG")
-                .unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    if metrics_addr.is_some() {
+        cfg.metrics_addr = metrics_addr;
+    }
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SIDEJOB_LOG")
+        .unwrap_or_else(|_| "info".into());
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match log_format {
+        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+        // One JSON object per line, with the span fields (session, task) it happened in.
+        LogFormat::Json => logs
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .init(),
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -46,160 +60,76 @@ pub fn serve(
     Ok(0)
 }
 
-/// The session a CLI call uses when none is named: one per working directory.
-pub(super) fn default_session(cwd: &Path) -> String {
-    // FNV-1a: stable across runs and versions, unlike std's hasher.
-    let mut h: u64 = 0xcbf29ce484222325;
-    for b in cwd.as_os_str().as_encoded_bytes() {
-        h ^= *b as u64;
-        h = h.wrapping_mul(0x100000001b3);
-    }
-    format!("cli-{:08x}", h as u32)
+pub struct TasksArgs {
+    pub session: Option<String>,
+    pub all: bool,
+    pub states: Vec<String>,
+    pub json: bool,
 }
 
-fn shell_quote(arg: &str) -> String {
-    if !arg.is_empty()
-        && arg
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b))
-    {
-        arg.to_owned()
-    } else {
-        format!("'{}'", arg.replace('\'', r"'\''"))
-    }
-}
+/// Finished tasks shown without `--all`.
+const RECENT_FINISHED: usize = 10;
 
-/// The exit code a settled task maps to: its own, 128+signal, 124 on timeout, else 1.
-fn exit_code_of(
-    state: TaskState,
-    exit_code: Option<i32>,
-    signal: Option<i32>,
-    timeout: bool,
-) -> i32 {
-    match (state, exit_code, signal) {
-        (TaskState::Succeeded, _, _) => 0,
-        _ if timeout => 124,
-        (_, Some(c), _) => c,
-        (_, None, Some(s)) => 128 + s,
-        _ => 1,
+pub fn tasks(socket: &Path, a: TasksArgs) -> Result<i32> {
+    let mut states = Vec::new();
+    for s in &a.states {
+        states.push(TaskState::parse(s).with_context(|| {
+            format!("unknown state {s:?}; states are queued, running, awaiting_input, scheduled, succeeded, failed, canceled")
+        })?);
     }
-}
-
-pub fn call(
-    socket: &Path,
-    session: Option<String>,
-    background: bool,
-    yield_after: Option<u64>,
-    timeout: Option<u64>,
-    json_out: bool,
-    command: Vec<String>,
-) -> Result<i32> {
-    let cwd = std::env::current_dir().context("cannot read the current directory")?;
     let mut client = Client::connect(socket)?;
-    let session = session.unwrap_or_else(|| default_session(&cwd));
-    client.call(
-        "session.open",
-        json!({"session_id": session, "workspace": cwd}),
-    )?;
-    let command = if command.len() == 1 {
-        command[0].clone()
-    } else {
-        command
+    let mut all = client.all_tasks(a.session.as_deref())?;
+    all.sort_by(|x, y| {
+        x.created_at
+            .cmp(&y.created_at)
+            .then(x.task_id.cmp(&y.task_id))
+    });
+    all.dedup_by(|x, y| x.task_id == y.task_id);
+    if !states.is_empty() {
+        all.retain(|t| states.contains(&t.state));
+    } else if !a.all {
+        // Every live task, and the most recent finished ones.
+        let finished: Vec<usize> = all
             .iter()
-            .map(|a| shell_quote(a))
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
-    let mut params = json!({"session_id": session, "tool": "bash", "args": {"command": command}, "background": background});
-    if let Some(y) = yield_after {
-        params["yield_after_ms"] = json!(y);
+            .enumerate()
+            .filter(|(_, t)| t.state.is_terminal())
+            .map(|(i, _)| i)
+            .collect();
+        let drop_before = finished.len().saturating_sub(RECENT_FINISHED);
+        let dropped: std::collections::HashSet<usize> =
+            finished.into_iter().take(drop_before).collect();
+        let mut i = 0;
+        all.retain(|_| {
+            i += 1;
+            !dropped.contains(&(i - 1))
+        });
     }
-    if let Some(t) = timeout {
-        params["timeout_ms"] = json!(t);
-    }
-    let spinner = Spinner::start(!json_out && !background, "running");
-    let result = client.call("tool.call", params);
-    drop(spinner);
-    let result = result?;
-    if json_out {
-        println!("{}", serde_json::to_string_pretty(&result)?);
-    }
-    let parsed: ToolCallResult =
-        serde_json::from_value(result).context("unexpected tool.call result")?;
-    match parsed {
-        ToolCallResult::Completed(c) => {
-            if !json_out {
-                print!("{}", c.output);
-                std::io::stdout().flush()?;
-                if let Some(err) = &c.error {
-                    eprintln!("sidejob: {err}");
-                }
-                if let Some(hint) = &c.hint {
-                    eprintln!("hint: {hint}");
-                }
-            }
-            Ok(exit_code_of(
-                c.state,
-                c.exit_code,
-                c.signal,
-                c.reason == Some(crate::protocol::FailReason::Timeout),
-            ))
-        }
-        ToolCallResult::Running(r) => {
-            if !json_out {
-                print!("{}", r.output);
-                eprintln!("sidejob: task {} is running in the background", r.task_id);
-                eprintln!("  sidejob logs -f {0}   follow its output\n  sidejob wait {0}      wait for it to finish", r.task_id);
-            }
-            Ok(0)
-        }
-    }
-}
-
-pub fn tasks(socket: &Path, session: Option<String>, json_out: bool) -> Result<i32> {
-    let mut client = Client::connect(socket)?;
-    let sessions: Vec<String> = match session {
-        Some(s) => vec![s],
-        None => {
-            let list = client.call("session.list", json!({}))?;
-            list["sessions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|s| s["session_id"].as_str().map(str::to_owned))
-                .collect()
-        }
-    };
-    let mut all: Vec<Task> = Vec::new();
-    for s in sessions {
-        let r = client.call("task.list", json!({"session_id": s}))?;
-        all.extend(
-            serde_json::from_value::<Vec<Task>>(r["tasks"].clone())
-                .context("unexpected task.list result")?,
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({ "tasks": all }))?
         );
-    }
-    if json_out {
-        println!("{}", serde_json::to_string_pretty(&json!({"tasks": all}))?);
         return Ok(0);
     }
     if all.is_empty() {
         println!("no tasks");
         return Ok(0);
     }
+    let ids: Vec<&str> = all.iter().map(|t| t.task_id.as_str()).collect();
+    let short = short_ids(&ids);
     let rows: Vec<[String; 6]> = all
         .iter()
-        .map(|t| {
+        .zip(short)
+        .map(|(t, id)| {
             [
-                t.task_id.clone(),
+                id,
                 t.session_id.clone(),
                 t.state.as_str().to_owned(),
                 t.exit_code
                     .map(|c| c.to_string())
                     .or(t.signal.map(|s| format!("sig {s}")))
                     .unwrap_or_else(|| "-".into()),
-                t.duration_ms
-                    .map(|d| format!("{:.1}s", d as f64 / 1000.0))
-                    .unwrap_or_else(|| "-".into()),
+                t.duration_ms.map(format_ms).unwrap_or_else(|| "-".into()),
                 t.summary.clone(),
             ]
         })
@@ -211,34 +141,35 @@ pub fn tasks(socket: &Path, session: Option<String>, json_out: bool) -> Result<i
     Ok(0)
 }
 
-fn print_table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) {
-    let mut widths = header.map(|h| h.chars().count());
-    for r in rows {
-        for (i, c) in r.iter().enumerate() {
-            widths[i] = widths[i].max(c.chars().count());
-        }
-    }
-    let line = |cells: Vec<&str>| {
-        let mut s = String::new();
-        for (i, c) in cells.iter().enumerate() {
-            if i + 1 == N {
-                s.push_str(c);
-            } else {
-                s.push_str(&format!("{c:<w$}  ", w = widths[i]));
-            }
-        }
-        println!("{}", s.trim_end());
-    };
-    line(header.to_vec());
-    for r in rows {
-        line(r.iter().map(String::as_str).collect());
-    }
-}
-
-pub fn logs(socket: &Path, task: &str, follow: bool) -> Result<i32> {
+pub fn logs(socket: &Path, task: &str, follow: bool, tail: Option<usize>) -> Result<i32> {
     let mut client = Client::connect(socket)?;
-    let mut offset = 0u64;
+    let task = client.resolve_task(task)?;
     let mut out = std::io::stdout();
+    let mut offset = 0u64;
+    if let Some(lines) = tail {
+        // Enough bytes for N ordinary lines; then keep only the last N.
+        let want = (lines as u64 * 1024).clamp(64 * 1024, 8 * 1024 * 1024);
+        let page = client.call(
+            "task.output",
+            json!({"task_id": task, "tail_bytes": want, "max_bytes": want}),
+        )?;
+        let data = page["data"].as_str().unwrap_or("");
+        let body = data.strip_suffix('\n').unwrap_or(data);
+        let start = if lines == 0 {
+            body.len()
+        } else {
+            body.rmatch_indices('\n')
+                .nth(lines - 1)
+                .map(|(i, _)| i + 1)
+                .unwrap_or(0)
+        };
+        out.write_all(&data.as_bytes()[start.min(data.len())..])?;
+        out.flush()?;
+        offset = page["next_offset"].as_u64().unwrap_or(0);
+        if !follow || page["eof"].as_bool().unwrap_or(false) {
+            return Ok(0);
+        }
+    }
     loop {
         let page = client.call(
             "task.output",
@@ -254,20 +185,20 @@ pub fn logs(socket: &Path, task: &str, follow: bool) -> Result<i32> {
             return Ok(0);
         }
         if next == offset {
-            // Nothing new: block until the task settles or half a second passes.
-            client.call("task.wait", json!({"task_id": task, "timeout_ms": 500}))?;
+            // Nothing new: block until the task settles or a moment passes.
+            client.call("task.wait", json!({"task_id": task, "timeout_ms": 200}))?;
         }
         offset = next;
     }
 }
 
-pub fn wait(socket: &Path, task: &str, timeout: Option<u64>, json_out: bool) -> Result<i32> {
+pub fn wait(socket: &Path, task: &str, timeout: Option<Duration>, json_out: bool) -> Result<i32> {
     let mut client = Client::connect(socket)?;
+    let task = client.resolve_task(task)?;
     let started = Instant::now();
-    let limit = timeout.map(Duration::from_millis);
     let spinner = Spinner::start(!json_out, &format!("waiting for {task}"));
     let task: Task = loop {
-        let slice = limit
+        let slice = timeout
             .map(|l| l.saturating_sub(started.elapsed()).as_millis() as u64)
             .unwrap_or(u64::MAX)
             .min(1_000);
@@ -275,7 +206,7 @@ pub fn wait(socket: &Path, task: &str, timeout: Option<u64>, json_out: bool) -> 
             client.call("task.wait", json!({"task_id": task, "timeout_ms": slice}))?,
         )
         .context("unexpected task.wait result")?;
-        if t.state.is_terminal() || limit.is_some_and(|l| started.elapsed() >= l) {
+        if t.state.is_terminal() || timeout.is_some_and(|l| started.elapsed() >= l) {
             break t;
         }
     };
@@ -300,7 +231,6 @@ pub fn wait(socket: &Path, task: &str, timeout: Option<u64>, json_out: bool) -> 
             task.task_id,
             task.state.as_str()
         );
-        return Ok(124);
     }
     if !task.state.is_terminal() {
         return Ok(124);
@@ -309,21 +239,120 @@ pub fn wait(socket: &Path, task: &str, timeout: Option<u64>, json_out: bool) -> 
         task.state,
         task.exit_code,
         task.signal,
-        task.reason == Some(crate::protocol::FailReason::Timeout),
+        task.reason,
     ))
 }
 
-pub fn cancel(socket: &Path, task: &str, grace: Option<u64>, json_out: bool) -> Result<i32> {
+pub fn cancel(
+    socket: &Path,
+    tasks: &[String],
+    grace: Option<Duration>,
+    json_out: bool,
+) -> Result<i32> {
     let mut client = Client::connect(socket)?;
-    let mut params = json!({"task_id": task});
-    if let Some(g) = grace {
-        params["grace_ms"] = json!(g);
+    let mut code = 0;
+    for given in tasks {
+        let task = match client.resolve_task(given) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("sidejob: {e}");
+                code = 1;
+                continue;
+            }
+        };
+        let mut params = json!({ "task_id": task });
+        if let Some(g) = grace {
+            params["grace_ms"] = json!(g.as_millis() as u64);
+        }
+        let r = match client.call("task.cancel", params) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("sidejob: {task}: {e}");
+                code = 1;
+                continue;
+            }
+        };
+        if json_out {
+            println!("{}", serde_json::to_string(&r)?);
+            continue;
+        }
+        match r["result"].as_str().unwrap_or("?") {
+            "already_terminal" => {
+                let state = client
+                    .call("task.get", json!({ "task_id": task }))
+                    .ok()
+                    .and_then(|t| t["state"].as_str().map(str::to_owned))
+                    .unwrap_or_else(|| "finished".into());
+                println!("{task} had already finished ({state}); nothing to cancel");
+            }
+            "cancellation_pending" => {
+                println!("{task} is stopping: SIGTERM sent, SIGKILL follows after the grace")
+            }
+            other => println!("{task} {other}"),
+        }
     }
-    let r = client.call("task.cancel", params)?;
+    Ok(code)
+}
+
+pub fn status(socket: &Path, json_out: bool) -> Result<i32> {
+    let mut client = Client::connect(socket)?;
+    let v = client.call("daemon.status", json!({}))?;
     if json_out {
-        println!("{}", serde_json::to_string_pretty(&r)?);
-    } else {
-        println!("{} {}", task, r["result"].as_str().unwrap_or("?"));
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(0);
+    }
+    let s: DaemonStatusResult =
+        serde_json::from_value(v).context("unexpected daemon.status result")?;
+    let n = |k: &str| s.tasks.get(k).copied().unwrap_or(0);
+    println!(
+        "sidejob {} (pid {}), up {} since {}",
+        s.version,
+        s.pid,
+        format_ms(s.uptime_ms),
+        s.started_at
+    );
+    println!(
+        "socket     {}{}",
+        s.socket,
+        if s.socket_activated {
+            " (from the service manager)"
+        } else {
+            ""
+        }
+    );
+    println!("state dir  {}", s.state_dir);
+    println!("sessions   {} open", s.sessions);
+    println!(
+        "tasks      {} running, {} queued, {} awaiting input, {} scheduled",
+        n("running"),
+        n("queued"),
+        n("awaiting_input"),
+        n("scheduled")
+    );
+    println!(
+        "since start {} succeeded, {} failed, {} canceled; {} wakes pushed; {} limits hit",
+        n("succeeded"),
+        n("failed"),
+        n("canceled"),
+        s.wakes_pushed,
+        s.violations
+    );
+    if s.tools.is_empty() {
+        println!("tools      none loaded: install the plugins (see README, \"Install\") or set plugin_dirs");
+    }
+    for (i, t) in s.tools.iter().enumerate() {
+        println!(
+            "{}{:<10} {}",
+            if i == 0 { "tools      " } else { "           " },
+            t.name,
+            t.plugin
+        );
+    }
+    for e in &s.plugin_errors {
+        println!("plugin error: {e}");
+    }
+    for e in &s.profile_errors {
+        println!("profile error: {e}");
     }
     Ok(0)
 }
@@ -417,62 +446,40 @@ pub fn registry_rebuild(state_dir: Option<PathBuf>, sessions_dir: Option<PathBuf
 }
 
 pub fn rpc(socket: &Path, method: &str, params: &str) -> Result<i32> {
-    let params: Value = serde_json::from_str(params).context("params must be JSON")?;
+    let params: Value = serde_json::from_str(params).with_context(|| {
+        format!("params must be a JSON object, e.g. '{{\"session_id\": \"s\"}}', not {params}")
+    })?;
     let mut client = Client::connect(socket)?;
     let r = client.call(method, params)?;
     println!("{}", serde_json::to_string_pretty(&r)?);
     Ok(0)
 }
 
-/// Elapsed time on stderr while the CLI waits, when stderr is a terminal.
-struct Spinner {
-    stop: Option<std::sync::mpsc::Sender<()>>,
-    handle: Option<std::thread::JoinHandle<()>>,
+/// `sidejob completions SHELL`: the completion script, from the same definitions as --help.
+pub fn completions(shell: Shell) -> Result<i32> {
+    let mut cmd = <Cli as clap::CommandFactory>::command();
+    let shell = match shell {
+        Shell::Bash => clap_complete::Shell::Bash,
+        Shell::Zsh => clap_complete::Shell::Zsh,
+        Shell::Fish => clap_complete::Shell::Fish,
+    };
+    clap_complete::generate(shell, &mut cmd, "sidejob", &mut std::io::stdout());
+    Ok(0)
 }
 
-impl Spinner {
-    fn start(enabled: bool, what: &str) -> Spinner {
-        if !enabled || !std::io::stderr().is_terminal() {
-            return Spinner {
-                stop: None,
-                handle: None,
-            };
+/// `sidejob man`: sidejob.1 on stdout, or one page per command into a directory.
+pub fn man(dir: Option<PathBuf>) -> Result<i32> {
+    let cmd = <Cli as clap::CommandFactory>::command();
+    match dir {
+        None => {
+            clap_mangen::Man::new(cmd).render(&mut std::io::stdout())?;
         }
-        let (tx, rx) = std::sync::mpsc::channel();
-        let what = what.to_owned();
-        let handle = std::thread::spawn(move || {
-            let frames = ['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'];
-            let start = Instant::now();
-            // Stay quiet for short waits.
-            if rx.recv_timeout(Duration::from_millis(500)).is_ok() {
-                return;
-            }
-            for i in 0.. {
-                eprint!(
-                    "\r{} {what} {:.0}s ",
-                    frames[i % frames.len()],
-                    start.elapsed().as_secs_f64()
-                );
-                if rx.recv_timeout(Duration::from_millis(100)).is_ok() {
-                    break;
-                }
-            }
-            eprint!("\r\x1b[2K");
-        });
-        Spinner {
-            stop: Some(tx),
-            handle: Some(handle),
+        Some(dir) => {
+            std::fs::create_dir_all(&dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+            clap_mangen::generate_to(cmd, &dir)
+                .with_context(|| format!("cannot write the man pages into {}", dir.display()))?;
         }
     }
-}
-
-impl Drop for Spinner {
-    fn drop(&mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
-        }
-    }
+    Ok(0)
 }

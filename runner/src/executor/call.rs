@@ -1,4 +1,4 @@
-//! `tool.call`: submit, then answer inline or `running` at the yield (SPEC §4).
+//! `tool.call`: submit, then answer inline or `running` at the yield (docs/protocol.md).
 
 use super::*;
 

@@ -1,10 +1,10 @@
-//! Acting on live tasks: yield, background, wait, cancel, stdin (SPEC §4).
+//! Acting on live tasks: yield, background, wait, cancel, stdin (docs/protocol.md).
 
 use super::*;
 use crate::protocol::TaskListResult;
 
 impl Executor {
-    /// `task.list`: a session's live tasks and its most recent terminal ones (SPEC §4),
+    /// `task.list`: a session's live tasks and its most recent terminal ones (docs/protocol.md),
     /// optionally only those in `states`.
     pub fn task_list(
         &self,

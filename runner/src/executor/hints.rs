@@ -1,4 +1,4 @@
-//! Poll-proofing (SPEC §4): consecutive foreground calls that look like waiting on an external
+//! Poll-proofing (docs/protocol.md): consecutive foreground calls that look like waiting on an external
 //! event get a hint naming `background: true`, so the host stops spending turns on polling.
 
 use std::collections::HashMap;

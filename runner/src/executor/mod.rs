@@ -1,4 +1,4 @@
-//! Calls → runs: submitting, yielding, settling, waiting, cancelling (SPEC §4).
+//! Calls → runs: submitting, yielding, settling, waiting, cancelling (docs/protocol.md).
 //!
 //! Exactly-once delivery: each live task has one mutex. The settle path, the yield path and
 //! `task.background` all take it, and the settle path decides — once, under it — whether the
@@ -652,6 +652,7 @@ impl Executor {
             .settle(&live.task_id, &live.session_id, &s, wake.as_ref())?;
         // Recorded: from here on the decision stands.
         st.settled = true;
+        crate::metrics::settled(s.state);
         let fg = st.fg.take().filter(|f| !f.is_closed());
         let Some(row) = self.registry.get_task(&live.task_id)? else {
             return Ok(());
@@ -753,6 +754,7 @@ impl Executor {
 }
 
 pub(crate) fn settlement_from_result(r: &RunResult) -> Settlement {
+    crate::metrics::violations_seen(r.violations.len());
     Settlement {
         state: r.state,
         reason: r.reason,

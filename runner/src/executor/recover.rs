@@ -1,4 +1,4 @@
-//! Start-up recovery: no `running` row survives a restart unexamined (SPEC §2).
+//! Start-up recovery: no `running` row survives a restart unexamined (ARCHITECTURE.md).
 //!
 //! For every task a previous daemon left live: a `result.json` settles it; a supervisor that
 //! is still the same process (pidfd opened first, then its start time compared, so a reused pid

@@ -207,6 +207,9 @@ pub fn load(plugin: &Source, copies: &TrustedDir) -> Result<LoadedPlugin, LoadEr
                 t.name
             )));
         }
+        if let Some(problem) = super::schema::problem(&t.input_schema) {
+            return Err(invalid(format!("tool {}: {problem}", t.name)));
+        }
         tools.push(ToolInfo {
             name: t.name.clone(),
             description: t.description.clone(),

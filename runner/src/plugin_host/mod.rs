@@ -1,4 +1,4 @@
-//! The tools sidejob offers, loaded from plugin libraries (SPEC §10).
+//! The tools sidejob offers, loaded from plugin libraries (docs/plugins.md).
 //!
 //! Tools are planners: they describe themselves and turn a call's arguments into a launch plan;
 //! they never start processes. Every `*.so` in the plugin directories is opened once by
@@ -9,6 +9,7 @@
 //! so a reload never touches a running task or its delivery.
 
 mod loader;
+mod schema;
 mod watch;
 
 pub use loader::{LoadError, LoadedPlugin};
@@ -110,7 +111,13 @@ impl Tool {
             RStr::from(context.as_str()),
         )
         .into_result()
-        .map_err(|e| PlanError(e.into_string()))?;
+        .map_err(|e| {
+            let message = e.into_string();
+            if message.starts_with("the plugin panicked") {
+                warn!(tool = %self.info.name, plugin = %self.plugin.source.display(), "{message}");
+            }
+            PlanError(message)
+        })?;
         let plan: json::LaunchPlan = serde_json::from_str(out.as_str()).map_err(|e| {
             PlanError(format!(
                 "the {} plugin returned an invalid plan: {e}",
@@ -216,6 +223,9 @@ pub struct ToolHost {
     /// Serialises reloads (start-up and the watcher).
     reloading: Mutex<()>,
     watcher: Mutex<Option<watch::Watcher>>,
+    /// Bumped whenever a reload changes the tools offered (names, schemas, descriptions), so
+    /// listeners above (MCP's `tools/list_changed`) hear of it without polling.
+    changed: tokio::sync::watch::Sender<u64>,
 }
 
 impl ToolHost {
@@ -227,10 +237,14 @@ impl ToolHost {
                 .ok()
                 .and_then(|e| e.parent().map(Path::to_path_buf))
             {
-                dirs.push(SourceDir {
-                    path: exe_dir.join("../lib/sidejob/plugins"),
-                    shipped_only: false,
-                });
+                // An installed layout: <prefix>/bin/sidejob and <prefix>/lib/sidejob/plugins
+                // (deploy/install.sh puts them there).
+                if let Some(prefix) = exe_dir.parent() {
+                    dirs.push(SourceDir {
+                        path: prefix.join("lib/sidejob/plugins"),
+                        shipped_only: false,
+                    });
+                }
                 dirs.push(SourceDir {
                     path: exe_dir.clone(),
                     shipped_only: true,
@@ -256,6 +270,7 @@ impl ToolHost {
             errors: Mutex::new(Vec::new()),
             reloading: Mutex::new(()),
             watcher: Mutex::new(None),
+            changed: tokio::sync::watch::channel(0).0,
         });
         // Watch first, then load: a file added in between is then seen by both.
         let watched: Vec<(PathBuf, bool)> = host
@@ -289,6 +304,11 @@ impl ToolHost {
 
     pub fn get(&self, name: &str) -> Option<Tool> {
         self.current().tools.get(name).cloned()
+    }
+
+    /// A receiver that sees a new value each time the offered tools change.
+    pub fn watch_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changed.subscribe()
     }
 
     /// The refusals of the last (re)load, one line each.
@@ -459,8 +479,17 @@ impl ToolHost {
                   "no tools are loaded: build the workspace (cargo build) or set plugin_dirs");
         }
         self.remove_stale_copies(&plugins);
+        let differs = old.tools.len() != tools.len()
+            || old
+                .tools
+                .iter()
+                .zip(tools.iter())
+                .any(|((a, ta), (b, tb))| a != b || ta.info != tb.info);
         *self.catalog.write().unwrap_or_else(|e| e.into_inner()) =
             Arc::new(Catalog { plugins, tools });
+        if differs {
+            self.changed.send_modify(|generation| *generation += 1);
+        }
         *self.errors.lock().unwrap_or_else(|e| e.into_inner()) = errors;
     }
 

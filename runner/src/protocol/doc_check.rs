@@ -156,6 +156,10 @@ fn check(method: &str, req: &Value, reply: &Value) {
             params::<ScheduleCancelParams>(method, req);
             same::<ScheduleCancelResult>(&what, result);
         }
+        "daemon.status" => {
+            params::<DaemonStatusParams>(method, req);
+            same::<DaemonStatusResult>(&what, result);
+        }
         other => panic!("docs/protocol.md documents {other}, which the server does not serve"),
     }
 }
@@ -177,13 +181,14 @@ fn every_method_is_documented_with_a_request_and_reply_that_match_the_wire_types
             "task.updated" => same::<TaskUpdatedNotification>(&what, &msg["params"]),
             "notification" => same::<NotificationNotification>(&what, &msg["params"]),
             "events.gap" => same::<EventsGapNotification>(&what, &msg["params"]),
+            "tools.changed" => same::<ToolsChangedNotification>(&what, &msg["params"]),
             other => panic!("docs/protocol.md documents a push {other} the server never sends"),
         }
     }
     assert_eq!(
         pushes.len(),
-        3,
-        "task.updated, notification and events.gap must be documented"
+        4,
+        "task.updated, notification, events.gap and tools.changed must be documented"
     );
     let documented: Vec<&str> = secs.iter().map(|(m, _)| m.as_str()).collect();
     assert_eq!(
@@ -223,4 +228,114 @@ fn documented_errors_use_the_specified_codes() {
             "docs/protocol.md lacks the error row {row}"
         );
     }
+}
+
+/// The field names a derived `Deserialize` struct accepts: it hands them to
+/// `deserialize_struct`, which this deserializer records and then refuses.
+fn fields_of<T: DeserializeOwned>() -> &'static [&'static str] {
+    use serde::de::{self, Visitor};
+    struct Probe<'a>(&'a std::cell::Cell<&'static [&'static str]>);
+    impl<'de> de::Deserializer<'de> for Probe<'_> {
+        type Error = de::value::Error;
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+            Err(de::Error::custom("not a struct"))
+        }
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _name: &'static str,
+            fields: &'static [&'static str],
+            _visitor: V,
+        ) -> Result<V::Value, Self::Error> {
+            self.0.set(fields);
+            Err(de::Error::custom("probed"))
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+            option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier
+            ignored_any
+        }
+    }
+    let cell = std::cell::Cell::new(&[][..]);
+    let _ = T::deserialize(Probe(&cell));
+    cell.get()
+}
+
+/// The prose of each `### \`method\`` section (up to its first example).
+fn prose(doc: &str) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    let mut in_prose = false;
+    for line in doc.lines() {
+        if let Some(rest) = line.strip_prefix("### ") {
+            out.push((rest.trim_matches('`').to_owned(), String::new()));
+            in_prose = true;
+        } else if line.starts_with("```") || line.starts_with("## ") {
+            in_prose = false;
+        } else if in_prose {
+            if let Some(last) = out.last_mut() {
+                last.1.push_str(line);
+                last.1.push('\n');
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn every_parameter_of_every_method_is_named_in_its_section() {
+    let doc = doc();
+    let sections = prose(&doc);
+    let text = |m: &str| {
+        sections
+            .iter()
+            .find(|(name, _)| name == m)
+            .map(|(_, t)| t.clone())
+            .unwrap_or_else(|| panic!("docs/protocol.md has no section for {m}"))
+    };
+    let check = |m: &str, fields: &[&str]| {
+        let t = text(m);
+        for f in fields {
+            assert!(
+                t.contains(&format!("{f}?"))
+                    || t.contains(&format!("{f},"))
+                    || t.contains(&format!("{f}}}"))
+                    || t.contains(&format!("`{f}`")),
+                "docs/protocol.md: the {m} section does not name its parameter {f}"
+            );
+        }
+    };
+    check("initialize", fields_of::<InitializeParams>());
+    check("session.open", fields_of::<SessionOpenParams>());
+    check("session.close", fields_of::<SessionCloseParams>());
+    check("session.status", fields_of::<SessionStatusParams>());
+    check("tool.call", fields_of::<ToolCallParams>());
+    check("task.list", fields_of::<TaskListParams>());
+    check("task.get", fields_of::<TaskIdParams>());
+    check("task.output", fields_of::<TaskOutputParams>());
+    check("task.wait", fields_of::<TaskWaitParams>());
+    check("task.cancel", fields_of::<TaskCancelParams>());
+    check("task.message", fields_of::<TaskMessageParams>());
+    check("task.answer", fields_of::<TaskAnswerParams>());
+    check("task.background", fields_of::<TaskIdParams>());
+    check("events.subscribe", fields_of::<EventsSubscribeParams>());
+    check("inbox.list", fields_of::<InboxListParams>());
+    check("inbox.ack", fields_of::<InboxAckParams>());
+    check("schedule.create", fields_of::<ScheduleCreateParams>());
+    check("schedule.list", fields_of::<ScheduleListParams>());
+    check("schedule.cancel", fields_of::<ScheduleCancelParams>());
+    assert!(
+        fields_of::<ToolCallParams>().contains(&"wake"),
+        "the probe reads field names"
+    );
+}
+
+#[test]
+fn the_documented_initialize_lists_every_method_the_daemon_serves() {
+    let doc = doc();
+    let init = sections(&doc)
+        .into_iter()
+        .find(|(m, _)| m == "initialize")
+        .expect("initialize section");
+    let listed: Vec<String> = serde_json::from_value(init.1[1]["result"]["methods"].clone())
+        .expect("initialize reply lists methods");
+    assert_eq!(listed, METHODS, "docs/protocol.md: initialize's methods");
 }

@@ -1,4 +1,4 @@
-//! Wire types of the bridge (SPEC §10): the methods a run may call on its per-run socket,
+//! Wire types of the bridge (docs/plugins.md): the methods a run may call on its per-run socket,
 //! `task.request_input` (a run asks the host a question) and `task.answer` (the host answers).
 
 use serde::{Deserialize, Serialize};

@@ -1,4 +1,4 @@
-//! Wire types of the host protocol (SPEC §11): JSON-RPC 2.0 envelopes, error codes, and the
+//! Wire types of the host protocol (docs/protocol.md): JSON-RPC 2.0 envelopes, error codes, and the
 //! `*Params` / `*Result` shapes of every method. No I/O lives here.
 
 mod input;
@@ -39,6 +39,7 @@ pub const METHODS: &[&str] = &[
     "schedule.create",
     "schedule.list",
     "schedule.cancel",
+    "daemon.status",
 ];
 
 /// An incoming request. `id` is absent for notifications, which get no reply.
@@ -92,7 +93,7 @@ pub struct RpcError {
     pub data: Option<Value>,
 }
 
-/// The error kinds of SPEC §11, with their codes.
+/// The error kinds of docs/protocol.md, with their codes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorKind {
     ParseError,

@@ -1,10 +1,10 @@
-//! Parameters and results of every method, and the Task shape (SPEC §11).
+//! Parameters and results of every method, and the Task shape (docs/protocol.md).
 //! Fields may be added, never renamed.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// Task states (SPEC §3).
+/// Task states (docs/protocol.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TaskState {
@@ -45,7 +45,7 @@ impl TaskState {
     }
 }
 
-/// Why a task failed (SPEC §3).
+/// Why a task failed (docs/protocol.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FailReason {
@@ -74,7 +74,7 @@ impl FailReason {
     }
 }
 
-/// Who received a terminal result (SPEC §4): `pending` until someone does.
+/// Who received a terminal result (docs/protocol.md): `pending` until someone does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Delivery {
@@ -451,7 +451,7 @@ pub struct TaskBackgroundResult {
     pub state: TaskState,
 }
 
-/// A durable inbox entry (SPEC §7).
+/// A durable inbox entry (docs/protocol.md).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Notification {
     pub id: String,
@@ -551,6 +551,12 @@ pub struct NotificationNotification {
 pub struct EventsGapNotification {
     pub from_seq: i64,
 }
+
+/// Push (to connections that called `events.subscribe`): the tools on offer changed (a plugin
+/// was added, removed or reloaded); call `tool.list` again.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolsChangedNotification {}
 
 /// What happens to occurrences that fell due while the daemon was down.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -671,4 +677,44 @@ pub struct ScheduleCancelParams {
 pub struct ScheduleCancelResult {
     pub schedule_id: String,
     pub result: CancelOutcome,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct DaemonStatusParams {}
+
+/// `daemon.status`: what the daemon is, what it has loaded, and counters a monitoring agent
+/// can scrape. Task counts cover the sessions the caller may see (all of them for root).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DaemonStatusResult {
+    pub version: String,
+    pub pid: u32,
+    pub started_at: String,
+    pub uptime_ms: u64,
+    pub socket: String,
+    /// `true` when the listening socket came from the service manager (socket activation).
+    pub socket_activated: bool,
+    pub state_dir: String,
+    pub tools: Vec<ToolSource>,
+    /// Plugin files that were refused, one line each.
+    pub plugin_errors: Vec<String>,
+    /// Sandbox profiles on disk that do not load, one line each.
+    pub profile_errors: Vec<String>,
+    /// Open sessions.
+    pub sessions: u32,
+    /// Tasks by state, every state listed (zero included).
+    pub tasks: std::collections::BTreeMap<String, u32>,
+    /// Calls waiting for a free run slot (`queued`).
+    pub queue_depth: u32,
+    /// Notifications pushed to at least one subscribed host since the daemon started.
+    pub wakes_pushed: u64,
+    /// Resource limits runs hit (`timeout`, `output_cap`, `memory`, …) since the daemon started.
+    pub violations: u64,
+}
+
+/// A tool and the plugin file it was loaded from.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ToolSource {
+    pub name: String,
+    pub plugin: String,
 }

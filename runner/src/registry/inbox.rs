@@ -1,4 +1,4 @@
-//! Notifications (the inbox) and reading the event log forward, for pushes (SPEC §7).
+//! Notifications (the inbox) and reading the event log forward, for pushes (docs/protocol.md).
 
 use rusqlite::{params, OptionalExtension, Row, Transaction};
 use serde_json::{Map, Value};

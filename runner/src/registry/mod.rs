@@ -1,4 +1,4 @@
-//! The task registry: the only code that touches SQLite (SPEC §6).
+//! The task registry: the only code that touches SQLite (ARCHITECTURE.md).
 //!
 //! Invariant: every row change is made by [`Registry::apply`], which writes the row and
 //! appends its event (the same column patch) in one transaction. The event log is therefore

@@ -1,4 +1,4 @@
-//! Durable schedules: leased claims and exactly-once occurrences (SPEC §8).
+//! Durable schedules: leased claims and exactly-once occurrences (docs/protocol.md).
 
 use rusqlite::{OptionalExtension, Row, Transaction};
 use serde_json::{Map, Value};

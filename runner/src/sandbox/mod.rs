@@ -1,4 +1,4 @@
-//! What a run is allowed to do, as data (SPEC §9): profiles ([`profile`]), where they come
+//! What a run is allowed to do, as data (sandbox-profiles/README.md): profiles ([`profile`]), where they come
 //! from ([`catalog`]), how one becomes the sandbox part of a launch plan ([`resolve`]), and
 //! the launch plan the daemon (or `sidejob exec`) writes and the supervisor carries out.
 //! Pure: nothing here touches the system; [`linux`] applies a plan.
@@ -16,7 +16,7 @@ pub use catalog::{Catalog, CatalogError};
 pub use profile::{Limits, Network, Profile, ProfileError, RunAs};
 pub use resolve::{MountSpec, SandboxPlan};
 
-/// The tail of the output kept once `max_output_bytes` is reached (SPEC §4).
+/// The tail of the output kept once `max_output_bytes` is reached (docs/protocol.md).
 pub const OUTPUT_TAIL_BYTES: u64 = 1024 * 1024;
 
 /// Everything the supervisor needs to start, watch and settle one run.
@@ -58,7 +58,7 @@ pub struct LaunchPlan {
     /// Also copy the output to the supervisor's stdout (`sidejob exec`).
     #[serde(default)]
     pub tee_stdout: bool,
-    /// The run's bridge (SPEC §10): a directory holding the socket `sock` that is exported as
+    /// The run's bridge (docs/plugins.md): a directory holding the socket `sock` that is exported as
     /// `SIDEJOB_BRIDGE`; the sandbox must make this path reachable inside the run's view. A
     /// directory, so a restarted daemon can bind the socket again where the run sees it.
     #[serde(default)]

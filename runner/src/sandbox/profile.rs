@@ -1,4 +1,4 @@
-//! Sandbox profiles as data (SPEC §9): the TOML format of `sandbox-profiles/*.toml`, loaded in
+//! Sandbox profiles as data (sandbox-profiles/README.md): the TOML format of `sandbox-profiles/*.toml`, loaded in
 //! two steps. [`parse`] only reads the TOML into [`RawProfile`] (every leaf keeps its span, so
 //! a later error can name its line); [`RawProfile::validate`] then checks each field and
 //! builds a [`Profile`]. Both steps report `file:line: field: message`.
@@ -51,7 +51,7 @@ impl Network {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RunAs {
-    /// The peer's uid/gid when the daemon is root, else the daemon's own (SPEC §9).
+    /// The peer's uid/gid when the daemon is root, else the daemon's own (sandbox-profiles/README.md).
     Caller,
     /// A fixed uid/gid.
     Ids { uid: u32, gid: u32 },

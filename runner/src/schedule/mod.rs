@@ -1,4 +1,4 @@
-//! Durable schedules (SPEC §8): a monitor task per schedule, leased claims in SQLite, and
+//! Durable schedules (docs/protocol.md): a monitor task per schedule, leased claims in SQLite, and
 //! exactly-once occurrences.
 //!
 //! The loop claims due schedules (only prompt schedules whose session has a live route; call

@@ -1,4 +1,4 @@
-//! One handler per method of the host protocol (SPEC §11).
+//! One handler per method of the host protocol (docs/protocol.md).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -269,7 +269,13 @@ pub async fn dispatch(
             let p: TaskWaitParams = params(method, p)?;
             task_for(d, peer, &p.task_id)?;
             let timeout = Duration::from_millis(p.timeout_ms.unwrap_or(30_000).min(MAX_WAIT_MS));
-            let row = d.executor.wait(&p.task_id, timeout).await?.ok_or_else(|| {
+            // A wait whose host has hung up stops waiting, so it never takes a result that
+            // nobody will read (the result then goes to a wake or a later wait).
+            let waited = tokio::select! {
+                w = d.executor.wait(&p.task_id, timeout) => w?,
+                _ = closed => return Err(RpcError::new(ErrorKind::InvalidState, "the connection closed")),
+            };
+            let row = waited.ok_or_else(|| {
                 RpcError::new(ErrorKind::NotFound, format!("task {} not found", p.task_id))
             })?;
             to_value(row.to_wire())
@@ -329,6 +335,7 @@ pub async fn dispatch(
         "schedule.create" => super::wakes::schedule_create(d, peer, p),
         "schedule.list" => super::wakes::schedule_list(d, peer, p),
         "schedule.cancel" => super::wakes::schedule_cancel(d, peer, p).await,
+        "daemon.status" => super::status::daemon_status(d, peer, p),
         other => Err(RpcError::new(
             ErrorKind::MethodNotFound,
             format!("unknown method {other:?}"),

@@ -1,8 +1,10 @@
-//! The daemon: the control socket, connections, framing and peer credentials (SPEC §11).
+//! The daemon: the control socket, connections, framing and peer credentials (docs/protocol.md).
 
 mod dispatch;
+mod metrics;
 mod profiles;
 mod shares;
+mod status;
 mod wakes;
 
 use dispatch::Reply;
@@ -62,12 +64,15 @@ pub struct Peer {
 pub struct Conn {
     pub id: u64,
     pub channel: PushChannel,
+    /// Set once this connection gets `tools.changed` pushes (its first `events.subscribe`).
+    pub tools_watched: Arc<std::sync::atomic::AtomicBool>,
 }
 
 pub struct Daemon {
     pub executor: Arc<Executor>,
     pub hub: Arc<Hub>,
     pub scheduler: Arc<Scheduler>,
+    pub started: status::Started,
     /// Each user's connections and unfinished request bytes.
     shares: Arc<shares::Shares>,
 }
@@ -112,7 +117,24 @@ pub async fn serve(cfg: Config) -> Result<(), ServeError> {
     }
     let _profile_watch = crate::sandbox::Catalog::default_dir().and_then(profiles::watch);
     let socket_gid = cfg.socket_group.as_deref().map(resolve_group).transpose()?;
-    let listener = bind_socket(&cfg.socket, socket_gid)?;
+    let metrics = cfg.metrics_addr.map(metrics::bind).transpose()?;
+    let (listener, activated) = match activated_listener()? {
+        Some(l) => (l, true),
+        None => (bind_socket(&cfg.socket, socket_gid)?, false),
+    };
+    // The socket the service manager bound is the one clients use: report that one.
+    let cfg = match listener
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_pathname().map(Path::to_path_buf))
+    {
+        Some(path) if activated && path != cfg.socket => {
+            let mut c = (*cfg).clone();
+            c.socket = path;
+            Arc::new(c)
+        }
+        _ => cfg,
+    };
     let registry = Arc::new(Registry::open(&cfg.state_dir)?);
     let exe = std::env::current_exe().map_err(|source| ServeError::Io {
         step: "locate",
@@ -139,13 +161,21 @@ pub async fn serve(cfg: Config) -> Result<(), ServeError> {
         ));
     }
     tokio::spawn(scheduler.clone().run());
-    info!(socket = %cfg.socket.display(), state_dir = %cfg.state_dir.display(), ?recovered, "sidejob is listening");
+    info!(socket = %cfg.socket.display(), state_dir = %cfg.state_dir.display(), socket_activated = activated, ?recovered, "sidejob is listening");
     let daemon = Arc::new(Daemon {
         executor,
         hub,
         scheduler,
         shares: Arc::default(),
+        started: status::Started::now(activated),
     });
+    if let Some(listener) = metrics {
+        metrics::serve(daemon.clone(), listener);
+    }
+    // Tell a service manager (Type=notify) that clients may connect now; a no-op elsewhere.
+    if let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Ready]) {
+        warn!("cannot notify the service manager: {e}");
+    }
 
     loop {
         tokio::select! {
@@ -161,8 +191,12 @@ pub async fn serve(cfg: Config) -> Result<(), ServeError> {
         }
     }
     info!("stopping: runs keep going under their supervisors");
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     drop(listener);
-    let _ = std::fs::remove_file(&cfg.socket);
+    // An activated socket belongs to the service manager, which keeps it for the next start.
+    if !activated {
+        let _ = std::fs::remove_file(&cfg.socket);
+    }
     drop(lock);
     Ok(())
 }
@@ -303,6 +337,34 @@ pub(crate) fn lock_state_dir(state_dir: &Path) -> Result<File, ServeError> {
     }
 }
 
+/// The listening socket passed by a service manager (`LISTEN_PID` is us, `LISTEN_FDS` is 1,
+/// the socket is descriptor 3), as systemd's socket activation does; `None` when there is
+/// none.
+fn activated_listener() -> Result<Option<UnixListener>, ServeError> {
+    let io = |source| ServeError::Io {
+        step: "take over",
+        path: "the socket passed in LISTEN_FDS".into(),
+        source,
+    };
+    let fds: Vec<i32> = sd_notify::listen_fds().map_err(io)?.collect();
+    let fd = match fds.as_slice() {
+        [] => return Ok(None),
+        [fd] => *fd,
+        more => {
+            return Err(io(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "{} sockets were passed; sidejob listens on exactly one",
+                    more.len()
+                ),
+            )))
+        }
+    };
+    let std_listener = crate::sys::activation::inherited_unix_listener(fd).map_err(io)?;
+    std_listener.set_nonblocking(true).map_err(io)?;
+    UnixListener::from_std(std_listener).map(Some).map_err(io)
+}
+
 /// Binds the control socket (mode 0660, handed to `group` when one is configured), replacing
 /// the stale socket of a dead daemon and refusing to take over a live one.
 fn bind_socket(path: &Path, group: Option<u32>) -> Result<UnixListener, ServeError> {
@@ -360,43 +422,35 @@ async fn connection(d: Arc<Daemon>, stream: UnixStream) {
     let (push_tx, push_rx) = mpsc::channel::<String>(d.executor.config().push_queue.max(1));
     let (gap_tx, gap_rx) = watch::channel(None);
     let conn_id = NEXT_CONN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let peer = match stream.peer_cred() {
+    let creds = match stream.peer_cred() {
         // An unprivileged daemon can only act as its own user: root connecting to it is
         // served as that user (everything it does runs with that user's authority anyway).
-        Ok(c) if c.uid() == 0 && crate::sys::getuid() != 0 => {
-            let own = crate::sys::dirfd::Creds::own();
-            Peer {
-                uid: own.uid,
-                gid: own.gid,
-                groups: own.groups,
-                conn: Some(Conn {
-                    id: conn_id,
-                    channel: PushChannel {
-                        push: push_tx,
-                        gap: gap_tx,
-                    },
-                }),
-            }
-        }
-        Ok(c) => Peer {
+        Ok(c) if c.uid() == 0 && crate::sys::getuid() != 0 => crate::sys::dirfd::Creds::own(),
+        Ok(c) => crate::sys::dirfd::Creds {
             uid: c.uid(),
             gid: c.gid(),
             groups: {
                 use std::os::fd::AsFd;
                 crate::sys::peer_groups(stream.as_fd()).unwrap_or_else(|_| vec![c.gid()])
             },
-            conn: Some(Conn {
-                id: conn_id,
-                channel: PushChannel {
-                    push: push_tx,
-                    gap: gap_tx,
-                },
-            }),
         },
         Err(e) => {
             warn!("cannot read peer credentials: {e}");
             return;
         }
+    };
+    let peer = Peer {
+        uid: creds.uid,
+        gid: creds.gid,
+        groups: creds.groups,
+        conn: Some(Conn {
+            id: conn_id,
+            channel: PushChannel {
+                push: push_tx,
+                gap: gap_tx,
+            },
+            tools_watched: Default::default(),
+        }),
     };
     let span = info_span!("connection", uid = peer.uid, conn = conn_id);
     let limits = d.executor.config().per_user.clone();

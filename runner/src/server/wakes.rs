@@ -1,4 +1,4 @@
-//! Handlers for live events, the inbox and schedules (SPEC §7, §8).
+//! Handlers for live events, the inbox and schedules (docs/protocol.md).
 
 use std::sync::Arc;
 
@@ -44,6 +44,12 @@ pub async fn events_subscribe(d: &Arc<Daemon>, peer: &Peer, p: Value) -> Result<
             conn.channel.clone(),
         )
         .await?;
+    if !conn
+        .tools_watched
+        .swap(true, std::sync::atomic::Ordering::Relaxed)
+    {
+        push_tool_changes(d, conn.channel.push.clone());
+    }
     to_value(EventsSubscribeResult {
         session_ids: p.session_ids,
         seq,
@@ -166,4 +172,27 @@ pub async fn schedule_cancel(d: &Arc<Daemon>, peer: &Peer, p: Value) -> Result<R
         schedule_id: p.schedule_id,
         result,
     })
+}
+
+/// Pushes `tools.changed` to a subscribed connection each time the plugins' tools change,
+/// until the connection goes away.
+fn push_tool_changes(d: &Arc<Daemon>, push: tokio::sync::mpsc::Sender<String>) {
+    let mut changes = d.executor.tools().watch_changes();
+    changes.borrow_and_update();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                changed = changes.changed() => if changed.is_err() { return },
+                _ = push.closed() => return,
+            }
+            let line = serde_json::json!({
+                "jsonrpc": "2.0",
+                "method": "tools.changed",
+                "params": ToolsChangedNotification {},
+            });
+            if push.send(line.to_string()).await.is_err() {
+                return;
+            }
+        }
+    });
 }

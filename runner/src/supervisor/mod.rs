@@ -1,4 +1,4 @@
-//! The supervisor: one per run, single-threaded, no tokio (SPEC §2).
+//! The supervisor: one per run, single-threaded, no tokio (ARCHITECTURE.md).
 //!
 //! The daemon starts it as `sidejob supervise <run_dir>`. It reads `plan.json`, forks the run's
 //! init into a new PID namespace (which starts the command), copies the output into

@@ -1,4 +1,4 @@
-//! `result.json` (SPEC §5): written once, atomically, by the supervisor.
+//! `result.json` (docs/protocol.md): written once, atomically, by the supervisor.
 
 use std::os::fd::BorrowedFd;
 

@@ -9,6 +9,7 @@
 //! Every wrapper returns `io::Result` with the OS error; callers add the step and the path.
 #![allow(unsafe_code)]
 
+pub mod activation;
 pub mod dirfd;
 pub mod fs;
 pub mod sandbox;

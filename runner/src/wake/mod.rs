@@ -1,4 +1,4 @@
-//! Wakes, routes and live events (SPEC §7).
+//! Wakes, routes and live events (docs/protocol.md).
 //!
 //! The hub follows the registry's event log: after every commit the registry bumps its last
 //! seq, the hub reads the new events and pushes `task.updated` and `notification` messages to
@@ -118,6 +118,9 @@ impl Hub {
                     let Some(line) = self.message_for(ev)? else {
                         continue;
                     };
+                    if ev.entity == Entity::Notification {
+                        crate::metrics::wake_pushed();
+                    }
                     for id in targets {
                         send(st, id, ev.seq, line.clone());
                     }

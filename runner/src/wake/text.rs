@@ -1,4 +1,4 @@
-//! What a completion says to the host (SPEC §7): an `[automatic]` prompt for proactive
+//! What a completion says to the host (docs/protocol.md): an `[automatic]` prompt for proactive
 //! sessions, a one-line notice otherwise. Pure.
 
 use crate::protocol::{FailReason, TaskState};

@@ -1,4 +1,4 @@
-//! The bridge (SPEC §10): scoped to the run's session, only the listed methods, and no way
+//! The bridge (docs/plugins.md): scoped to the run's session, only the listed methods, and no way
 //! to the control socket through it.
 
 use serde_json::json;

@@ -1,4 +1,4 @@
-//! `task.cancel` (SPEC §4): SIGTERM to the whole run, SIGKILL after the grace, no process of the
+//! `task.cancel` (docs/protocol.md): SIGTERM to the whole run, SIGKILL after the grace, no process of the
 //! run survives; and what a command leaves behind when it exits on its own.
 
 use std::time::{Duration, Instant};

@@ -49,7 +49,7 @@ fn schedule_add_list_and_cancel() {
         "schedule",
         "add",
         "--every",
-        "3600000",
+        "1h",
         "--prompt",
         "hourly check",
         "--json",

@@ -1,4 +1,4 @@
-//! The `code` tool (SPEC §10): scripts that call tools through the bridge, and a question
+//! The `code` tool (docs/plugins.md): scripts that call tools through the bridge, and a question
 //! answered by the host.
 
 use std::time::Duration;

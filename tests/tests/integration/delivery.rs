@@ -1,4 +1,4 @@
-//! Exactly-once delivery (SPEC §4) and `task.wait`.
+//! Exactly-once delivery (docs/protocol.md) and `task.wait`.
 
 use std::time::{Duration, Instant};
 

@@ -1,4 +1,4 @@
-//! Isolation between users (SPEC §11): `SO_PEERCRED`; a uid sees and touches only its own
+//! Isolation between users (docs/protocol.md): `SO_PEERCRED`; a uid sees and touches only its own
 //! sessions. Needs root (to connect as another uid); skipped otherwise.
 
 use std::os::unix::fs::{chown, PermissionsExt};

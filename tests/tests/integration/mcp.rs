@@ -42,19 +42,38 @@ impl Mcp {
             json!({"jsonrpc": "2.0", "id": self.id, "method": method, "params": params})
         )
         .unwrap();
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).unwrap();
-        let v: Value = serde_json::from_str(&line).unwrap();
-        assert_eq!(v["id"], self.id, "{v}");
-        v
+        // Notifications (a background job's completion) may come before the reply.
+        loop {
+            let mut line = String::new();
+            self.stdout.read_line(&mut line).unwrap();
+            let v: Value = serde_json::from_str(&line).unwrap();
+            if v.get("id").is_none() && v.get("method").is_some() {
+                continue;
+            }
+            assert_eq!(v["id"], self.id, "{v}");
+            return v;
+        }
     }
 
+    /// The call's own text, and whether it is an error.
     fn tool(&mut self, name: &str, arguments: Value) -> (String, bool) {
+        let (text, err, _) = self.tool_with_reports(name, arguments);
+        (text, err)
+    }
+
+    /// The call's own text, whether it is an error, and the background reports that came
+    /// with it (separate content blocks).
+    fn tool_with_reports(&mut self, name: &str, arguments: Value) -> (String, bool, Vec<String>) {
         let r = self.request("tools/call", json!({"name": name, "arguments": arguments}));
         let res = &r["result"];
+        let blocks = res["content"].as_array().unwrap();
         (
-            res["content"][0]["text"].as_str().unwrap().to_owned(),
+            blocks[0]["text"].as_str().unwrap().to_owned(),
             res["isError"].as_bool().unwrap(),
+            blocks[1..]
+                .iter()
+                .map(|b| b["text"].as_str().unwrap().to_owned())
+                .collect(),
         )
     }
 }
@@ -129,11 +148,15 @@ fn an_mcp_client_runs_tools_and_hears_about_background_jobs() {
         .to_owned();
     let mut c = d.client();
     c.wait_settled_quietly(&job2);
-    let (list, _) = m.tool("job_list", json!({}));
+    let (list, _, reports) = m.tool_with_reports("job_list", json!({}));
     assert!(
-        list.contains("[automatic]") && list.contains(&job2),
-        "{list}"
+        !list.contains("[automatic]"),
+        "never inside another call's output: {list}"
     );
-    let (again, _) = m.tool("job_list", json!({}));
-    assert!(!again.contains("[automatic]"), "reported twice: {again}");
+    assert!(
+        reports.len() == 1 && reports[0].contains("[automatic]") && reports[0].contains(&job2),
+        "{reports:?}"
+    );
+    let (_, _, again) = m.tool_with_reports("job_list", json!({}));
+    assert!(again.is_empty(), "reported twice: {again:?}");
 }

@@ -1,4 +1,4 @@
-//! Files on disk (SPEC §5), the output cap (SPEC §4) and `task.output` paging (SPEC §11).
+//! Files on disk (docs/protocol.md), the output cap (docs/protocol.md) and `task.output` paging (docs/protocol.md).
 
 use std::path::Path;
 use std::time::{Duration, Instant};

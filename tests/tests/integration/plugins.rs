@@ -1,4 +1,4 @@
-//! Plugins (SPEC §10): the shipped plugins load with no configuration; unsafe files, ABI
+//! Plugins (docs/plugins.md): the shipped plugins load with no configuration; unsafe files, ABI
 //! mismatches and duplicate tools are refused with one line each; a panicking plugin is an
 //! error, not a dead daemon; hot reload swaps a plugin without touching running tasks.
 

@@ -1,4 +1,4 @@
-//! The host protocol's framing and dispatch (SPEC §11): ids, notifications, pipelining.
+//! The host protocol's framing and dispatch (docs/protocol.md): ids, notifications, pipelining.
 
 use serde_json::json;
 use sidejob_tests::{Daemon, Gate};

@@ -1,4 +1,4 @@
-//! Bad input (SPEC §11): each case gets its specified error, the connection keeps working, and
+//! Bad input (docs/protocol.md): each case gets its specified error, the connection keeps working, and
 //! every other client carries on.
 
 use serde_json::{json, Value};

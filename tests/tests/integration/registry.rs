@@ -1,4 +1,4 @@
-//! The registry (SPEC §6): the event log rebuilds the rows (`sidejob replay --check`), and
+//! The registry (ARCHITECTURE.md): the event log rebuilds the rows (`sidejob replay --check`), and
 //! `task.list` history.
 
 use std::process::Command;

@@ -1,4 +1,4 @@
-//! Runs survive the daemon (SPEC §2, issue 2 §7): re-attach, settle from result.json, `lost`.
+//! Runs survive the daemon (ARCHITECTURE.md, issue 2 §7): re-attach, settle from result.json, `lost`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

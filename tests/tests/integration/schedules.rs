@@ -1,4 +1,4 @@
-//! Durable schedules (issue 4, SPEC §8): leased claims, exactly-once occurrences, prompts
+//! Durable schedules (issue 4, docs/protocol.md): leased claims, exactly-once occurrences, prompts
 //! that wait for a route, calls whose completions wake, catch-up after downtime.
 
 use std::collections::HashSet;

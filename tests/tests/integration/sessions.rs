@@ -1,4 +1,4 @@
-//! Sessions and concurrency (SPEC §3, §4): closing cancels, bounds queue, status shows it.
+//! Sessions and concurrency (docs/protocol.md): closing cancels, bounds queue, status shows it.
 
 use std::time::Duration;
 

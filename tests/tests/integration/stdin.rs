@@ -1,4 +1,4 @@
-//! stdin (SPEC §4): `/dev/null` by default; `stdin: "pipe"` plus `task.message`.
+//! stdin (docs/protocol.md): `/dev/null` by default; `stdin: "pipe"` plus `task.message`.
 
 use std::time::Duration;
 

@@ -1,4 +1,4 @@
-//! The `subagent` tool (SPEC §10): a child session, waiting for the child's jobs, services
+//! The `subagent` tool (docs/plugins.md): a child session, waiting for the child's jobs, services
 //! handed over to the parent, cancellation of every descendant, the depth limit.
 
 use std::time::Duration;

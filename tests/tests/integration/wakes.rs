@@ -1,4 +1,4 @@
-//! Wakes, the inbox and live events (issue 4, SPEC §7): every background completion reaches
+//! Wakes, the inbox and live events (issue 4, docs/protocol.md): every background completion reaches
 //! the host exactly once, also across restarts, and a stalled subscriber stalls nobody.
 
 use std::time::Duration;

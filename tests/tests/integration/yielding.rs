@@ -1,4 +1,4 @@
-//! Yield semantics and deadlines (SPEC §4): inline answers, `running` handles, detaching,
+//! Yield semantics and deadlines (docs/protocol.md): inline answers, `running` handles, detaching,
 //! the interactive deadline, explicit timeouts, the detached cap and `task.background`.
 
 use std::path::Path;

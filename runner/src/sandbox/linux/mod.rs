@@ -1,4 +1,4 @@
-//! Applies a [`SandboxPlan`] on Linux (SPEC §9). The supervisor calls [`prepare`] (checks
+//! Applies a [`SandboxPlan`] on Linux (sandbox-profiles/README.md). The supervisor calls [`prepare`] (checks
 //! what this host offers, creates the cgroup, compiles the seccomp filter — everything that
 //! may allocate or fail early) and the run's init calls [`launch`], the one linear function
 //! that builds the sandbox and starts the command in it.
@@ -364,7 +364,7 @@ impl Prepared {
 /// Checks the plan against this host, creates the cgroup and compiles the filters.
 pub fn prepare(plan: &LaunchPlan) -> Result<Prepared, PrepareError> {
     let mut sb = plan.sandbox.clone();
-    // The run's bridge socket is the one socket of the host the run may reach (SPEC §10).
+    // The run's bridge socket is the one socket of the host the run may reach (docs/plugins.md).
     if let Some(bridge) = &plan.bridge_socket {
         sb.mounts.push(crate::sandbox::MountSpec {
             source: Some(bridge.clone()),

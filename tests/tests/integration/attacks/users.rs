@@ -265,8 +265,7 @@ print(json.dumps(out))
 /// cover them: uid 65534 opens the id root's CLI will use in root's project first, and
 /// root's `sidejob call` there is then refused.
 #[test]
-#[ignore = "gap: CLI/MCP session ids are cli-<hash of cwd> without the uid, so another user can squat them"]
-fn gap_another_user_squats_the_session_id_roots_cli_derives() {
+fn another_user_cannot_squat_the_session_id_roots_cli_derives() {
     let Some(d) = daemon() else { return };
     // Learn the id root's CLI derives in its workspace, from a throwaway daemon.
     let id = {

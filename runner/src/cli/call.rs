@@ -1,0 +1,458 @@
+//! `sidejob call`: a person's shell command through the daemon. It waits until the command
+//! ends and exits with its code, streaming the output as it comes (as `exec` does); moving to
+//! the background is opt-in (`--background`, `--yield-after`). Ctrl+C cancels the run; a
+//! second Ctrl+C leaves it running and prints its id.
+//!
+//! The run is started detached (`background: true`), so the daemon's interactive deadline
+//! never stops a long build, and a `task.wait` on a second connection takes its result: the
+//! result is delivered to this command (no wake) unless the command leaves early.
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Map, Value};
+
+use super::args::CallArgs;
+use super::Client;
+use crate::protocol::{CompletedCall, FailReason, Task, TaskState, ToolCallResult};
+
+/// Exit code when the command was canceled from this terminal (Ctrl+C), as shells use.
+const EXIT_INTERRUPTED: i32 = 130;
+/// Exit code when `--yield-after` left the run in the background (EX_TEMPFAIL): it has not
+/// succeeded (yet), so `sidejob call ... && next` does not go on.
+pub const EXIT_YIELDED: i32 = 75;
+/// The longest `task.wait` the daemon honours.
+const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
+
+/// The session a CLI call uses when none is named: one per user and working directory,
+/// `cli-<uid>-<hash>`. The uid is part of it so that root never lands in another user's
+/// session by accident.
+pub fn default_session(uid: u32, cwd: &Path) -> String {
+    // FNV-1a: stable across runs and versions, unlike std's hasher.
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in cwd.as_os_str().as_encoded_bytes() {
+        h ^= *b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    format!("cli-{uid}-{:08x}", h as u32)
+}
+
+fn shell_quote(arg: &str) -> String {
+    if !arg.is_empty()
+        && arg
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b))
+    {
+        arg.to_owned()
+    } else {
+        format!("'{}'", arg.replace('\'', r"'\''"))
+    }
+}
+
+/// The exit code a settled task maps to: its own, 128+signal, 124 on timeout, else 1.
+pub fn exit_code_of(
+    task_state: TaskState,
+    exit_code: Option<i32>,
+    signal: Option<i32>,
+    reason: Option<FailReason>,
+) -> i32 {
+    match (task_state, exit_code, signal) {
+        (TaskState::Succeeded, _, _) => 0,
+        _ if reason == Some(FailReason::Timeout) => 124,
+        (_, Some(c), _) => c,
+        (_, None, Some(s)) => 128 + s,
+        _ => 1,
+    }
+}
+
+/// `--env NAME` (value from this environment) and `--env NAME=VALUE`.
+fn env_map(vars: &[String]) -> Result<Map<String, Value>> {
+    let mut out = Map::new();
+    for v in vars {
+        let (name, value) = match v.split_once('=') {
+            Some((n, val)) => (n.to_owned(), val.to_owned()),
+            None => {
+                let val = std::env::var(v).with_context(|| {
+                    format!("--env {v}: {v} is not set here; write --env {v}=VALUE to set it")
+                })?;
+                (v.clone(), val)
+            }
+        };
+        if name.is_empty() || name.contains('\0') {
+            bail!("--env {v}: not a variable name");
+        }
+        out.insert(name, Value::String(value));
+    }
+    Ok(out)
+}
+
+/// What the command line asked to run, as a tool and its arguments.
+fn tool_and_args(a: &CallArgs) -> Result<(String, Value)> {
+    match (&a.tool, &a.args) {
+        (Some(tool), Some(args)) => {
+            let args: Value = serde_json::from_str(args)
+                .with_context(|| format!("--args is not JSON: {args}"))?;
+            if !args.is_object() {
+                bail!("--args must be a JSON object, e.g. --args '{{\"command\": \"ls\"}}'");
+            }
+            if !a.env.is_empty() {
+                bail!(
+                    "--env applies to bash commands; give the {tool} tool its variables in --args"
+                );
+            }
+            Ok((tool.clone(), args))
+        }
+        _ if a.command.is_empty() => {
+            bail!("give the command after `--`, e.g. sidejob call -- make test (or --tool NAME --args JSON)")
+        }
+        _ => {
+            let command = if a.command.len() == 1 {
+                a.command[0].clone()
+            } else {
+                a.command
+                    .iter()
+                    .map(|s| shell_quote(s))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            };
+            let mut args = json!({ "command": command });
+            if !a.env.is_empty() {
+                args["env"] = Value::Object(env_map(&a.env)?);
+            }
+            Ok(("bash".into(), args))
+        }
+    }
+}
+
+enum Event {
+    /// The waiting connection's answer: the task settled, or the wait ran out.
+    Waited(Box<Result<Task, String>>),
+    Interrupt,
+}
+
+pub fn call(socket: &Path, a: CallArgs) -> Result<i32> {
+    let (tool, args) = tool_and_args(&a)?;
+    let cwd = std::env::current_dir().context("cannot read the current directory")?;
+    let session = a
+        .session
+        .clone()
+        .unwrap_or_else(|| default_session(crate::sys::getuid(), &cwd));
+    let mut client = Client::connect(socket)?;
+    let mut open = json!({"session_id": session, "workspace": cwd});
+    let mut params = json!({"session_id": session, "tool": tool, "args": args, "background": true});
+    if a.adopt {
+        open["adopt"] = json!(true);
+        params["adopt"] = json!(true);
+    }
+    client.call("session.open", open)?;
+    if let Some(t) = a.timeout {
+        params["timeout_ms"] = json!(t.as_millis() as u64);
+    }
+    if let Some(p) = &a.profile {
+        params["profile"] = json!(p);
+    }
+    if a.stdin {
+        params["stdin"] = json!("pipe");
+    }
+    // Ctrl+C is ours from before the run starts, so it never kills this command while the
+    // run goes on unseen.
+    let (tx, events) = mpsc::channel::<Event>();
+    if !a.background {
+        catch_interrupts(tx.clone())?;
+    }
+    let reply = client.call("tool.call", params)?;
+    let started: ToolCallResult =
+        serde_json::from_value(reply.clone()).context("unexpected tool.call result")?;
+    let task_id = match started {
+        ToolCallResult::Running(r) => r.task_id,
+        // A run that could not start settles at once.
+        ToolCallResult::Completed(c) => return finish_completed(&c, a.json),
+    };
+    if a.background {
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&reply)?);
+        } else {
+            println!("{task_id}");
+        }
+        return Ok(0);
+    }
+    if a.stdin {
+        forward_stdin(socket, &task_id);
+    }
+    // The wait that takes the result, on its own connection (the daemon drops it if this
+    // process goes away, so a result is never handed to a reader that is gone).
+    {
+        let (socket, task_id, tx) = (socket.to_path_buf(), task_id.clone(), tx.clone());
+        let yield_after = a.yield_after;
+        std::thread::spawn(move || {
+            let waited = wait_for(&socket, &task_id, yield_after);
+            let _ = tx.send(Event::Waited(Box::new(waited)));
+        });
+    }
+    drop(tx);
+    stream(socket, &mut client, &task_id, &events, &a)
+}
+
+/// Waits until the task settles, or until `yield_after` passes.
+fn wait_for(socket: &Path, task_id: &str, yield_after: Option<Duration>) -> Result<Task, String> {
+    let mut c = Client::connect(socket).map_err(|e| e.to_string())?;
+    let timeout = yield_after.unwrap_or(MAX_WAIT).min(MAX_WAIT).as_millis() as u64;
+    loop {
+        let t: Task = c
+            .call(
+                "task.wait",
+                json!({"task_id": task_id, "timeout_ms": timeout}),
+            )
+            .map_err(|e| e.to_string())
+            .and_then(|v| serde_json::from_value(v).map_err(|e| e.to_string()))?;
+        if t.state.is_terminal() || yield_after.is_some() {
+            return Ok(t);
+        }
+    }
+}
+
+/// SIGINT becomes an [`Event::Interrupt`]; the handler is in place when this returns.
+fn catch_interrupts(tx: mpsc::Sender<Event>) -> Result<()> {
+    let (ready_tx, ready) = mpsc::channel::<std::io::Result<()>>();
+    std::thread::Builder::new()
+        .name("interrupts".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                let mut sigint =
+                    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+                    {
+                        Ok(s) => s,
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                            return;
+                        }
+                    };
+                let _ = ready_tx.send(Ok(()));
+                while sigint.recv().await.is_some() {
+                    if tx.send(Event::Interrupt).is_err() {
+                        return;
+                    }
+                }
+            });
+        })
+        .context("cannot start the interrupt handler")?;
+    ready
+        .recv()
+        .context("the interrupt handler did not start")?
+        .context("cannot handle Ctrl+C")
+}
+
+/// Copies this process's stdin to the run's (`task.message`), then closes it.
+fn forward_stdin(socket: &Path, task_id: &str) {
+    let (socket, task_id) = (socket.to_path_buf(), task_id.to_owned());
+    std::thread::spawn(move || {
+        let Ok(mut c) = Client::connect(&socket) else {
+            return;
+        };
+        let mut stdin = std::io::stdin().lock();
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut pending = Vec::new();
+        loop {
+            let n = match stdin.read(&mut buf) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => 0,
+            };
+            pending.extend_from_slice(&buf[..n]);
+            // Send whole UTF-8 characters only (the protocol carries text).
+            let cut = match std::str::from_utf8(&pending) {
+                Ok(_) => pending.len(),
+                Err(e) if e.error_len().is_none() && n > 0 => e.valid_up_to(),
+                Err(_) => pending.len(),
+            };
+            let data: Vec<u8> = pending.drain(..cut).collect();
+            let eof = n == 0;
+            let msg =
+                json!({"task_id": task_id, "data": String::from_utf8_lossy(&data), "eof": eof});
+            if c.call("task.message", msg).is_err() || eof {
+                return;
+            }
+        }
+    });
+}
+
+/// Streams the output until the task settles (or the wait runs out, or the person detaches).
+fn stream(
+    socket: &Path,
+    client: &mut Client,
+    task_id: &str,
+    events: &mpsc::Receiver<Event>,
+    a: &CallArgs,
+) -> Result<i32> {
+    let mut out = std::io::stdout();
+    let mut offset = 0u64;
+    let mut interrupted = false;
+    let mut settled: Option<Task> = None;
+    let mut output = String::new();
+    loop {
+        let page = client.call(
+            "task.output",
+            json!({"task_id": task_id, "offset": offset, "max_bytes": 256 * 1024}),
+        )?;
+        let data = page["data"].as_str().unwrap_or("");
+        if a.json {
+            output.push_str(data);
+        } else if !data.is_empty() {
+            out.write_all(data.as_bytes())?;
+            out.flush()?;
+        }
+        let next = page["next_offset"].as_u64().unwrap_or(offset);
+        if page["eof"].as_bool().unwrap_or(false) {
+            break;
+        }
+        if next != offset {
+            offset = next;
+            continue;
+        }
+        // Nothing new: wait for news (the result, a Ctrl+C) or a moment for more output.
+        let event = match events.recv_timeout(Duration::from_millis(100)) {
+            Ok(Event::Waited(w)) => Ok(*w),
+            Ok(Event::Interrupt) => Err(Ok(())),
+            Err(e) => Err(Err(e)),
+        };
+        match event {
+            Ok(Ok(t)) if t.state.is_terminal() => settled = Some(t),
+            Ok(Ok(t)) => {
+                eprintln!(
+                    "sidejob: {} is still {} after --yield-after; it goes on in the background\n  \
+                     sidejob logs -f {0}   follow it\n  sidejob wait {0}      wait for it (exits with its code)",
+                    t.task_id,
+                    t.state.as_str()
+                );
+                return Ok(EXIT_YIELDED);
+            }
+            Ok(Err(e)) => bail!("lost the wait for task {task_id}: {e}"),
+            Err(Ok(())) if !interrupted => {
+                interrupted = true;
+                // The cancel waits while the run winds down (up to the grace): ask for it on
+                // its own connection, so a second Ctrl+C is still heard meanwhile.
+                eprintln!("\nsidejob: canceling {task_id}; Ctrl+C again leaves it running");
+                let (socket, id) = (socket.to_path_buf(), task_id.to_owned());
+                std::thread::spawn(move || {
+                    let sent = Client::connect(&socket)
+                        .and_then(|mut c| c.call("task.cancel", json!({ "task_id": id })));
+                    if let Err(e) = sent {
+                        eprintln!("sidejob: cannot cancel {id}: {e}");
+                    }
+                });
+            }
+            Err(Ok(())) => {
+                eprintln!("\nsidejob: left {task_id} running in the background");
+                println!("{task_id}");
+                return Ok(EXIT_INTERRUPTED);
+            }
+            Err(Err(mpsc::RecvTimeoutError::Timeout | mpsc::RecvTimeoutError::Disconnected)) => {}
+        }
+    }
+    // The output is complete; the task has settled. Take its result from the wait.
+    let task = match settled {
+        Some(t) => t,
+        None => loop {
+            match events.recv() {
+                Ok(Event::Waited(w)) if w.is_ok() => {
+                    if let Ok(t) = *w {
+                        break t;
+                    }
+                }
+                Ok(Event::Waited(_)) | Err(_) => {
+                    break serde_json::from_value(
+                        client.call("task.get", json!({ "task_id": task_id }))?,
+                    )?
+                }
+                Ok(Event::Interrupt) => {}
+            }
+        },
+    };
+    if a.json {
+        // As tool.call would answer inline: at most the last MiB.
+        let keep = 1024 * 1024;
+        let cut = output.len() > keep;
+        if cut {
+            let mut start = output.len() - keep;
+            while !output.is_char_boundary(start) {
+                start += 1;
+            }
+            output.drain(..start);
+        }
+        let c = CompletedCall {
+            task_id: task.task_id.clone(),
+            state: task.state,
+            reason: task.reason,
+            exit_code: task.exit_code,
+            signal: task.signal,
+            output,
+            output_truncated: cut || task.output_truncated.unwrap_or(false),
+            duration_ms: task.duration_ms.unwrap_or(0),
+            hint: None,
+            error: task.error.clone(),
+            output_path: task.output_path.clone(),
+            result_path: task.result_path.clone(),
+            rendered: None,
+        };
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&ToolCallResult::Completed(c))?
+        );
+    } else {
+        describe_end(&task);
+    }
+    if interrupted && task.state == TaskState::Canceled {
+        return Ok(EXIT_INTERRUPTED);
+    }
+    Ok(exit_code_of(
+        task.state,
+        task.exit_code,
+        task.signal,
+        task.reason,
+    ))
+}
+
+/// One line on stderr when the run did not simply exit: why it ended.
+fn describe_end(t: &Task) {
+    let why = match (t.state, t.reason) {
+        (TaskState::Succeeded, _) | (_, Some(FailReason::ExitCode)) => return,
+        (TaskState::Canceled, _) => "was canceled".to_owned(),
+        (_, Some(FailReason::Timeout)) => "timed out".to_owned(),
+        (_, Some(FailReason::Signal)) => format!("was killed by signal {}", t.signal.unwrap_or(0)),
+        (_, Some(r)) => format!("failed ({})", r.as_str().replace('_', " ")),
+        (_, None) => format!("ended {}", t.state.as_str()),
+    };
+    match &t.error {
+        Some(e) => eprintln!("sidejob: the command {why}: {e}"),
+        None => eprintln!("sidejob: the command {why}"),
+    }
+}
+
+fn finish_completed(c: &CompletedCall, json_out: bool) -> Result<i32> {
+    if json_out {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&ToolCallResult::Completed(c.clone()))?
+        );
+    } else {
+        print!("{}", c.output);
+        std::io::stdout().flush()?;
+        if let Some(err) = &c.error {
+            eprintln!("sidejob: {err}");
+        }
+    }
+    Ok(exit_code_of(c.state, c.exit_code, c.signal, c.reason))
+}

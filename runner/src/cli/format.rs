@@ -1,0 +1,166 @@
+//! How the command line reads and shows things: durations, short task ids, tables, the
+//! waiting spinner.
+
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
+/// A human duration: `500ms`, `90s`, `10m`, `1h30m`, `2d`. A bare number is refused rather
+/// than guessed (milliseconds or seconds?).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!(
+            "{t:?} has no unit; write it as {t}s, {t}ms or {t}m (units: ms, s, m, h, d)"
+        ));
+    }
+    humantime::parse_duration(t)
+        .map_err(|e| format!("{t:?} is not a duration ({e}); write e.g. 500ms, 90s, 10m or 1h30m"))
+}
+
+/// `1h30m`, `2m05s`, `4.2s`, `350ms`.
+pub fn format_duration(d: Duration) -> String {
+    let ms = d.as_millis() as u64;
+    let s = ms / 1000;
+    match s {
+        0 => format!("{ms}ms"),
+        1..=59 => format!("{:.1}s", ms as f64 / 1000.0),
+        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
+        3600..=86_399 => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+        _ => format!("{}d{:02}h", s / 86_400, (s % 86_400) / 3600),
+    }
+}
+
+/// A duration given in milliseconds on the wire.
+pub fn format_ms(ms: u64) -> String {
+    format_duration(Duration::from_millis(ms))
+}
+
+/// The shortest prefix of each id (at least 12 characters, as docker shows) that tells it
+/// apart from every other id listed.
+pub fn short_ids(ids: &[&str]) -> Vec<String> {
+    const MIN: usize = 12;
+    ids.iter()
+        .map(|id| {
+            let mut n = MIN.min(id.len());
+            while n < id.len()
+                && ids
+                    .iter()
+                    .any(|other| other != id && other.len() >= n && other[..n] == id[..n])
+            {
+                n += 1;
+            }
+            id[..n].to_owned()
+        })
+        .collect()
+}
+
+/// Prints a left-aligned table; the last column is not padded.
+pub fn print_table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) {
+    let mut widths = header.map(|h| h.chars().count());
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            widths[i] = widths[i].max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut s = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i + 1 == N {
+                s.push_str(c);
+            } else {
+                s.push_str(&format!("{c:<w$}  ", w = widths[i]));
+            }
+        }
+        println!("{}", s.trim_end());
+    };
+    line(header.to_vec());
+    for r in rows {
+        line(r.iter().map(String::as_str).collect());
+    }
+}
+
+/// Elapsed time on stderr while the CLI waits, when stderr is a terminal.
+pub struct Spinner {
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Spinner {
+    pub fn start(enabled: bool, what: &str) -> Spinner {
+        if !enabled || !std::io::stderr().is_terminal() {
+            return Spinner {
+                stop: None,
+                handle: None,
+            };
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let what = what.to_owned();
+        let handle = std::thread::spawn(move || {
+            let frames = ['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'];
+            let start = Instant::now();
+            // Stay quiet for short waits.
+            if rx.recv_timeout(Duration::from_millis(500)).is_ok() {
+                return;
+            }
+            for i in 0.. {
+                eprint!(
+                    "\r{} {what} {} ",
+                    frames[i % frames.len()],
+                    format_duration(Duration::from_secs(start.elapsed().as_secs()))
+                );
+                if rx.recv_timeout(Duration::from_millis(100)).is_ok() {
+                    break;
+                }
+            }
+            eprint!("\r\x1b[2K");
+        });
+        Spinner {
+            stop: Some(tx),
+            handle: Some(handle),
+        }
+    }
+}
+
+impl Drop for Spinner {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn durations_read_as_people_write_them() {
+        assert_eq!(parse_duration("10m").unwrap(), Duration::from_secs(600));
+        assert_eq!(parse_duration("1h30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        let e = parse_duration("600000").unwrap_err();
+        assert!(e.contains("no unit") && e.contains("600000ms"), "{e}");
+        assert!(parse_duration("soon").is_err());
+        assert_eq!(format_duration(Duration::from_secs(5400)), "1h30m");
+        assert_eq!(format_duration(Duration::from_millis(350)), "350ms");
+        assert_eq!(format_duration(Duration::from_millis(4200)), "4.2s");
+        assert_eq!(format_duration(Duration::from_secs(125)), "2m05s");
+    }
+
+    #[test]
+    fn short_ids_are_unique_and_at_least_twelve_characters() {
+        let ids = [
+            "01KAAAAAAAAAAAAAAAAAAAAAAA",
+            "01KAAAAAAAAAAAAAB000000000",
+            "01KBBBBBBBBBBBBBBBBBBBBBBB",
+        ];
+        assert_eq!(
+            short_ids(&ids),
+            ["01KAAAAAAAAAAAAAA", "01KAAAAAAAAAAAAAB", "01KBBBBBBBBB"]
+        );
+    }
+}

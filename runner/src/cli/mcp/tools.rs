@@ -1,0 +1,147 @@
+//! What `sidejob mcp` offers: the daemon's tools (with `background` and `yield_after_ms`
+//! added), the `job_*` tools for background work, and how results and background
+//! completions are shaped as MCP content.
+
+use rmcp::model::{CallToolResult, ContentBlock, Tool};
+use serde_json::{json, Value};
+
+use crate::protocol::{Notification, Task, ToolInfo};
+
+/// `structuredContent` of every tool: permissive on purpose (fields may be added).
+fn output_schema(properties: Value) -> Value {
+    json!({"type": "object", "properties": properties})
+}
+
+fn run_output_schema() -> Value {
+    output_schema(json!({
+        "status": {"type": "string", "enum": ["completed", "running"], "description": "completed: the run ended; running: it goes on in the background as task_id"},
+        "task_id": {"type": "string"},
+        "state": {"type": "string"},
+        "exit_code": {"type": ["integer", "null"]},
+        "output": {"type": "string"},
+        "output_truncated": {"type": "boolean"},
+        "duration_ms": {"type": "integer"},
+        "background_completions": {"type": "array", "description": "background jobs that finished since the last result"}
+    }))
+}
+
+fn tool(v: Value) -> Tool {
+    // Every field is ours and well-formed; a failure here is a bug caught by the tests.
+    serde_json::from_value(v).unwrap_or_else(|e| {
+        Tool::new(
+            "invalid",
+            format!("sidejob built an invalid tool definition: {e}"),
+            serde_json::Map::new(),
+        )
+    })
+}
+
+/// A daemon tool as an MCP tool.
+pub fn daemon_tool(t: &ToolInfo) -> Tool {
+    let mut schema = t.input_schema.clone();
+    if let Some(props) = schema.get_mut("properties").and_then(Value::as_object_mut) {
+        props.insert(
+            "background".into(),
+            json!({"type": "boolean", "description": "Start it in the background now; you are told when it finishes"}),
+        );
+        props.insert(
+            "yield_after_ms".into(),
+            json!({"type": "integer", "minimum": 0, "description": format!("Move to the background after this long (default {})", t.default_yield_after_ms)}),
+        );
+    }
+    tool(json!({
+        "name": t.name,
+        "title": format!("{} (sandboxed)", t.name),
+        "description": t.description,
+        "inputSchema": schema,
+        "outputSchema": run_output_schema(),
+        // A run can change the workspace and, as its profile allows, reach the network.
+        "annotations": {"readOnlyHint": false, "destructiveHint": true, "idempotentHint": false, "openWorldHint": true}
+    }))
+}
+
+pub fn job_tools() -> Vec<Tool> {
+    let id = json!({"type": "string", "description": "The job's task id"});
+    let read_only = json!({"readOnlyHint": true, "destructiveHint": false, "idempotentHint": true, "openWorldHint": false});
+    vec![
+        tool(json!({
+            "name": "job_list",
+            "title": "List jobs",
+            "description": "List this session's jobs: running ones and recent finished ones.",
+            "inputSchema": {"type": "object", "properties": {}},
+            "outputSchema": output_schema(json!({"jobs": {"type": "array"}, "background_completions": {"type": "array"}})),
+            "annotations": read_only
+        })),
+        tool(json!({
+            "name": "job_output",
+            "title": "Read a job's output",
+            "description": "Read a job's output (the last 64 KiB unless offset is given).",
+            "inputSchema": {"type": "object", "properties": {"task_id": id, "offset": {"type": "integer", "minimum": 0}}, "required": ["task_id"]},
+            "outputSchema": output_schema(json!({"output": {"type": "string"}, "next_offset": {"type": "integer"}, "eof": {"type": "boolean"}, "background_completions": {"type": "array"}})),
+            "annotations": read_only
+        })),
+        tool(json!({
+            "name": "job_wait",
+            "title": "Wait for a job",
+            "description": "Wait for a job to finish (up to timeout_ms, default 30000) and report how it ended.",
+            "inputSchema": {"type": "object", "properties": {"task_id": id, "timeout_ms": {"type": "integer", "minimum": 0}}, "required": ["task_id"]},
+            "outputSchema": output_schema(json!({"task": {"type": "object"}, "background_completions": {"type": "array"}})),
+            "annotations": read_only
+        })),
+        tool(json!({
+            "name": "job_stop",
+            "title": "Stop a job",
+            "description": "Stop a job: SIGTERM to all of it, SIGKILL after a grace.",
+            "inputSchema": {"type": "object", "properties": {"task_id": id}, "required": ["task_id"]},
+            "outputSchema": output_schema(json!({"task_id": {"type": "string"}, "result": {"type": "string"}, "background_completions": {"type": "array"}})),
+            "annotations": {"readOnlyHint": false, "destructiveHint": true, "idempotentHint": true, "openWorldHint": false}
+        })),
+    ]
+}
+
+pub fn describe_task(t: &Task) -> String {
+    let mut s = format!("job {} is {}", t.task_id, t.state.as_str());
+    if let Some(c) = t.exit_code {
+        s.push_str(&format!(" (exit code {c})"));
+    }
+    s.push_str(&format!("; output: {}", t.output_path));
+    s
+}
+
+/// A result: this call's own text first, then each background completion as its own,
+/// labelled content block (never mixed into the text of this call).
+pub fn result(
+    text: String,
+    mut structured: Value,
+    is_error: bool,
+    completions: &[Notification],
+) -> CallToolResult {
+    let mut content = vec![ContentBlock::text(text)];
+    for n in completions {
+        let block = json!({
+            "type": "text",
+            "text": format!(
+                "[background job update — not part of this call's output]\n{}",
+                n.text.trim_end()
+            ),
+            "annotations": {"audience": ["assistant"], "priority": 0.9},
+            "_meta": {"sidejob/notification": {"id": n.id, "task_id": n.task_id, "severity": n.severity, "kind": n.kind}}
+        });
+        if let Ok(b) = serde_json::from_value(block) {
+            content.push(b);
+        }
+    }
+    if let Some(obj) = structured.as_object_mut() {
+        obj.insert("background_completions".into(), json!(completions));
+    }
+    let mut r = if is_error {
+        CallToolResult::error(content)
+    } else {
+        CallToolResult::success(content)
+    };
+    // Errors carry no structured content: clients check it against the output schema.
+    if !is_error {
+        r.structured_content = Some(structured);
+    }
+    r
+}
