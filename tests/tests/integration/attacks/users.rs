@@ -260,10 +260,10 @@ print(json.dumps(out))
     assert_eq!(root_tasks["tasks"], json!([]), "{root_tasks}");
 }
 
-/// The CLI (and `sidejob mcp`) derive their session id from the working directory only
-/// (`cli-<hash of cwd>`), not from the caller's uid, so the reserved `cli-<uid>-…` ids do not
-/// cover them: uid 65534 opens the id root's CLI will use in root's project first, and
-/// root's `sidejob call` there is then refused.
+/// The CLI (and `sidejob mcp`) derive their session id from the working directory and the
+/// caller's uid (`cli-<uid>-<hash of cwd>`), an id reserved for that uid: uid 65534 cannot
+/// open the id root's CLI will use in root's project first, and root's `sidejob call` there
+/// works.
 #[test]
 fn another_user_cannot_squat_the_session_id_roots_cli_derives() {
     let Some(d) = daemon() else { return };
