@@ -81,8 +81,13 @@ pub fn collect(d: &Daemon, uid: u32) -> Result<DaemonStatusResult, RpcError> {
     }
     // Terminal states are counted as runs settle (since this daemon started): the registry
     // keeps history, which a counter of "runs by state" should not re-count on every scrape.
-    for (state, n) in crate::metrics::settled_counts() {
-        tasks.insert(state.as_str().to_owned(), n as u32);
+    // These counters are the whole daemon's, so only root sees them: to anyone else they
+    // would tell when other users' runs end.
+    let daemon_wide = uid == 0;
+    if daemon_wide {
+        for (state, n) in crate::metrics::settled_counts() {
+            tasks.insert(state.as_str().to_owned(), n as u32);
+        }
     }
     let queue_depth = tasks.get("queued").copied().unwrap_or(0);
     Ok(DaemonStatusResult {
@@ -99,7 +104,15 @@ pub fn collect(d: &Daemon, uid: u32) -> Result<DaemonStatusResult, RpcError> {
         sessions,
         tasks,
         queue_depth,
-        wakes_pushed: crate::metrics::wakes_pushed(),
-        violations: crate::metrics::violations(),
+        wakes_pushed: if daemon_wide {
+            crate::metrics::wakes_pushed()
+        } else {
+            0
+        },
+        violations: if daemon_wide {
+            crate::metrics::violations()
+        } else {
+            0
+        },
     })
 }
