@@ -96,6 +96,11 @@ pub struct EventRef {
 }
 
 impl Registry {
+    /// Records a notification on its own (one that no state change carries).
+    pub fn notify(&self, n: &NotificationRow) -> Result<()> {
+        self.write(|tx| n.insert(tx).map(drop))
+    }
+
     pub fn get_notification(&self, id: &str) -> Result<Option<NotificationRow>> {
         self.read(|c| {
             let mut stmt = c.prepare_cached("SELECT * FROM notifications WHERE id = ?1")?;

@@ -108,6 +108,24 @@ pub fn get_to_work_in(
             owner_uid = row.owner_uid,
             "root adopts another user's session"
         );
+        // The owner sees it too: a notice in the session's inbox.
+        let notice = crate::registry::NotificationRow {
+            id: ids::ulid(),
+            session_id: session_id.to_owned(),
+            owner_uid: row.owner_uid,
+            task_id: None,
+            severity: "warn".into(),
+            kind: "adopted".into(),
+            text: format!(
+                "uid {uid} (root) acted in this session with adopt: true; what it starts here runs as uid {}",
+                row.owner_uid
+            ),
+            created_at: ids::now_rfc3339(),
+            acked: false,
+            acked_at: None,
+            occurrence_key: None,
+        };
+        registry.notify(&notice)?;
     }
     Ok(row)
 }

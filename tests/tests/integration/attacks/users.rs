@@ -98,11 +98,25 @@ fn attack_root_acts_in_another_users_session_only_when_adopting() {
         std::fs::read_to_string(&marker).expect("marker"),
         format!("{NOBODY}\n")
     );
-    // The owner sees root's work in their session.
+    // The owner sees root's work in their session, and a notice that root adopted it.
     let tasks = n.ok("task.list", json!({"session_id": "theirs"}));
     assert!(
         tasks["tasks"].as_array().is_some_and(|t| !t.is_empty()),
         "{tasks}"
+    );
+    let inbox = n.ok("inbox.list", json!({"session_id": "theirs"}));
+    let adopted: Vec<&Value> = inbox["notifications"]
+        .as_array()
+        .expect("notifications")
+        .iter()
+        .filter(|x| x["kind"] == "adopted")
+        .collect();
+    assert_eq!(adopted.len(), 3, "one notice per adopting request: {inbox}");
+    assert!(
+        adopted[0]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("uid 0")),
+        "{inbox}"
     );
 }
 
