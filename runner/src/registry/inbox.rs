@@ -173,7 +173,7 @@ impl Registry {
 
     /// Events after `seq`, oldest first, at most `limit`.
     pub fn events_after(&self, seq: i64, limit: usize) -> Result<Vec<EventRef>> {
-        self.read(|c| {
+        self.follow(|c| {
             let mut stmt = c.prepare_cached("SELECT seq, kind, entity, entity_id, session_id FROM events WHERE seq > ?1 ORDER BY seq LIMIT ?2")?;
             let rows = stmt.query_map(params![seq, limit as i64], |r| {
                 Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?, r.get::<_, String>(3)?, r.get::<_, Option<String>>(4)?))

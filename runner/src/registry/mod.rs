@@ -130,6 +130,10 @@ pub struct Usage {
 }
 
 pub struct Registry {
+    /// A second, read-only connection for the wake hub, which reads every committed event and
+    /// the rows they name: with WAL it never waits for the writers, nor they for it. Declared
+    /// (so dropped) before `conn`: the writer closing last checkpoints the WAL into the file.
+    follower: Mutex<Connection>,
     conn: Mutex<Connection>,
     path: PathBuf,
     /// The newest event's seq, updated after every commit that wrote events: the wake hub
@@ -180,8 +184,18 @@ impl Registry {
         migrate(&mut conn)?;
         let last: i64 =
             conn.query_row("SELECT COALESCE(MAX(seq), 0) FROM events", [], |r| r.get(0))?;
+        let follower = Connection::open_with_flags(
+            &path,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|source| RegistryError::Open {
+            path: path.clone(),
+            source,
+        })?;
+        follower.busy_timeout(std::time::Duration::from_secs(5))?;
         Ok(Registry {
             conn: Mutex::new(conn),
+            follower: Mutex::new(follower),
             path,
             last_seq: tokio::sync::watch::channel(last).0,
         })
@@ -224,6 +238,24 @@ impl Registry {
     pub(crate) fn read<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
         let conn = self.lock();
         f(&conn)
+    }
+
+    /// Runs `f` with the follower connection (see [`Registry::follower`]): committed data
+    /// only, for the wake hub.
+    pub(crate) fn follow<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+        let conn = self.follower.lock().unwrap_or_else(|e| e.into_inner());
+        f(&conn)
+    }
+
+    /// [`Registry::get_task`] on the follower connection.
+    pub fn get_task_committed(&self, task_id: &str) -> Result<Option<TaskRow>> {
+        self.follow(|c| {
+            let mut stmt = c.prepare_cached("SELECT * FROM tasks WHERE task_id = ?1")?;
+            stmt.query_row([task_id], TaskRow::from_row)
+                .optional()?
+                .map(TaskRow::check)
+                .transpose()
+        })
     }
 
     /// Writes a row change and its event in the same transaction; returns the event's seq.

@@ -396,25 +396,31 @@ fn bind_socket(path: &Path, group: Option<u32>) -> Result<UnixListener, ServeErr
         }
         Err(_) => {}
     }
-    let listener = UnixListener::bind(path).map_err(|source| ServeError::Io {
-        step: "bind",
-        path: path.into(),
-        source,
-    })?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(|source| {
-        ServeError::Io {
-            step: "set permissions on",
-            path: path.into(),
+    // Bound under a temporary name, given its mode and group, then renamed into place: a
+    // client can only ever reach the socket as it is meant to be.
+    let staged = path.with_file_name(format!(
+        ".{}.{}",
+        path.file_name()
+            .map_or_else(|| "sock".into(), |n| n.to_string_lossy()),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&staged);
+    let io = |step: &'static str, p: &Path| {
+        let p = p.to_path_buf();
+        move |source| ServeError::Io {
+            step,
+            path: p,
             source,
         }
-    })?;
+    };
+    let listener = UnixListener::bind(&staged).map_err(io("bind", path))?;
+    std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o660))
+        .map_err(io("set permissions on", path))?;
     if let Some(gid) = group {
-        std::os::unix::fs::lchown(path, None, Some(gid)).map_err(|source| ServeError::Io {
-            step: "hand the socket to its group",
-            path: path.into(),
-            source,
-        })?;
+        std::os::unix::fs::lchown(&staged, None, Some(gid))
+            .map_err(io("hand the socket to its group", path))?;
     }
+    std::fs::rename(&staged, path).map_err(io("put in place", path))?;
     Ok(listener)
 }
 
@@ -542,6 +548,9 @@ async fn connection(d: Arc<Daemon>, stream: UnixStream) {
 
 /// Writes replies and pushes to the connection. Replies come first; pushes wait in a bounded
 /// queue (see `wake`); a gap is announced once.
+/// How many bytes of waiting pushes one write may carry.
+const PUSH_BATCH_BYTES: usize = 256 * 1024;
+
 async fn write_loop(
     mut wr: OwnedWriteHalf,
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
@@ -567,6 +576,19 @@ async fn write_loop(
         if !broken {
             let mut bytes = line.into_bytes();
             bytes.push(b'\n');
+            // Pushes waiting behind this one go out in the same write: a subscriber under
+            // load gets many lines per system call instead of one.
+            if inline_task.is_none() {
+                while bytes.len() < PUSH_BATCH_BYTES {
+                    match pushes.try_recv() {
+                        Ok(more) => {
+                            bytes.extend_from_slice(more.as_bytes());
+                            bytes.push(b'\n');
+                        }
+                        Err(_) => break,
+                    }
+                }
+            }
             if wr.write_all(&bytes).await.is_ok() {
                 continue;
             }

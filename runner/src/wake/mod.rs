@@ -101,7 +101,20 @@ impl Hub {
                 return Ok(());
             };
             if !st.routes.is_empty() {
+                // A task.updated carries the task as it is now, so of several changes of one
+                // task in this batch only the last needs a push: the others would say the
+                // same (and under load, a reader that keeps up is what matters).
+                let last_of_task: HashMap<&str, i64> = events
+                    .iter()
+                    .filter(|e| e.entity == Entity::Task)
+                    .map(|e| (e.entity_id.as_str(), e.seq))
+                    .collect();
                 for ev in &events {
+                    if ev.entity == Entity::Task
+                        && last_of_task.get(ev.entity_id.as_str()) != Some(&ev.seq)
+                    {
+                        continue;
+                    }
                     let Some(session) = ev.session_id.clone() else {
                         continue;
                     };
@@ -132,7 +145,7 @@ impl Hub {
 
     fn message_for(&self, ev: &EventRef) -> Result<Option<String>, RegistryError> {
         Ok(match (ev.entity, ev.kind.as_str()) {
-            (Entity::Task, _) => self.registry.get_task(&ev.entity_id)?.map(|t| {
+            (Entity::Task, _) => self.registry.get_task_committed(&ev.entity_id)?.map(|t| {
                 push_line(
                     "task.updated",
                     json!(TaskUpdatedNotification {
