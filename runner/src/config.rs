@@ -52,6 +52,8 @@ pub struct Config {
     pub schedule_lease_ms: u64,
     /// Pushes a subscriber may have queued before it gets `events.gap` and is cut off.
     pub push_queue: usize,
+    /// Connections open at once, over every user; more are refused with `limit_exceeded`.
+    pub max_connections: usize,
     /// Each user's share of the daemon (`[per_user]`): one user at a limit never delays
     /// another's call.
     pub per_user: PerUser,
@@ -126,6 +128,7 @@ impl Default for Config {
             subagent: SubagentConfig::default(),
             schedule_lease_ms: 30_000,
             push_queue: crate::wake::PUSH_QUEUE,
+            max_connections: 4096,
             per_user: PerUser::default(),
             backup_interval_ms: 300_000,
             metrics_addr: None,

@@ -462,7 +462,8 @@ async fn connection(d: Arc<Daemon>, stream: UnixStream) {
     let limits = d.executor.config().per_user.clone();
     async move {
         debug!("connected");
-        let mut share = match d.shares.connect(peer.uid, &limits) {
+        let max_connections = d.executor.config().max_connections;
+        let mut share = match d.shares.connect(peer.uid, &limits, max_connections) {
             Ok(share) => share,
             Err(why) => {
                 let err = RpcError::new(ErrorKind::LimitExceeded, why);
@@ -478,7 +479,9 @@ async fn connection(d: Arc<Daemon>, stream: UnixStream) {
         let (tx, rx) = mpsc::unbounded_channel::<Outgoing>();
         let writer = tokio::spawn(write_loop(wr, rx, push_rx, gap_rx, d.clone()));
         let (closed_tx, closed_rx) = watch::channel(false);
-        let mut reader = BufReader::with_capacity(64 * 1024, rd);
+        // Small to start (an idle connection costs little); a long line grows `line` only
+        // while it is read.
+        let mut reader = BufReader::with_capacity(8 * 1024, rd);
         let mut line = Vec::new();
         loop {
             match read_line(&mut reader, &mut line, &mut share, line_timeout).await {
@@ -489,6 +492,7 @@ async fn connection(d: Arc<Daemon>, stream: UnixStream) {
                     let (d, tx, mut closed, peer) =
                         (d.clone(), tx.clone(), closed_rx.clone(), peer.clone());
                     let text = std::mem::take(&mut line);
+                    // Start the next line small again (`take` left an empty buffer).
                     tokio::spawn(async move {
                         let closed = async move {
                             let _ = closed.wait_for(|c| *c).await;

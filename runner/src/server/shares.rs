@@ -17,6 +17,8 @@ struct Held {
 #[derive(Default)]
 pub struct Shares {
     by_uid: Mutex<HashMap<u32, Held>>,
+    /// Connections open over every uid (`max_connections`).
+    total: std::sync::atomic::AtomicUsize,
 }
 
 impl Shares {
@@ -24,9 +26,22 @@ impl Shares {
         self.by_uid.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Counts a new connection of `uid`, or says why it may not have one.
-    pub fn connect(self: &Arc<Self>, uid: u32, limits: &PerUser) -> Result<Connection, String> {
+    /// Counts a new connection of `uid`, or says why it may not have one: the daemon's
+    /// `max_connections`, or the user's `per_user.connections`.
+    pub fn connect(
+        self: &Arc<Self>,
+        uid: u32,
+        limits: &PerUser,
+        max_connections: usize,
+    ) -> Result<Connection, String> {
+        use std::sync::atomic::Ordering;
         let mut map = self.lock();
+        let total = self.total.load(Ordering::Relaxed);
+        if total >= max_connections {
+            return Err(format!(
+                "the daemon has {total} connections open: max_connections ({max_connections}) is reached; try again once some close"
+            ));
+        }
         let held = map.entry(uid).or_default();
         if held.connections >= limits.connections {
             return Err(format!(
@@ -35,6 +50,7 @@ impl Shares {
             ));
         }
         held.connections += 1;
+        self.total.fetch_add(1, Ordering::Relaxed);
         Ok(Connection {
             shares: self.clone(),
             uid,
@@ -79,6 +95,7 @@ impl Connection {
 
 impl Drop for Connection {
     fn drop(&mut self) {
+        use std::sync::atomic::Ordering;
         let mut map = self.shares.lock();
         if let Some(held) = map.get_mut(&self.uid) {
             held.connections = held.connections.saturating_sub(1);
@@ -86,6 +103,13 @@ impl Drop for Connection {
             if held.connections == 0 {
                 map.remove(&self.uid);
             }
+        }
+        let left = self.shares.total.fetch_sub(1, Ordering::Relaxed) - 1;
+        drop(map);
+        // Once a crowd of connections has gone, give the memory they used back to the
+        // system (the allocator keeps freed memory for reuse otherwise).
+        if left.is_multiple_of(1024) {
+            crate::sys::trim_heap();
         }
     }
 }
@@ -102,13 +126,17 @@ mod tests {
             buffered_bytes: 100,
             ..PerUser::default()
         };
-        let mut a1 = shares.connect(1, &limits).unwrap();
-        let mut a2 = shares.connect(1, &limits).unwrap();
+        let mut a1 = shares.connect(1, &limits, 100).unwrap();
+        let mut a2 = shares.connect(1, &limits, 100).unwrap();
         assert!(
-            shares.connect(1, &limits).is_err(),
+            shares.connect(1, &limits, 100).is_err(),
             "a third connection of uid 1"
         );
-        let mut b = shares.connect(2, &limits).unwrap();
+        let mut b = shares.connect(2, &limits, 100).unwrap();
+        assert!(
+            shares.connect(3, &limits, 3).is_err(),
+            "the daemon's own cap counts every uid"
+        );
         assert!(a1.hold(60));
         assert!(!a2.hold(60), "uid 1 would hold 120 bytes");
         assert!(a2.hold(40));
@@ -116,7 +144,7 @@ mod tests {
         assert!(a1.hold(0));
         assert!(a2.hold(100));
         drop(a1);
-        let _a3 = shares.connect(1, &limits).unwrap();
+        let _a3 = shares.connect(1, &limits, 100).unwrap();
         drop(a2);
         assert!(shares.lock().get(&1).is_some_and(|h| h.buffered == 0));
     }

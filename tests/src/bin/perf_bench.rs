@@ -185,7 +185,7 @@ fn wait_status(c: &mut Conn, session: &str, field: &str, n: u64, within: Duratio
 }
 
 fn many_runs_config() -> &'static str {
-    "max_running = 4096\nmax_running_per_session = 4096\n[per_user]\nrunning = 4096\nqueued = 4096\nconnections = 20000\n"
+    "max_running = 4096\nmax_running_per_session = 4096\nmax_connections = 20000\n[per_user]\nrunning = 4096\nqueued = 4096\nconnections = 20000\n"
 }
 
 fn spawn_section() {

@@ -254,3 +254,29 @@ fn output_kept_past_the_share_is_refused_until_a_session_is_deleted() {
     let r = n.bash(&s, "echo again", json!({}));
     assert_eq!(r["output"], "again\n", "{r}");
 }
+
+#[test]
+fn connections_past_the_daemons_cap_are_refused_with_the_limit_named() {
+    let d = Daemon::start_with_config("max_connections = 3\n");
+    let mut held: Vec<Client> = (0..3).map(|_| d.client()).collect();
+    for c in &mut held {
+        c.ok("initialize", json!({}));
+    }
+    let mut fourth = d.client();
+    fourth.set_read_timeout(Duration::from_secs(10));
+    let msg = fourth.read_message().expect("a refusal before the close");
+    assert_limit(&msg["error"], "max_connections");
+    assert!(
+        fourth.read_message().is_none(),
+        "then the connection closes"
+    );
+    drop(held.pop());
+    assert!(
+        sidejob_tests::wait_until(Duration::from_secs(10), || {
+            let mut c = d.client();
+            c.set_read_timeout(Duration::from_secs(5));
+            c.call("initialize", json!({})).is_ok()
+        }),
+        "a connection once one of the three closed"
+    );
+}
