@@ -181,6 +181,7 @@ pub async fn finish(
     if let Err(e) = exec.registry().close_session(&child) {
         warn!(task_id, "cannot close the subagent's session: {e}");
     }
+    exec.forget_session(&child);
 }
 
 /// `handover.json` and a line at the end of `output.log`, written through the run

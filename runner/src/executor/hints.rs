@@ -19,14 +19,27 @@ pub struct Polling {
 }
 
 impl Polling {
+    /// Forgets a closed session's streak.
+    pub fn forget(&self, session_id: &str) {
+        self.streak
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(session_id);
+    }
+
     /// Records one call; returns the hint if this is the second waiting-like foreground call
     /// in a row in the session.
     pub fn observe(&self, session_id: &str, args: &Value, detached: bool) -> Option<String> {
         let command = args.get("command").and_then(Value::as_str).unwrap_or("");
         let waiting = !detached && looks_like_waiting(command);
         let mut map = self.streak.lock().unwrap_or_else(|e| e.into_inner());
+        if !waiting {
+            // Only sessions on a streak are kept: the map does not grow with every session.
+            map.remove(session_id);
+            return None;
+        }
         let n = map.entry(session_id.to_owned()).or_insert(0);
-        *n = if waiting { *n + 1 } else { 0 };
+        *n += 1;
         (*n >= 2).then(|| POLL_HINT.to_owned())
     }
 }

@@ -55,6 +55,16 @@ impl Executor {
         lane
     }
 
+    /// Forgets a closed session's lane: its queue task ends once the calls already in it are
+    /// served (they were canceled with the session). A session opened again gets a new one.
+    pub fn forget_session(&self, session_id: &str) {
+        self.per_session
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(session_id);
+        self.polling.forget(session_id);
+    }
+
     /// A user's run slots (`per_user.running`), shared by all their sessions.
     fn user_slots(&self, uid: u32) -> Arc<Semaphore> {
         let mut map = self.per_user.lock().unwrap_or_else(|e| e.into_inner());

@@ -743,8 +743,17 @@ impl Executor {
     /// private directory (the task's result is in the registry and its public half).
     fn finish(&self, live: &Live) {
         let _ = live.done.send(true);
-        self.live_map().remove(&live.task_id);
+        let idle = {
+            let mut map = self.live_map();
+            map.remove(&live.task_id);
+            map.is_empty()
+        };
         live.private.remove();
+        // Nothing runs any more: give back to the system what the runs' bookkeeping used
+        // (the allocator keeps freed memory otherwise, and the daemon would stay at its peak).
+        if idle {
+            sys::trim_heap();
+        }
     }
 
     /// Re-attaches to the runs of a previous daemon (see `recover.rs`).

@@ -178,6 +178,9 @@ impl Registry {
         }
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
+        // A small page cache: the registry's hot rows are few (the live tasks), and the
+        // daemon's memory should not grow with its history.
+        conn.pragma_update(None, "cache_size", -1024)?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         let mut conn = conn;
@@ -193,6 +196,7 @@ impl Registry {
             source,
         })?;
         follower.busy_timeout(std::time::Duration::from_secs(5))?;
+        follower.pragma_update(None, "cache_size", -512)?;
         Ok(Registry {
             conn: Mutex::new(conn),
             follower: Mutex::new(follower),

@@ -166,6 +166,7 @@ pub async fn dispatch(
                 }
                 if s.is_open() {
                     registry.close_session(&s.session_id)?;
+                    d.executor.forget_session(&s.session_id);
                 }
             }
             if p.delete.unwrap_or(false) {

@@ -114,6 +114,12 @@ fn rss_kib(pid: u32) -> u64 {
     kib(&format!("/proc/{pid}/status"), "VmRSS:").unwrap_or(0)
 }
 
+/// The anonymous part of the RSS (heap, stacks): what grows if memory leaks or creeps; the
+/// rest is the binary's and libraries' pages, shared and read from disk.
+fn anon_kib(pid: u32) -> u64 {
+    kib(&format!("/proc/{pid}/status"), "RssAnon:").unwrap_or(0)
+}
+
 fn pss_kib(pid: i32) -> u64 {
     kib(&format!("/proc/{pid}/smaps_rollup"), "Pss:").unwrap_or(0)
 }
@@ -417,6 +423,7 @@ fn cycles_section() {
     let ws = TempDir::new("perf-ws");
     let mut c = Conn::open(&d);
     let mut after = Vec::new();
+    let mut anon = Vec::new();
     for _ in 0..10 {
         let s = open_session(&mut c, ws.path());
         submit(&mut c, &s, "sleep 600", 1000);
@@ -437,10 +444,17 @@ fn cycles_section() {
         ));
         std::thread::sleep(Duration::from_millis(300));
         after.push(rss_kib(d.pid()));
+        anon.push(anon_kib(d.pid()));
     }
     let first = after[0];
     let last = *after.last().unwrap();
     println!("cycles: 1000 runs then cancel, ten times");
+    println!(
+        "  anonymous RSS after each cycle {:?} MiB",
+        anon.iter()
+            .map(|k| (*k as f64 / 1024.0 * 10.0).round() / 10.0)
+            .collect::<Vec<_>>()
+    );
     println!(
         "  RSS after each cycle {:?} MiB",
         after
