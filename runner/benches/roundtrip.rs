@@ -68,7 +68,7 @@ impl Drop for Daemon {
 fn main() {
     let bin = env!("CARGO_BIN_EXE_sidejob");
     let root = std::env::temp_dir().join(format!("sidejob-bench-{}", std::process::id()));
-    let socket = root.join("sidejob.sock");
+    let socket = root.join("run").join("sidejob.sock");
     let workspace = root.join("ws");
     std::fs::create_dir_all(&workspace).expect("workspace");
     let child = Command::new(bin)

@@ -90,11 +90,17 @@ impl Drop for Daemon {
 
 fn main() {
     let root = std::env::temp_dir().join(format!("sidejob-bench-wakes-{}", std::process::id()));
-    let socket = root.join("s.sock");
+    let socket = root.join("run").join("s.sock");
     let ws = root.join("ws");
     std::fs::create_dir_all(&ws).unwrap();
+    // 10 000 armed schedules for one user is the point of the burst, not a share to enforce.
+    let config = root.join("config.toml");
+    std::fs::write(&config, "[per_user]\nschedules = 20000\n").unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_sidejob"))
-        .args(["serve", "--socket"])
+        .arg("serve")
+        .arg("--config")
+        .arg(&config)
+        .arg("--socket")
         .arg(&socket)
         .arg("--state-dir")
         .arg(root.join("state"))

@@ -215,6 +215,8 @@ pub fn supervise(
     // everything that can fail or allocate happens here, before any fork.
     let mut sandbox = linux::prepare(plan)?;
     let (out_r, out_w) = sys::pipe().map_err(setup("output pipe"))?;
+    // Best effort: a smaller pipe only means more wake-ups.
+    let _ = sys::set_pipe_size(&out_r, output::PIPE_SIZE);
     let (err_r, err_w) = sys::pipe().map_err(setup("exec error pipe"))?;
     let (status_r, status_w) = sys::pipe().map_err(setup("status pipe"))?;
     let (lifeline_r, lifeline_w) = sys::pipe().map_err(setup("lifeline pipe"))?;
@@ -256,7 +258,6 @@ pub fn supervise(
     let mut out_open = true;
     let mut status_open = true;
     let mut status_buf = Vec::new();
-    let mut buf = vec![0u8; 64 * 1024];
 
     loop {
         let now = Instant::now();
@@ -305,14 +306,15 @@ pub fn supervise(
         if out_open && ready[2] {
             // Bounded per wake-up so signals are not starved by a flood.
             for _ in 0..64 {
-                match sys::read_fd(&out_r, &mut buf) {
+                match capture.fill_from(out_r.as_fd()) {
                     Ok(0) => {
                         out_open = false;
                         break;
                     }
                     // A write error (a full disk) is kept by the capture, which goes on
                     // reading: the command is never blocked, and the run still settles.
-                    Ok(n) => capture.push(&buf[..n]),
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) => {
                         return Err(SuperviseError::Setup {

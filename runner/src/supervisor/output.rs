@@ -1,20 +1,36 @@
 //! Output capture: the first `head` bytes go straight to output.log as they arrive; after
 //! that only the last `tail` bytes are kept (in memory) and written after a marker when the
 //! run ends. The command is never blocked or slowed by the cap.
+//!
+//! The bytes move with as few copies as the kernel allows: the head is spliced from the
+//! run's pipe into output.log (no copy through this process), and past the head the pipe is
+//! read straight into the ring that keeps the tail (one copy, no intermediate buffer). Only a
+//! run whose output is also shown on a terminal reads through a buffer.
 
 use std::fs::File;
 use std::io::{self, Write};
+use std::os::fd::{AsFd, BorrowedFd};
+
+use nix::errno::Errno;
+use nix::fcntl::{splice, SpliceFFlags};
+
+/// The most one splice moves; the pipe holds at most this much anyway (see [`PIPE_SIZE`]).
+const SPLICE_CHUNK: usize = 1 << 20;
+
+/// The size the output pipe is given, so a fast writer fills it in few system calls and the
+/// supervisor drains it in few wake-ups (`/proc/sys/fs/pipe-max-size` caps it; the default
+/// 64 KiB stays if the kernel refuses).
+pub const PIPE_SIZE: i32 = 1 << 20;
 
 pub struct Capture {
     file: File,
     tee: Option<io::Stdout>,
     head: u64,
-    tail_cap: usize,
     written: u64,
     total: u64,
-    /// Ring buffer of the bytes past the head.
-    tail: Vec<u8>,
-    tail_start: usize,
+    tail: Ring,
+    /// Where the bytes are read when they cannot be spliced (teeing, or output.log failed).
+    scratch: Vec<u8>,
     /// The first error writing `output.log` (a full disk, say): from then on the output is
     /// still read and counted, so the command is never blocked, but no longer written.
     write_error: Option<io::Error>,
@@ -26,11 +42,10 @@ impl Capture {
             file,
             tee: tee.then(io::stdout),
             head,
-            tail_cap: tail_cap as usize,
             written: 0,
             total: 0,
-            tail: Vec::new(),
-            tail_start: 0,
+            tail: Ring::new(tail_cap as usize),
+            scratch: Vec::new(),
             write_error: None,
         }
     }
@@ -57,6 +72,49 @@ impl Capture {
         self.total > self.head + self.tail.len() as u64
     }
 
+    /// Moves what `pipe` (non-blocking) holds into the capture, in one system call: `Ok(0)`
+    /// at end of file, `WouldBlock` when the pipe is empty.
+    pub fn fill_from(&mut self, pipe: BorrowedFd<'_>) -> io::Result<usize> {
+        if self.tee.is_none() && self.write_error.is_none() && self.written < self.head {
+            let room = (self.head - self.written).min(SPLICE_CHUNK as u64) as usize;
+            match splice(
+                pipe,
+                None,
+                self.file.as_fd(),
+                None,
+                room,
+                SpliceFFlags::SPLICE_F_NONBLOCK | SpliceFFlags::SPLICE_F_MOVE,
+            ) {
+                Ok(n) => {
+                    self.written += n as u64;
+                    self.total += n as u64;
+                    return Ok(n);
+                }
+                Err(Errno::EINTR) => return Err(io::ErrorKind::Interrupted.into()),
+                Err(Errno::EAGAIN) => return Err(io::ErrorKind::WouldBlock.into()),
+                // Splice refused by the file's filesystem, or the write failed (a full
+                // disk): the bytes are still in the pipe; read them instead, below, where a
+                // write error is recorded and the run goes on.
+                Err(_) => {}
+            }
+        }
+        if self.tee.is_none() && self.written >= self.head {
+            let n = self.tail.read_from(pipe)?;
+            self.total += n as u64;
+            return Ok(n);
+        }
+        if self.scratch.is_empty() {
+            self.scratch = vec![0; 64 * 1024];
+        }
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let read = read_fd(pipe, &mut scratch);
+        if let Ok(n) = read {
+            self.push(&scratch[..n]);
+        }
+        self.scratch = scratch;
+        read
+    }
+
     pub fn push(&mut self, mut data: &[u8]) {
         self.total += data.len() as u64;
         if let Some(out) = self.tee.as_mut() {
@@ -69,44 +127,23 @@ impl Capture {
             self.written += room as u64;
             data = &data[room..];
         }
-        if data.is_empty() || self.tail_cap == 0 {
-            return;
-        }
-        if data.len() >= self.tail_cap {
-            self.tail.clear();
-            self.tail
-                .extend_from_slice(&data[data.len() - self.tail_cap..]);
-            self.tail_start = 0;
-            return;
-        }
-        if self.tail.len() < self.tail_cap {
-            let room = self.tail_cap - self.tail.len();
-            let take = room.min(data.len());
-            self.tail.extend_from_slice(&data[..take]);
-            data = &data[take..];
-        }
-        // The ring is full: overwrite the oldest bytes.
-        for &b in data {
-            self.tail[self.tail_start] = b;
-            self.tail_start = (self.tail_start + 1) % self.tail_cap;
-        }
+        self.tail.push(data);
     }
 
-    /// Writes the kept tail (after a marker if bytes were dropped) and syncs the file.
-    /// Returns `(bytes produced, truncated)`.
-    /// Writes the kept tail and makes the file durable. Returns the total bytes the command
-    /// wrote, whether some were left out, and why writing stopped if it did.
+    /// Writes the kept tail (after a marker if bytes were dropped) and makes the file
+    /// durable. Returns the total bytes the command wrote, whether some were left out, and
+    /// why writing stopped if it did.
     pub fn finish(mut self) -> (u64, bool, Option<io::Error>) {
         let truncated = self.truncated();
-        if !self.tail.is_empty() {
+        if self.tail.len() > 0 {
             if truncated {
                 let omitted = self.total - self.head - self.tail.len() as u64;
                 self.write(
                     format!("\n[sidejob: output truncated: {omitted} bytes omitted]\n").as_bytes(),
                 );
             }
-            let tail = std::mem::take(&mut self.tail);
-            let (newer, older) = tail.split_at(self.tail_start);
+            let tail = std::mem::replace(&mut self.tail, Ring::new(0));
+            let (older, newer) = tail.parts();
             self.write(older);
             self.write(newer);
         }
@@ -117,6 +154,79 @@ impl Capture {
         }
         (self.total, truncated, self.write_error)
     }
+}
+
+/// The last `cap` bytes seen, in a buffer allocated the first time one is kept.
+struct Ring {
+    buf: Vec<u8>,
+    cap: usize,
+    /// Where the next byte goes; once full, also where the oldest byte is.
+    pos: usize,
+    filled: usize,
+}
+
+impl Ring {
+    fn new(cap: usize) -> Ring {
+        Ring {
+            buf: Vec::new(),
+            cap,
+            pos: 0,
+            filled: 0,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.filled
+    }
+
+    fn space(&mut self) -> &mut [u8] {
+        if self.buf.is_empty() {
+            self.buf = vec![0; self.cap];
+        }
+        &mut self.buf[self.pos..]
+    }
+
+    fn advance(&mut self, n: usize) {
+        self.pos = (self.pos + n) % self.cap;
+        self.filled = (self.filled + n).min(self.cap);
+    }
+
+    fn push(&mut self, data: &[u8]) {
+        if self.cap == 0 || data.is_empty() {
+            return;
+        }
+        let data = &data[data.len().saturating_sub(self.cap)..];
+        let first = data.len().min(self.cap - self.pos);
+        self.space()[..first].copy_from_slice(&data[..first]);
+        self.buf[..data.len() - first].copy_from_slice(&data[first..]);
+        self.advance(data.len());
+    }
+
+    /// One `read(2)` from `fd` straight into the ring: up to the end of the buffer, so a
+    /// full pipe is drained in a few calls.
+    fn read_from(&mut self, fd: BorrowedFd<'_>) -> io::Result<usize> {
+        if self.cap == 0 {
+            // Nothing is kept past the head: the bytes are counted and dropped.
+            let mut sink = [0u8; 8192];
+            return read_fd(fd, &mut sink);
+        }
+        let n = read_fd(fd, self.space())?;
+        self.advance(n);
+        Ok(n)
+    }
+
+    /// The kept bytes, oldest first, in two pieces.
+    fn parts(&self) -> (&[u8], &[u8]) {
+        if self.filled < self.cap {
+            (&self.buf[..self.filled], &[])
+        } else {
+            (&self.buf[self.pos..], &self.buf[..self.pos])
+        }
+    }
+}
+
+fn read_fd(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    Ok(nix::unistd::read(fd, buf)?)
 }
 
 #[cfg(test)]
@@ -179,5 +289,70 @@ mod tests {
         assert!(truncated);
         assert!(text.starts_with("xx\n[sidejob"));
         assert!(text.ends_with("END"));
+    }
+
+    /// Through a real pipe, as the supervisor reads it: the head spliced, the tail read into
+    /// the ring (wrapping many times), the layout and the byte count exact.
+    #[test]
+    fn a_pipe_is_captured_exactly() {
+        let cases: [(u64, u64, usize); 5] = [
+            (10, 4, 3),
+            (10, 4, 14),
+            (1000, 300, 100_000),
+            (3 * 65536 + 7, 70_000, (1 << 21) + 12_345),
+            (0, 5000, 300_000),
+        ];
+        for (head, tail, total) in cases {
+            let data: Vec<u8> = (0..total).map(|i| (i * 7 % 251) as u8).collect();
+            let (r, w) = crate::sys::pipe().unwrap();
+            crate::sys::set_nonblocking(&r, true).unwrap();
+            let _ = crate::sys::set_pipe_size(&r, PIPE_SIZE);
+            let sent = data.clone();
+            let writer = std::thread::spawn(move || {
+                let mut f = File::from(w);
+                for ch in sent.chunks(4093) {
+                    f.write_all(ch).unwrap();
+                }
+            });
+            let dir = std::env::temp_dir().join(format!(
+                "sidejob-capture-{}-{}",
+                std::process::id(),
+                crate::ids::ulid()
+            ));
+            std::fs::create_dir_all(&dir).unwrap();
+            let path = dir.join("output.log");
+            let mut c = Capture::new(File::create(&path).unwrap(), head, tail, false);
+            loop {
+                match c.fill_from(r.as_fd()) {
+                    Ok(0) => break,
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        crate::sys::poll_readable(&[Some(r.as_fd())], 1000).unwrap();
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            writer.join().unwrap();
+            let (count, truncated, err) = c.finish();
+            assert!(err.is_none());
+            let got = std::fs::read(&path).unwrap();
+            std::fs::remove_dir_all(&dir).unwrap();
+            let (head, tail) = (head as usize, tail as usize);
+            let mut want = data.clone();
+            if total > head + tail {
+                want = data[..head].to_vec();
+                let omitted = total - head - tail;
+                want.extend_from_slice(
+                    format!("\n[sidejob: output truncated: {omitted} bytes omitted]\n").as_bytes(),
+                );
+                want.extend_from_slice(&data[total - tail..]);
+            }
+            assert_eq!(count, total as u64, "head {head} tail {tail}");
+            assert_eq!(truncated, total > head + tail);
+            assert!(
+                got == want,
+                "head {head} tail {tail} total {total}: layout differs"
+            );
+        }
     }
 }

@@ -412,6 +412,12 @@ pub fn close_from(first: u32) -> io::Result<()> {
 }
 
 /// Sets or clears `O_NONBLOCK`.
+/// `F_SETPIPE_SZ`: asks for a pipe buffer of `bytes` (rounded up to pages by the kernel).
+pub fn set_pipe_size(fd: impl AsFd, bytes: i32) -> io::Result<()> {
+    fcntl(fd.as_fd(), FcntlArg::F_SETPIPE_SZ(bytes))?;
+    Ok(())
+}
+
 pub fn set_nonblocking(fd: impl AsFd, on: bool) -> io::Result<()> {
     let fd = fd.as_fd();
     let mut flags = OFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFL)?);
