@@ -167,10 +167,20 @@ enum Command {
         /// Stop the command after this long (e.g. 90s, 10m); exit code 124
         #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
         timeout: Option<std::time::Duration>,
-        /// Set a variable in the command's environment (repeatable); nothing else of yours
-        /// is passed but what the profile allows
-        #[arg(long = "env", value_name = "K=V")]
+        /// Set a variable in the command's environment, or pass your own value with NAME
+        /// alone (repeatable); nothing else of yours is passed but what the profile allows
+        #[arg(long = "env", value_name = "K=V|NAME")]
         env: Vec<String>,
+        /// Also let the command read this path (repeatable; this run only)
+        #[arg(long = "read", value_name = "PATH")]
+        read: Vec<PathBuf>,
+        /// Also let the command write this path (repeatable; this run only)
+        #[arg(long = "write", value_name = "PATH")]
+        write: Vec<PathBuf>,
+        /// Also let the command reach this host through the egress proxy, e.g.
+        /// crates.io:443 or *.example.org (repeatable; this run only)
+        #[arg(long = "allow", value_name = "HOST[:PORT]")]
+        allow: Vec<String>,
         /// Print result.json at the end
         #[arg(long)]
         json: bool,
@@ -186,6 +196,11 @@ enum Command {
     Doctor {
         #[arg(long)]
         json: bool,
+    },
+    /// List or clear the persistent caches profiles keep (`[caches]`)
+    Cache {
+        #[command(subcommand)]
+        command: doctor::CacheCommand,
     },
     /// Serve the daemon's tools to an MCP client on stdin/stdout (e.g. as a coding agent's
     /// MCP server); finished background jobs are reported in later tool results
@@ -213,6 +228,9 @@ pub fn main() -> i32 {
             workspace,
             timeout,
             env,
+            read,
+            write,
+            allow,
             json,
             stdin,
             command,
@@ -222,12 +240,16 @@ pub fn main() -> i32 {
                 workspace,
                 timeout,
                 env,
+                read,
+                write,
+                allow,
                 json,
                 stdin,
                 command,
             })
         }
         Command::Doctor { json } => return doctor::doctor(json),
+        Command::Cache { command } => return doctor::cache(command),
         _ => {}
     }
     if !matches!(cli.command, Command::Serve { .. }) {
@@ -285,7 +307,10 @@ pub fn main() -> i32 {
         } => schedule::inbox(&socket, session, unread, ack, json),
         Command::Schedule { command } => schedule::run(&socket, command),
         Command::Mcp { session } => mcp::run(&socket, session),
-        Command::Supervise { .. } | Command::Exec { .. } | Command::Doctor { .. } => Ok(0),
+        Command::Supervise { .. }
+        | Command::Exec { .. }
+        | Command::Doctor { .. }
+        | Command::Cache { .. } => Ok(0),
     };
     match result {
         Ok(code) => code,

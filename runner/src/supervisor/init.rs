@@ -47,8 +47,8 @@ pub fn run(cmd: &Command, sandbox: &Prepared, pipes: Pipes) -> ! {
         let _ = sys::install_noop_handler(sig);
     }
 
-    let child = match linux::launch(sandbox, cmd, &pipes.output, &pipes.exec_error) {
-        Ok(pid) => pid,
+    let (child, relay) = match linux::launch(sandbox, cmd, &pipes.output, &pipes.exec_error) {
+        Ok(l) => (l.command, l.relay),
         Err(e) => {
             sys::write_all_fd(&pipes.status, format!("error sandbox: {e}").as_bytes());
             sys::exit_now(1);
@@ -88,6 +88,8 @@ pub fn run(cmd: &Command, sandbox: &Prepared, pipes: Pipes) -> ! {
     let _ = sys::kill(-1, libc::SIGKILL);
     loop {
         match sys::waitpid(-1, false) {
+            // The network relay is init's, not something the command left behind.
+            Ok(Some((pid, _))) if Some(pid) == relay => {}
             Ok(Some(_)) => leftovers += 1,
             Ok(None) => continue,
             Err(_) => break, // ECHILD: nobody left

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-pub use result::RunResult;
+pub use result::{RunResult, Violation};
 
 use crate::protocol::{FailReason, TaskState};
 use crate::run_dir::PrivateDir;
@@ -57,6 +57,9 @@ pub enum SuperviseError {
     Output { path: PathBuf, source: io::Error },
     #[error("command not found: {0}")]
     NotFound(String),
+    /// The command exists on the host, but not in the run's view.
+    #[error("command not found in the sandbox: {name} is {} on the host, outside this profile's view; add its directory to [paths] executable (for a toolchain in your home, \"{{home}}/...\"), or use a toolchain profile (rust, python, node)", path.display())]
+    NotInView { name: String, path: PathBuf },
     #[error("argument, environment or path holds a NUL byte: {0:?}")]
     Nul(String),
     #[error("{step}: {source}")]
@@ -79,6 +82,7 @@ impl SuperviseError {
             SuperviseError::Plan { .. }
             | SuperviseError::Output { .. }
             | SuperviseError::NotFound(_)
+            | SuperviseError::NotInView { .. }
             | SuperviseError::Nul(_)
             | SuperviseError::Setup { .. } => FailReason::SpawnError,
         }
@@ -368,7 +372,7 @@ pub fn supervise(
     if let Some(cg) = &sandbox.cgroup {
         result
             .violations
-            .extend(cg.violations().into_iter().map(String::from));
+            .extend(cg.violations().into_iter().map(Violation::from));
         cg.remove();
     }
     sandbox.release_git();
@@ -384,9 +388,20 @@ pub fn supervise(
     };
     result.leftover_processes = words.next().and_then(|w| w.parse().ok()).unwrap_or(0);
     // What init saw of the view after the command: only names it is known to send.
-    result
-        .violations
-        .extend(words.filter(|w| *w == "git_repository").map(String::from));
+    result.violations.extend(
+        words
+            .filter(|w| *w == "git_repository")
+            .map(Violation::from),
+    );
+    // Connections and lookups the egress proxy refused (written by the proxy before it
+    // answered, so every refusal the command saw is there).
+    if plan.sandbox.egress.is_some() {
+        result.violations.extend(
+            crate::egress::record::read(&plan.run_dir.join(crate::egress::record::FILE))
+                .into_iter()
+                .map(Violation::Network),
+        );
+    }
     match ended_how {
         Some(Exit::Code(c)) => result.exit_code = Some(c),
         Some(Exit::Signal(s)) => result.signal = Some(s),
@@ -398,7 +413,12 @@ pub fn supervise(
     if killed_by(libc::SIGXFSZ) {
         result.violations.push("file_size".into());
     }
-    if killed_by(libc::SIGXCPU) && !result.violations.iter().any(|v| v == "cpu_limit") {
+    if killed_by(libc::SIGXCPU)
+        && !result
+            .violations
+            .iter()
+            .any(|v| v.limit() == Some("cpu_limit"))
+    {
         result.violations.push("cpu_limit".into());
     }
 
@@ -477,6 +497,18 @@ fn prepare_command(plan: &LaunchPlan) -> Result<linux::Command, SuperviseError> 
         .unwrap_or("/usr/bin:/bin");
     let program =
         resolve_program(argv0, path_var).ok_or_else(|| SuperviseError::NotFound(argv0.clone()))?;
+    // Resolved on the host: it must also be in the view, or exec would only say ENOENT.
+    let on_host = if program.is_absolute() {
+        program.clone()
+    } else {
+        plan.cwd.join(&program)
+    };
+    if !crate::sandbox::in_view(&on_host, &plan.sandbox) {
+        return Err(SuperviseError::NotInView {
+            name: argv0.clone(),
+            path: program,
+        });
+    }
     Ok(linux::Command {
         program: cstr(&program.to_string_lossy())?,
         argv: plan

@@ -5,6 +5,7 @@
 #![allow(unsafe_code)]
 
 pub mod dirfd;
+pub mod fdpass;
 pub mod fs;
 pub mod sandbox;
 pub mod spawn;

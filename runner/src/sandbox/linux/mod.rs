@@ -6,6 +6,7 @@
 pub mod cgroup;
 pub mod git;
 pub mod landlock;
+pub mod netns;
 pub mod seccomp;
 pub mod view;
 
@@ -316,6 +317,8 @@ pub enum PrepareError {
     Git { path: PathBuf, source: io::Error },
     #[error(transparent)]
     Cgroup(#[from] cgroup::CgroupError),
+    #[error("egress: {0}")]
+    Egress(String),
 }
 
 /// Everything [`launch`] needs, computed by the supervisor before it forks.
@@ -338,6 +341,17 @@ pub struct Prepared {
     seccomp: Option<Vec<libc::sock_filter>>,
     rlimits: Vec<(libc::__rlimit_resource_t, u64, u64)>,
     last_cap: u32,
+    /// An allow-list run: the proxy's socket as the view shows it (the relay connects there).
+    egress_socket: Option<PathBuf>,
+}
+
+/// What [`launch`] started.
+pub struct Launched {
+    /// The command.
+    pub command: i32,
+    /// The network relay of an allow-list run (not the command's: it is not counted as left
+    /// behind when init stops it).
+    pub relay: Option<i32>,
 }
 
 impl Prepared {
@@ -363,7 +377,14 @@ pub fn prepare(plan: &LaunchPlan) -> Result<Prepared, PrepareError> {
             as_caller: false,
         });
     }
-    // Parents before children, whatever order the mounts were added in.
+    // An allow-list run: the proxy's socket directory at a fixed place in the view, and a
+    // resolv.conf naming the run's own DNS responder.
+    let egress_socket = match &sb.egress {
+        Some(e) => Some(egress_mounts(plan, e, &mut sb.mounts)?),
+        None => None,
+    };
+    // Parents before children, whatever order the mounts were added in (stable: a mount added
+    // later at the same depth lands on top).
     sb.mounts.sort_by_key(|m| m.target.components().count());
     let sb = &sb;
     let avail = Availability::cached();
@@ -383,6 +404,9 @@ pub fn prepare(plan: &LaunchPlan) -> Result<Prepared, PrepareError> {
     .collect();
     if sb.network != Network::Host {
         layers.push("net_namespace".into());
+    }
+    if egress_socket.is_some() {
+        layers.push("egress_proxy".into());
     }
 
     let landlock = match avail.landlock_abi {
@@ -526,7 +550,46 @@ pub fn prepare(plan: &LaunchPlan) -> Result<Prepared, PrepareError> {
         seccomp,
         rlimits,
         last_cap: ssys::last_cap(),
+        egress_socket,
     })
+}
+
+/// The mounts of an allow-list run; returns the socket's path in the view. The resolver
+/// configuration is written into the run's private directory (where only the daemon and the
+/// supervisor write) and shown read-only as `/etc/resolv.conf`, over any the profile lists.
+fn egress_mounts(
+    plan: &LaunchPlan,
+    e: &crate::egress::EgressPlan,
+    mounts: &mut Vec<crate::sandbox::MountSpec>,
+) -> Result<PathBuf, PrepareError> {
+    use crate::egress::{RESOLV_CONF, SOCKET, VIEW_DIR};
+    if plan.sandbox.network != Network::Loopback {
+        return Err(PrepareError::Egress(
+            "an allow-list needs the run's own network namespace (network = loopback)".into(),
+        ));
+    }
+    if !e.socket_dir.is_absolute() {
+        return Err(PrepareError::Egress(format!(
+            "no socket directory for the proxy (got {:?})",
+            e.socket_dir
+        )));
+    }
+    let resolv = plan.run_dir.join("resolv.conf");
+    std::fs::write(&resolv, RESOLV_CONF)
+        .map_err(|err| PrepareError::Egress(format!("write {}: {err}", resolv.display())))?;
+    let etc_resolv = Path::new("/etc/resolv.conf");
+    mounts.retain(|m| m.target != etc_resolv);
+    let spec = |source: PathBuf, target: &Path| crate::sandbox::MountSpec {
+        source: Some(source),
+        target: target.to_path_buf(),
+        exec: false,
+        write: false,
+        required: true,
+        as_caller: false,
+    };
+    mounts.push(spec(resolv, etc_resolv));
+    mounts.push(spec(e.socket_dir.clone(), Path::new(VIEW_DIR)));
+    Ok(Path::new(VIEW_DIR).join(SOCKET))
 }
 
 // ---- the init's half: the launch --------------------------------------------------------------
@@ -540,7 +603,7 @@ pub fn launch(
     cmd: &Command,
     output: &OwnedFd,
     exec_error: &OwnedFd,
-) -> Result<i32, LaunchError> {
+) -> Result<Launched, LaunchError> {
     // 1. Non-dumpable: init's memory holds the caller's environment (it is a fork of the
     //    supervisor), and a non-dumpable process's /proc entries are closed to the run.
     ssys::set_dumpable(false).map_err(step("set non-dumpable"))?;
@@ -569,6 +632,12 @@ pub fn launch(
     if p.plan.network == Network::Loopback {
         ssys::loopback_up().map_err(step("bring lo up"))?;
     }
+    // 4b. An allow-list run's relay listens on that loopback: bound now, while init still has
+    //     the privilege port 53 needs; it starts once the view is in place (8b).
+    let relay_listeners = match &p.egress_socket {
+        Some(_) => Some(netns::bind().map_err(step("bind the network relay's ports"))?),
+        None => None,
+    };
     ssys::sethostname("sidejob").map_err(step("sethostname"))?;
 
     // 5. Nothing mounted from here on may propagate back to the host.
@@ -598,9 +667,27 @@ pub fn launch(
     // 8. Make it the root; the host's tree is detached and unreachable from here on.
     view::pivot(&p.staging)?;
 
+    // 8b. The relay, as the run's user with no privilege, connecting to the proxy's socket
+    //     where the view shows it. Forked before the command, so the command never holds
+    //     its listening sockets.
+    let relay = match (relay_listeners, &p.egress_socket) {
+        (Some(listeners), Some(socket)) => {
+            let user = netns::RelayUser {
+                uid: cmd.uid,
+                gid: cmd.gid,
+                last_cap: p.last_cap,
+            };
+            Some(netns::spawn(listeners, socket, &user).map_err(step("start the network relay"))?)
+        }
+        _ => None,
+    };
+
     // 9. The command. Init stays here to reap and to stop what the command leaves behind.
     match sys::fork().map_err(step("fork the command"))? {
-        sys::Fork::Parent(pid) => Ok(pid),
+        sys::Fork::Parent(pid) => Ok(Launched {
+            command: pid,
+            relay,
+        }),
         sys::Fork::Child => confine_and_exec(p, cmd, output, exec_error),
     }
 }
