@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+pub mod net;
 pub mod push;
 
 /// The `sidejob` binary built with this workspace (`SIDEJOB_BIN` overrides).

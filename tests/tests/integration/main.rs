@@ -19,6 +19,8 @@ mod containment_process;
 mod delivery;
 mod isolation;
 mod mcp;
+mod network;
+mod network_attacks;
 mod output;
 mod plugin_trust;
 mod plugins;
