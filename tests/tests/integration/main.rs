@@ -21,6 +21,7 @@ mod isolation;
 mod mcp;
 mod network;
 mod network_attacks;
+mod network_daemon;
 mod output;
 mod plugin_trust;
 mod plugins;
