@@ -112,11 +112,7 @@ pub fn schedule_create(d: &Arc<Daemon>, peer: &Peer, p: Value) -> Result<Reply, 
         .with_hint("open it again with session.open"));
     }
     let cfg = d.executor.config();
-    let armed = d
-        .executor
-        .registry()
-        .usage_of(sess.owner_uid)?
-        .schedules;
+    let armed = d.executor.registry().usage_of(sess.owner_uid)?.schedules;
     if armed >= cfg.per_user.schedules as u64 {
         return Err(RpcError::new(
             ErrorKind::LimitExceeded,

@@ -186,9 +186,7 @@ pub fn open(
         )));
     }
     if p.parent_session_id.is_none() {
-        let open = registry
-            .usage_of(uid)?
-            .sessions;
+        let open = registry.usage_of(uid)?.sessions;
         if open >= cfg.per_user.sessions as u64 {
             return Err(SessionError::LimitExceeded(format!(
                 "uid {uid} has {open} open sessions: per_user.sessions ({}) is reached; close some with session.close",

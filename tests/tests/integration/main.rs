@@ -37,5 +37,6 @@ mod shares;
 mod smoke;
 mod stdin;
 mod subagent;
+mod toolchains;
 mod wakes;
 mod yielding;
