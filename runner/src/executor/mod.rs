@@ -288,9 +288,29 @@ impl Executor {
         } else {
             None
         };
+        // The agent's profile (`[subagent] profile`, named in the plan) when it narrows the
+        // caller's; a caller under something narrower keeps its own profile for the agent,
+        // with the grants, as before there was an agent profile.
+        let plan_profile = match (&grants, tool_plan.profile.as_deref()) {
+            (Some(_), Some(agent)) if req.profile.is_none() => {
+                match sandbox::narrows(agent, &ceiling, req.session.owner_uid) {
+                    Ok(true) => Some(agent),
+                    Ok(false) => {
+                        info!(profile = agent, ceiling = %ceiling, "the subagent profile is wider than the caller's; the agent runs under the caller's");
+                        None
+                    }
+                    Err(e) => {
+                        return Err(ExecError::InvalidParams(format!(
+                            "[subagent] profile {agent:?}: {e}"
+                        )))
+                    }
+                }
+            }
+            (_, p) => p,
+        };
         let mut sb = sandbox::for_call(
             &ceiling,
-            req.profile.as_deref().or(tool_plan.profile.as_deref()),
+            req.profile.as_deref().or(plan_profile),
             &sandbox::CallFor {
                 workspace: &workspace,
                 session_dir: &session_dir,

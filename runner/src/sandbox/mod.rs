@@ -238,6 +238,14 @@ pub fn check_profile(
     Ok(profile)
 }
 
+/// Is profile `name` no wider than `ceiling` (both from the catalog)?
+pub fn narrows(name: &str, ceiling: &str, owner_uid: u32) -> Result<bool, CallSandboxError> {
+    let catalog = Catalog::new(Catalog::default_dir());
+    let p = check_profile(&catalog, name, owner_uid)?;
+    let c = check_profile(&catalog, ceiling, owner_uid)?;
+    Ok(p.name == c.name || p.check_narrows(&c).is_ok())
+}
+
 /// The run a daemon call is for: where, for whom, and what it is granted.
 pub struct CallFor<'a> {
     pub workspace: &'a std::path::Path,

@@ -37,6 +37,7 @@ mod shares;
 mod smoke;
 mod stdin;
 mod subagent;
+mod subagent_net;
 mod toolchains;
 mod wakes;
 mod yielding;
