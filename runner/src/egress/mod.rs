@@ -20,6 +20,7 @@ pub mod policy;
 pub mod proxy;
 pub mod record;
 pub mod socks;
+pub mod splice;
 pub mod standalone;
 
 use std::collections::HashMap;
@@ -298,18 +299,14 @@ pub async fn serve(
 }
 
 /// One connection from the relay: the first message carries the kind byte and the socket.
+/// A peer that sends nothing (or, for a UDP query, never finishes) is dropped after
+/// [`HEAD_TIMEOUT`], so it cannot hold one of the run's connections.
 async fn from_relay(stream: UnixStream, run: &Arc<Run>) -> io::Result<()> {
     let mut buf = vec![0u8; 1 + 1 + 16 + 2 + dns::MAX_MESSAGE];
-    let (n, mut fds) = loop {
-        stream.readable().await?;
-        match stream.try_io(Interest::READABLE, || {
-            crate::sys::fdpass::recv_with_fds(stream.as_fd(), &mut buf)
-        }) {
-            Ok(got) => break got,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            Err(e) => return Err(e),
-        }
-    };
+    let first = tokio::time::timeout(HEAD_TIMEOUT, first_message(&stream, &mut buf))
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "nothing from the relay"))?;
+    let (n, mut fds) = first?;
     if n == 0 || fds.len() != 1 {
         return Err(io::Error::other(format!(
             "expected one kind byte and one descriptor, got {n} bytes and {} descriptors",
@@ -324,10 +321,25 @@ async fn from_relay(stream: UnixStream, run: &Arc<Run>) -> io::Result<()> {
             let mut data = buf[1..n].to_vec();
             let mut rest = stream;
             let limit = (1 + 16 + 2 + dns::MAX_MESSAGE) as u64;
-            (&mut rest).take(limit).read_to_end(&mut data).await?;
+            tokio::time::timeout(HEAD_TIMEOUT, (&mut rest).take(limit).read_to_end(&mut data))
+                .await
+                .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "an unfinished query"))??;
             udp_query(fd, &data, run).await
         }
         other => Err(io::Error::other(format!("unknown kind {other:#x}"))),
+    }
+}
+
+async fn first_message(stream: &UnixStream, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+    loop {
+        stream.readable().await?;
+        match stream.try_io(Interest::READABLE, || {
+            crate::sys::fdpass::recv_with_fds(stream.as_fd(), buf)
+        }) {
+            Ok(got) => return Ok(got),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
     }
 }
 

@@ -14,9 +14,6 @@ use super::record::Via;
 use super::socks::{self, SocksError};
 use super::{Refused, Run, HEAD_TIMEOUT};
 
-/// Buffer size of each direction of a tunnel.
-const COPY_BUF: usize = 256 * 1024;
-
 pub async fn handle(mut client: TcpStream, run: Arc<Run>) -> io::Result<()> {
     let _ = client.set_nodelay(true);
     let mut buf = Vec::with_capacity(4096);
@@ -160,9 +157,7 @@ async fn write_close(client: &mut TcpStream, bytes: &[u8]) -> io::Result<()> {
     client.shutdown().await
 }
 
-/// Copies both ways until both sides are done.
-async fn tunnel(mut client: TcpStream, mut upstream: TcpStream) -> io::Result<()> {
-    tokio::io::copy_bidirectional_with_sizes(&mut client, &mut upstream, COPY_BUF, COPY_BUF)
-        .await
-        .map(drop)
+/// Moves bytes both ways until both sides are done, in the kernel ([`super::splice`]).
+async fn tunnel(client: TcpStream, upstream: TcpStream) -> io::Result<()> {
+    super::splice::tunnel(&client, &upstream).await
 }

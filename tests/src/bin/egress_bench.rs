@@ -71,12 +71,18 @@ fn main() {
         std::fs::write(&p, body).expect("profile");
         p.display().to_string()
     };
-    let none = write("bench-none", "extends = \"workspace-write\"\nnetwork = \"none\"\n");
+    let none = write(
+        "bench-none",
+        "extends = \"workspace-write\"\nnetwork = \"none\"\n",
+    );
     let allow = write(
         "bench-allow",
         &format!("extends = \"workspace-write\"\n[network]\nallow = [\"models.test\", \"127.0.0.1:{port}\"]\nhosts = {{ \"models.test\" = \"127.0.0.1\" }}\n"),
     );
-    let host = write("bench-host", "extends = \"workspace-write\"\nnetwork = \"host\"\n");
+    let host = write(
+        "bench-host",
+        "extends = \"workspace-write\"\nnetwork = \"host\"\n",
+    );
     let ws = TempDir::new("bench-ws");
 
     // exec: start-up with and without the allow-list.
@@ -148,5 +154,8 @@ fn main() {
     println!("  round trip true, network none     median {rn:7.2} ms  p90 {rn90:7.2} ms");
     println!("  round trip true, allow-list       median {ra:7.2} ms  p90 {ra90:7.2} ms   added {:+.2} ms", ra - rn);
     println!("  100 MiB download, direct          median {dd:8.1} MiB/s");
-    println!("  100 MiB download, through proxy   median {dp:8.1} MiB/s   ratio {:.2}", dp / dd);
+    println!(
+        "  100 MiB download, through proxy   median {dp:8.1} MiB/s   ratio {:.2}",
+        dp / dd
+    );
 }

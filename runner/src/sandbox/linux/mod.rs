@@ -667,9 +667,20 @@ pub fn launch(
     // 8. Make it the root; the host's tree is detached and unreachable from here on.
     view::pivot(&p.staging)?;
 
-    // 8b. The relay, as the run's user with no privilege, connecting to the proxy's socket
-    //     where the view shows it. Forked before the command, so the command never holds
-    //     its listening sockets.
+    // 9. The command. Init stays here to reap and to stop what the command leaves behind.
+    let command = match sys::fork().map_err(step("fork the command"))? {
+        sys::Fork::Parent(pid) => pid,
+        sys::Fork::Child => {
+            // Not the relay's listening sockets: only the relay accepts on them.
+            drop(relay_listeners);
+            confine_and_exec(p, cmd, output, exec_error)
+        }
+    };
+
+    // 10. The relay of an allow-list run, as the run's user with no privilege, connecting to
+    //     the proxy's socket where the view shows it. Started after the command so it is not
+    //     on the command's way to exec: the ports are bound and listening already, so a
+    //     connection the command makes before the relay runs waits in the backlog.
     let relay = match (relay_listeners, &p.egress_socket) {
         (Some(listeners), Some(socket)) => {
             let user = netns::RelayUser {
@@ -677,19 +688,19 @@ pub fn launch(
                 gid: cmd.gid,
                 last_cap: p.last_cap,
             };
-            Some(netns::spawn(listeners, socket, &user).map_err(step("start the network relay"))?)
+            match netns::spawn(listeners, socket, &user) {
+                Ok(pid) => Some(pid),
+                Err(e) => {
+                    // The command is running: it finds no way out (fail closed), and the run
+                    // says why.
+                    let _ = sys::kill(command, libc::SIGKILL);
+                    return Err(step("start the network relay")(e));
+                }
+            }
         }
         _ => None,
     };
-
-    // 9. The command. Init stays here to reap and to stop what the command leaves behind.
-    match sys::fork().map_err(step("fork the command"))? {
-        sys::Fork::Parent(pid) => Ok(Launched {
-            command: pid,
-            relay,
-        }),
-        sys::Fork::Child => confine_and_exec(p, cmd, output, exec_error),
-    }
+    Ok(Launched { command, relay })
 }
 
 /// The command's side: confinement that applies to the process itself, then exec. Never
