@@ -363,7 +363,11 @@ pub fn exec(a: ExecArgs) -> i32 {
     };
     // It may be blocked reading the terminal: it must not take the next line typed.
     stop_child(copier);
-    stop_child(proxy);
+    // The proxy is done with: killed, not waited for (its exit is not this run's business,
+    // and whoever inherits it reaps it).
+    if let Some(pid) = proxy {
+        let _ = crate::sys::kill(pid, libc::SIGKILL);
+    }
     let _ = std::fs::remove_dir_all(&run_dir);
     let code = exit_code(&result);
     if a.json {

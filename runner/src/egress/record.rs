@@ -95,22 +95,28 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    /// Opens (or creates, 0600) the file; a restarted daemon appends to what is there.
+    /// A recorder for `path`; the file is made (0600) with the first refusal, so a run
+    /// without one costs nothing. A restarted daemon appends to what is there.
     pub fn open(path: &Path) -> std::io::Result<Recorder> {
+        let lines = match std::fs::read(path) {
+            Ok(b) => b.iter().filter(|c| **c == b'\n').count() as u32,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+            Err(e) => return Err(e),
+        };
+        Ok(Recorder {
+            path: path.to_path_buf(),
+            state: Mutex::new((None, lines)),
+        })
+    }
+
+    fn file(path: &Path) -> std::io::Result<File> {
         use std::os::unix::fs::OpenOptionsExt;
-        let file = std::fs::OpenOptions::new()
+        std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(path)?;
-        let lines = std::fs::read(path)
-            .map(|b| b.iter().filter(|c| **c == b'\n').count() as u32)
-            .unwrap_or(0);
-        Ok(Recorder {
-            path: path.to_path_buf(),
-            state: Mutex::new((Some(file), lines)),
-        })
+            .open(path)
     }
 
     pub fn path(&self) -> &Path {
@@ -125,6 +131,15 @@ impl Recorder {
             return;
         }
         st.1 += 1;
+        if st.0.is_none() {
+            match Self::file(&self.path) {
+                Ok(f) => st.0 = Some(f),
+                Err(e) => {
+                    tracing::warn!(path = %self.path.display(), "cannot record a network refusal: {e}");
+                    return;
+                }
+            }
+        }
         let Some(file) = st.0.as_mut() else { return };
         let mut line = serde_json::to_vec(v).unwrap_or_default();
         line.push(b'\n');
