@@ -11,6 +11,8 @@
 //!
 //! `cargo build --release -p sidejob -p sidejob-tests && target/release/sidejob-egress-bench [ROUNDS]`
 
+#![allow(clippy::expect_used)] // a benchmark fails by panicking
+
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
