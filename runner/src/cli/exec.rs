@@ -303,7 +303,7 @@ pub fn exec(a: ExecArgs) -> i32 {
     // An allow-list run: this process has no daemon, so it forks the proxy now, while it is
     // still single-threaded.
     let proxy = match &mut sandbox.egress {
-        Some(egress) => match start_proxy(&run_dir, &task_id, egress, uid.zip(gid)) {
+        Some(egress) => match start_proxy(&run_dir, &task_id, egress) {
             Ok(pid) => Some(pid),
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&run_dir);
@@ -399,13 +399,12 @@ pub fn exec(a: ExecArgs) -> i32 {
     code
 }
 
-/// Binds the run's proxy socket in `<run_dir>/egress/` (handed to the run's user, whose relay
-/// connects to it) and forks the process that serves it; returns its pid.
+/// Binds the run's proxy socket in `<run_dir>/egress/` (the run's supervisor, in this process,
+/// relays the run's connections to it) and forks the process that serves it; returns its pid.
 fn start_proxy(
     run_dir: &Path,
     task_id: &str,
     egress: &mut crate::egress::EgressPlan,
-    run_as: Option<(u32, u32)>,
 ) -> std::io::Result<i32> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     let dir = run_dir.join("egress");
@@ -413,10 +412,6 @@ fn start_proxy(
     let sock = dir.join(crate::egress::SOCKET);
     let listener = std::os::unix::net::UnixListener::bind(&sock)?;
     std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))?;
-    if let Some((uid, gid)) = run_as {
-        std::os::unix::fs::chown(&dir, Some(uid), Some(gid))?;
-        std::os::unix::fs::chown(&sock, Some(uid), Some(gid))?;
-    }
     let run = crate::egress::Run::new(
         task_id,
         egress.policy.clone(),

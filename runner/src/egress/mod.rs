@@ -1,18 +1,18 @@
 //! The egress proxy: how a run with a network allow-list reaches the hosts it may reach, and
 //! only those (see `docs/network.md`).
 //!
-//! The run has its own network namespace with only `lo` up. Inside it, a relay
-//! (`sandbox::linux::netns`) listens on 127.0.0.1:[`PROXY_PORT`] (HTTP and SOCKS5) and on
-//! 127.0.0.1:53 (DNS, UDP and TCP), and hands every connection it accepts — the socket itself,
-//! passed as a descriptor — to this proxy over the run's Unix socket, which the view shows at
-//! [`VIEW_DIR`]. The proxy, outside the sandbox (in the daemon, or in a process `sidejob exec`
-//! forks), decides on the name the client asked for ([`policy`]), resolves it on the host,
-//! checks the addresses, connects, and then only copies bytes. Refusals are answered clearly
+//! The run has its own network namespace with only `lo` up. Its init binds 127.0.0.1:
+//! [`PROXY_PORT`] (HTTP and SOCKS5) and 127.0.0.1:53 (DNS, UDP and TCP) there and hands the
+//! listening sockets to the run's supervisor, whose poll loop is the relay
+//! (`sandbox::linux::netns`): every connection it accepts — the socket itself, passed as a
+//! descriptor — goes to this proxy over the run's Unix socket, which is not in the run's view.
+//! The proxy, outside the sandbox (in the daemon, or in a process `sidejob exec` forks),
+//! decides on the name the client asked for ([`policy`]), resolves it on the host, checks the
+//! addresses, connects, and then only moves bytes ([`splice`]). Refusals are answered clearly
 //! (HTTP 403, a SOCKS refusal, DNS `REFUSED`) and recorded ([`record`]).
 //!
-//! The relay holds nothing the command does not: it runs as the run's user with no
-//! capabilities, and the command could reach the same socket itself. Everything a client sends
-//! is decided here, so a relay of the command's own gains nothing.
+//! The relay reads nothing a client sends and decides nothing; everything is decided here, so
+//! a relay the command builds for itself, in front of the loopback ports, gains nothing.
 
 pub mod dns;
 pub mod http;
@@ -45,8 +45,6 @@ use record::{NetworkViolation, Recorder, Via};
 pub const PROXY_PORT: u16 = 3128;
 /// The DNS responder's port on the run's loopback (UDP and TCP).
 pub const DNS_PORT: u16 = 53;
-/// Where the run's egress directory (holding [`SOCKET`]) appears in its view.
-pub const VIEW_DIR: &str = "/run/sidejob-egress";
 /// The socket's name in the egress directory.
 pub const SOCKET: &str = "sock";
 
@@ -72,7 +70,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_ANSWERED: usize = 4096;
 
 /// The egress part of a launch plan: the policy, and where the run's socket lives on the
-/// host (its directory is mounted at [`VIEW_DIR`]).
+/// host (the supervisor relays to it; the run's view does not hold it).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EgressPlan {
@@ -351,20 +349,20 @@ fn stream_socket(fd: OwnedFd) -> io::Result<tokio::net::TcpStream> {
     tokio::net::TcpStream::from_std(s)
 }
 
-/// Refuses anything but an IPv4 or IPv6 socket of the given type: the relay (or a command
-/// talking to the socket itself) cannot make the proxy use a file, a pipe or a Unix socket.
+/// Refuses anything but an IPv4 or IPv6 socket of the given type: whatever connects to the
+/// socket cannot make the proxy use a file, a pipe or a Unix socket.
 fn check_inet(fd: &OwnedFd, want: nix::sys::socket::SockType) -> io::Result<()> {
     use nix::sys::socket::{
         getsockname, getsockopt, sockopt, AddressFamily, SockaddrLike, SockaddrStorage,
     };
     use std::os::fd::AsRawFd;
-    let ty = getsockopt(fd, sockopt::SockType).map_err(io::Error::from)?;
-    let addr: SockaddrStorage = getsockname(fd.as_raw_fd()).map_err(io::Error::from)?;
+    let not_it =
+        || io::Error::other("the passed descriptor is not an inet socket of the expected type");
+    let ty = getsockopt(fd, sockopt::SockType).map_err(|_| not_it())?;
+    let addr: SockaddrStorage = getsockname(fd.as_raw_fd()).map_err(|_| not_it())?;
     match (ty == want, addr.family()) {
         (true, Some(AddressFamily::Inet | AddressFamily::Inet6)) => Ok(()),
-        _ => Err(io::Error::other(
-            "the passed descriptor is not an inet socket of the expected type",
-        )),
+        _ => Err(not_it()),
     }
 }
 
@@ -405,4 +403,50 @@ async fn udp_query(fd: OwnedFd, data: &[u8], run: &Arc<Run>) -> io::Result<()> {
         ),
     };
     sent.map(drop).map_err(io::Error::from)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn run() -> Arc<Run> {
+        let dir = std::env::temp_dir().join(format!(
+            "sidejob-egress-{}-{}",
+            std::process::id(),
+            crate::ids::ulid()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        Arc::new(Run::new("t", Policy::default(), &dir.join(record::FILE)).unwrap())
+    }
+
+    #[tokio::test]
+    async fn only_inet_sockets_of_the_expected_type_are_used() {
+        // A Unix socket, a pipe and a file, passed as a proxy connection: refused, unused.
+        let (unix, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (pipe_r, _pipe_w) = crate::sys::pipe().unwrap();
+        let file = std::fs::File::open("/dev/null").unwrap();
+        for fd in [OwnedFd::from(unix), pipe_r, OwnedFd::from(file)] {
+            let (a, b) = UnixStream::pair().unwrap();
+            crate::sys::fdpass::send_with_fd(a.as_fd(), &[kind::PROXY], fd.as_fd()).unwrap();
+            let e = from_relay(b, &run()).await.unwrap_err().to_string();
+            assert!(e.contains("not an inet socket"), "{e}");
+        }
+        // A UDP socket is not a proxy connection, nor a TCP one a UDP query.
+        let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        assert!(check_inet(&OwnedFd::from(udp), nix::sys::socket::SockType::Stream).is_err());
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let tcp = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let tcp = OwnedFd::from(tcp);
+        assert!(check_inet(&tcp, nix::sys::socket::SockType::Datagram).is_err());
+        // Control: a TCP socket is one.
+        check_inet(&tcp, nix::sys::socket::SockType::Stream).unwrap();
+        // No descriptor, or two: refused.
+        let (a, b) = UnixStream::pair().unwrap();
+        use tokio::io::AsyncWriteExt;
+        let mut a = a;
+        a.write_all(&[kind::PROXY]).await.unwrap();
+        drop(a);
+        assert!(from_relay(b, &run()).await.is_err());
+    }
 }

@@ -1,8 +1,9 @@
 //! The daemon's side of a run with a network allow-list: its proxy socket, bound at
-//! submission in `<bridge dir>/<task_id>.egress/` (beside the run's bridge, and like it a
-//! directory, so a restarted daemon binds the socket again where the run sees it), served by
-//! one task per run with the run's own policy and refusals ([`crate::egress::Run`]) until the
-//! run settles, then removed.
+//! submission in `<bridge dir>/<task_id>.egress/` (beside the run's bridge; only the daemon
+//! and the run's supervisor, which relays the run's connections to it, use it), served by one
+//! task per run with the run's own policy and refusals ([`crate::egress::Run`]) until the run
+//! settles, then removed. The supervisor connects by path for every connection, so a
+//! restarted daemon that binds the socket again is reached again.
 //!
 //! After a restart the policy is read from the launch plan in the run's private directory
 //! (written by the daemon, never by the run or its caller). A socket that cannot be served
@@ -34,21 +35,20 @@ fn egress_dir(task_id: &str) -> std::io::Result<PathBuf> {
     crate::bridge::run_bridge_dir(&format!("{task_id}.egress"))
 }
 
-/// Makes the run's egress directory (0700, the run's user's) and binds its socket (0600, the
-/// run's user's: only the run's relay, which runs as that user, connects). Fills in the
+/// Makes the run's egress directory and binds its socket, both the daemon's alone (0700 and
+/// 0600: the run's supervisor, which relays to it, runs as the daemon's user). Fills in the
 /// plan's `socket_dir`.
 pub(super) fn bind(
     task_id: &str,
     private: &PrivateDir,
     plan: &mut EgressPlan,
-    run_as: (Option<u32>, Option<u32>),
 ) -> Result<Bound, ExecError> {
     let io = |step: &'static str, path: &Path| {
         let path = path.to_path_buf();
         move |source| ExecError::Io { step, path, source }
     };
     let dir = egress_dir(task_id).map_err(io("prepare the egress directory", private.path()))?;
-    let listener = bind_in(&dir, run_as).map_err(io("bind the egress socket", &dir))?;
+    let listener = bind_in(&dir).map_err(io("bind the egress socket", &dir))?;
     let record = private.path().join(eg::record::FILE);
     let run = eg::Run::new(task_id, plan.policy.clone(), &record)
         .map_err(io("open the run's network record", &record))?;
@@ -61,7 +61,7 @@ pub(super) fn bind(
     })
 }
 
-fn bind_in(dir: &Path, (uid, gid): (Option<u32>, Option<u32>)) -> std::io::Result<UnixListener> {
+fn bind_in(dir: &Path) -> std::io::Result<UnixListener> {
     use std::os::unix::fs::PermissionsExt;
     match std::fs::create_dir(dir) {
         Ok(()) => {}
@@ -77,10 +77,6 @@ fn bind_in(dir: &Path, (uid, gid): (Option<u32>, Option<u32>)) -> std::io::Resul
     let _ = std::fs::remove_file(&sock);
     let listener = UnixListener::bind(&sock)?;
     std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))?;
-    if uid.is_some() || gid.is_some() {
-        std::os::unix::fs::chown(dir, uid, gid)?;
-        std::os::unix::fs::chown(&sock, uid, gid)?;
-    }
     Ok(listener)
 }
 
@@ -132,12 +128,7 @@ impl Executor {
                 return;
             }
         }
-        match bind(
-            &row.task_id,
-            &private,
-            &mut egress,
-            (row.run_uid, row.run_gid),
-        ) {
+        match bind(&row.task_id, &private, &mut egress) {
             Ok(b) => {
                 info!(task_id = %row.task_id, "egress proxy served again after the restart");
                 self.serve_egress(b);

@@ -347,7 +347,7 @@ impl Executor {
         let (uid, gid) = sandbox::run_ids(sb.run_as, owner);
         // An allow-list run: its proxy socket, bound now and served once the task is live.
         let egress = match &mut sb.sandbox.egress {
-            Some(plan) => match egress::bind(&task_id, &private, plan, (uid, gid)) {
+            Some(plan) => match egress::bind(&task_id, &private, plan) {
                 Ok(e) => Some(e),
                 Err(e) => {
                     private.remove();

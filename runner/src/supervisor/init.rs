@@ -19,6 +19,9 @@ pub struct Pipes {
     /// Read end of a pipe whose only writer is the supervisor: it hangs up when the supervisor
     /// is gone.
     pub lifeline: OwnedFd,
+    /// An allow-list run: where init sends the relay's listening sockets (see
+    /// `sandbox::linux::netns`).
+    pub relay: Option<OwnedFd>,
 }
 
 /// The run's init: builds the sandbox and starts the command in it ([`linux::launch`]),
@@ -47,8 +50,14 @@ pub fn run(cmd: &Command, sandbox: &Prepared, pipes: Pipes) -> ! {
         let _ = sys::install_noop_handler(sig);
     }
 
-    let (child, relay) = match linux::launch(sandbox, cmd, &pipes.output, &pipes.exec_error) {
-        Ok(l) => (l.command, l.relay),
+    let child = match linux::launch(
+        sandbox,
+        cmd,
+        &pipes.output,
+        &pipes.exec_error,
+        pipes.relay.as_ref(),
+    ) {
+        Ok(pid) => pid,
         Err(e) => {
             sys::write_all_fd(&pipes.status, format!("error sandbox: {e}").as_bytes());
             sys::exit_now(1);
@@ -59,8 +68,9 @@ pub fn run(cmd: &Command, sandbox: &Prepared, pipes: Pipes) -> ! {
         exec_error,
         status,
         lifeline,
+        relay,
     } = pipes;
-    drop((output, exec_error, lifeline));
+    drop((output, exec_error, lifeline, relay));
 
     let waitset = SigSet::of(&[libc::SIGCHLD, libc::SIGTERM, libc::SIGINT, libc::SIGHUP]);
     let ended = loop {
@@ -88,8 +98,6 @@ pub fn run(cmd: &Command, sandbox: &Prepared, pipes: Pipes) -> ! {
     let _ = sys::kill(-1, libc::SIGKILL);
     loop {
         match sys::waitpid(-1, false) {
-            // The network relay is init's, not something the command left behind.
-            Ok(Some((pid, _))) if Some(pid) == relay => {}
             Ok(Some(_)) => leftovers += 1,
             Ok(None) => continue,
             Err(_) => break, // ECHILD: nobody left

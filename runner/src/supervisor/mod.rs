@@ -22,7 +22,7 @@ pub use result::{RunResult, Violation};
 
 use crate::protocol::{FailReason, TaskState};
 use crate::run_dir::PrivateDir;
-use crate::sandbox::linux::{self, PrepareError};
+use crate::sandbox::linux::{self, netns, PrepareError};
 use crate::sandbox::{resolve_program, LaunchPlan, OUTPUT_TAIL_BYTES};
 use crate::sys::{self, dirfd, Exit, Fork, SigSet};
 
@@ -192,6 +192,21 @@ pub fn supervise(
     let (err_r, err_w) = sys::pipe().map_err(setup("exec error pipe"))?;
     let (status_r, status_w) = sys::pipe().map_err(setup("status pipe"))?;
     let (lifeline_r, lifeline_w) = sys::pipe().map_err(setup("lifeline pipe"))?;
+    // An allow-list run: init sends the relay's listening sockets here, and this loop relays
+    // them to the proxy's socket (see `sandbox::linux::netns`).
+    let (mut relay_r, relay_w) = match &plan.sandbox.egress {
+        Some(_) => {
+            let (r, w) = netns::channel().map_err(setup("relay channel"))?;
+            (Some(r), Some(w))
+        }
+        None => (None, None),
+    };
+    let relay_socket = plan
+        .sandbox
+        .egress
+        .as_ref()
+        .map(|e| e.socket_dir.join(crate::egress::SOCKET));
+    let mut relay: Option<netns::Relay> = None;
 
     let mut layers = enter_pid_namespace()?;
     layers.extend(sandbox.layers.iter().cloned());
@@ -199,7 +214,7 @@ pub fn supervise(
 
     let init_pid = match sys::fork().map_err(setup("fork run init"))? {
         Fork::Child => {
-            drop((out_r, err_r, status_r, sigfd, lifeline_w));
+            drop((out_r, err_r, status_r, sigfd, lifeline_w, relay_r));
             init::run(
                 &cmd,
                 &sandbox,
@@ -208,12 +223,13 @@ pub fn supervise(
                     exec_error: err_w,
                     status: status_w,
                     lifeline: lifeline_r,
+                    relay: relay_w,
                 },
             )
         }
         Fork::Parent(pid) => pid,
     };
-    drop((out_w, err_w, status_w, lifeline_r));
+    drop((out_w, err_w, status_w, lifeline_r, relay_w));
     // Held (never written) until the supervisor exits.
     let _lifeline = lifeline_w;
     sys::set_nonblocking(out_r.as_raw_fd(), true).map_err(setup("output pipe"))?;
@@ -270,6 +286,7 @@ pub fn supervise(
 
         // poll(2) ignores negative descriptors: a closed pipe is left out without shifting
         // the others' positions.
+        let relay_fds = relay.as_ref().map_or([-1; 3], |r| r.fds());
         let fds = [
             sigfd.as_raw_fd(),
             if status_open {
@@ -278,8 +295,28 @@ pub fn supervise(
                 -1
             },
             if out_open { out_r.as_raw_fd() } else { -1 },
+            match (&relay, &relay_r) {
+                (None, Some(chan)) => chan.as_raw_fd(),
+                _ => -1,
+            },
+            relay_fds[0],
+            relay_fds[1],
+            relay_fds[2],
         ];
         let ready = sys::poll_readable(&fds, timeout).map_err(setup("poll"))?;
+        if ready[3] {
+            // Init's sockets (or its end closing, when it failed before sending them).
+            if let (Some(chan), Some(socket)) = (&relay_r, &relay_socket) {
+                match netns::Relay::receive(chan, socket) {
+                    Ok(r) => relay = Some(r),
+                    Err(e) => eprintln!("sidejob supervise: the network relay: {e}"),
+                }
+            }
+            relay_r.take();
+        }
+        if let Some(r) = relay.as_mut() {
+            r.ready([ready[4], ready[5], ready[6]]);
+        }
 
         if out_open && ready[2] {
             // Bounded per wake-up so signals are not starved by a flood.

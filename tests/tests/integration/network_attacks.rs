@@ -1,7 +1,9 @@
-//! The egress proxy is new attack surface: a run talks to its socket itself, builds a relay of
-//! its own, passes descriptors it chose, tries to replace the socket, or sends DNS answers
-//! somewhere else. None of it gains the run anything its allow-list does not give it. Each
-//! attack has the same request, allowed, as its positive control.
+//! The egress proxy is new attack surface: a run builds a relay of its own in front of the
+//! proxy port, looks for the proxy's Unix socket to talk to it directly, and speaks DNS to its
+//! responder itself. None of it gains the run anything its allow-list does not give it. Each
+//! attack has the same request, allowed, as its positive control. (What the proxy does with a
+//! descriptor that is not an inet socket is a unit test in `egress`: the run cannot reach the
+//! socket to pass one.)
 
 use sidejob_tests::net::{have, HttpServer};
 
@@ -41,51 +43,51 @@ fn a_relay_inside_the_sandbox_gains_nothing() {
         &ws,
         &p,
         &format!(
-            "python3 {py} own-socket models.test {port}
-python3 {py} own-socket evil.test {port}
-python3 {py} forwarder models.test {port}
-python3 {py} forwarder evil.test {port}"
+            "python3 {py} forwarder models.test {port}
+python3 {py} forwarder evil.test {port}
+python3 {py} forwarder 127.0.0.2 {port}"
         ),
     );
     let lines: Vec<&str> = out.stdout.lines().collect();
-    for want in [
-        "own-socket: HTTP/1.1 200 Connection established",
-        "own-socket: HTTP/1.1 403 Forbidden",
-        "forwarder: HTTP/1.1 200 Connection established",
-        "forwarder: HTTP/1.1 403 Forbidden",
-    ] {
-        assert!(
-            lines.contains(&want),
-            "missing {want:?}: {}\n{}",
-            out.stdout,
-            out.stderr
-        );
-    }
-    let v = network_violations(&out.result());
+    // Control: through the run's own relay, an allowed name is reached.
+    assert!(
+        lines.contains(&"forwarder: HTTP/1.1 200 Connection established"),
+        "{}\n{}",
+        out.stdout,
+        out.stderr
+    );
     assert_eq!(
-        v,
-        vec![(
+        lines
+            .iter()
+            .filter(|l| **l == "forwarder: HTTP/1.1 403 Forbidden")
+            .count(),
+        2,
+        "{}",
+        out.stdout
+    );
+    let v = network_violations(&out.result());
+    assert!(
+        v.contains(&(
             "evil.test".into(),
             Some(u64::from(port)),
             "not_allowed".into(),
             "connect".into()
-        )],
+        )),
         "{v:?}"
     );
-    // Each refusal is counted: two ways in, one entry with count 2.
-    let r = out.result();
-    let entry = r["violations"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|v| v["host"] == "evil.test")
-        .unwrap()
-        .clone();
-    assert_eq!(entry["count"], 2, "{entry}");
+    assert!(
+        v.contains(&(
+            "127.0.0.2".into(),
+            Some(u64::from(port)),
+            "ip_literal".into(),
+            "connect".into()
+        )),
+        "{v:?}"
+    );
 }
 
 #[test]
-fn descriptors_that_are_not_inet_sockets_are_refused_and_the_socket_cannot_be_replaced() {
+fn the_proxys_socket_is_not_in_the_runs_view() {
     let Some((ws, srv, p, py)) = setup() else {
         return;
     };
@@ -93,31 +95,24 @@ fn descriptors_that_are_not_inet_sockets_are_refused_and_the_socket_cannot_be_re
         &ws,
         &p,
         &format!(
-            "python3 {py} not-inet unix
-python3 {py} not-inet file
-python3 {py} replace
-python3 {py} own-socket models.test {}",
+            "python3 {py} find-socket
+curl -sS -m 10 http://models.test:{}/still-served",
             srv.port
         ),
     );
-    let lines: Vec<&str> = out.stdout.lines().collect();
-    assert!(lines.contains(&"unix-fd: closed"), "{}", out.stdout);
-    assert!(lines.contains(&"file-fd: passed"), "{}", out.stdout);
     assert!(
-        lines.contains(&"replace: Read-only file system"),
-        "{}",
         out.stdout
+            .contains("sockets: ['No such file or directory']"),
+        "{}\n{}",
+        out.stdout,
+        out.stderr
     );
-    // Control: the socket still serves after all that.
-    assert!(
-        lines.contains(&"own-socket: HTTP/1.1 200 Connection established"),
-        "{}",
-        out.stdout
-    );
+    // Control: the proxy serves the run all the same, through its loopback port.
+    assert!(out.stdout.contains("hello /still-served"), "{}", out.stdout);
 }
 
 #[test]
-fn dns_answers_go_only_where_the_run_could_send_them_and_only_for_allowed_names() {
+fn the_dns_responder_answers_allowed_names_only_over_udp_and_tcp() {
     let Some((ws, _srv, p, py)) = setup() else {
         return;
     };
@@ -148,26 +143,29 @@ python3 {py} tcp-dns evil.test"
 }
 
 #[test]
-fn the_relay_runs_as_the_run_user_without_capabilities() {
+fn the_run_holds_no_process_but_its_own() {
     let Some(ws) = Ws::new() else { return };
     let p = ws.profile(
         "relay-user",
         "extends = \"workspace-write\"\nrun_as = \"nobody\"\n[network]\nallow = [\"models.test\"]\n",
     );
-    // The relay is the run's other process besides init (pid 1) and this shell's own.
+    // The relay is the supervisor's loop, outside the run: inside, only init (pid 1) and the
+    // command's own processes.
     let out = run_sh(
         &ws,
         &p,
         "for s in /proc/[0-9]*/status; do
   pid=${s#/proc/}; pid=${pid%/status}
   [ \"$pid\" = 1 ] && continue
-  grep -q '^Name:.*sidejob' $s && grep -E '^(Uid|CapEff|CapPrm|CapBnd|NoNewPrivs):' $s
+  grep '^Name:' $s
 done",
     );
-    let text = out.stdout;
-    assert!(text.contains("Uid:\t65534\t65534\t65534\t65534"), "{text}");
-    assert!(text.contains("CapEff:\t0000000000000000"), "{text}");
-    assert!(text.contains("CapPrm:\t0000000000000000"), "{text}");
-    assert!(text.contains("CapBnd:\t0000000000000000"), "{text}");
-    assert!(text.contains("NoNewPrivs:\t1"), "{text}");
+    let names: Vec<&str> = out
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("Name:"))
+        .map(str::trim)
+        .collect();
+    assert!(!names.is_empty(), "{}", out.stdout);
+    assert!(!names.contains(&"sidejob"), "{names:?}");
 }

@@ -341,17 +341,8 @@ pub struct Prepared {
     seccomp: Option<Vec<libc::sock_filter>>,
     rlimits: Vec<(libc::__rlimit_resource_t, u64, u64)>,
     last_cap: u32,
-    /// An allow-list run: the proxy's socket as the view shows it (the relay connects there).
-    egress_socket: Option<PathBuf>,
-}
-
-/// What [`launch`] started.
-pub struct Launched {
-    /// The command.
-    pub command: i32,
-    /// The network relay of an allow-list run (not the command's: it is not counted as left
-    /// behind when init stops it).
-    pub relay: Option<i32>,
+    /// An allow-list run: init binds the relay's ports and sends them to the supervisor.
+    egress: bool,
 }
 
 impl Prepared {
@@ -377,11 +368,13 @@ pub fn prepare(plan: &LaunchPlan) -> Result<Prepared, PrepareError> {
             as_caller: false,
         });
     }
-    // An allow-list run: the proxy's socket directory at a fixed place in the view, and a
-    // resolv.conf naming the run's own DNS responder.
-    let egress_socket = match &sb.egress {
-        Some(e) => Some(egress_mounts(plan, e, &mut sb.mounts)?),
-        None => None,
+    // An allow-list run: a resolv.conf naming the run's own DNS responder.
+    let egress = match &sb.egress {
+        Some(e) => {
+            egress_mounts(plan, e, &mut sb.mounts)?;
+            true
+        }
+        None => false,
     };
     // Parents before children, whatever order the mounts were added in (stable: a mount added
     // later at the same depth lands on top).
@@ -405,7 +398,7 @@ pub fn prepare(plan: &LaunchPlan) -> Result<Prepared, PrepareError> {
     if sb.network != Network::Host {
         layers.push("net_namespace".into());
     }
-    if egress_socket.is_some() {
+    if egress {
         layers.push("egress_proxy".into());
     }
 
@@ -550,19 +543,20 @@ pub fn prepare(plan: &LaunchPlan) -> Result<Prepared, PrepareError> {
         seccomp,
         rlimits,
         last_cap: ssys::last_cap(),
-        egress_socket,
+        egress,
     })
 }
 
-/// The mounts of an allow-list run; returns the socket's path in the view. The resolver
-/// configuration is written into the run's private directory (where only the daemon and the
-/// supervisor write) and shown read-only as `/etc/resolv.conf`, over any the profile lists.
+/// The mount of an allow-list run: the resolver configuration, written into the run's
+/// private directory (where only the daemon and the supervisor write) and shown read-only as
+/// `/etc/resolv.conf`, over any the profile lists. The proxy's socket is not in the view: the
+/// supervisor relays to it (see [`netns`]).
 fn egress_mounts(
     plan: &LaunchPlan,
     e: &crate::egress::EgressPlan,
     mounts: &mut Vec<crate::sandbox::MountSpec>,
-) -> Result<PathBuf, PrepareError> {
-    use crate::egress::{RESOLV_CONF, SOCKET, VIEW_DIR};
+) -> Result<(), PrepareError> {
+    use crate::egress::RESOLV_CONF;
     if plan.sandbox.network != Network::Loopback {
         return Err(PrepareError::Egress(
             "an allow-list needs the run's own network namespace (network = loopback)".into(),
@@ -588,8 +582,7 @@ fn egress_mounts(
         as_caller: false,
     };
     mounts.push(spec(resolv, etc_resolv));
-    mounts.push(spec(e.socket_dir.clone(), Path::new(VIEW_DIR)));
-    Ok(Path::new(VIEW_DIR).join(SOCKET))
+    Ok(())
 }
 
 // ---- the init's half: the launch --------------------------------------------------------------
@@ -603,7 +596,8 @@ pub fn launch(
     cmd: &Command,
     output: &OwnedFd,
     exec_error: &OwnedFd,
-) -> Result<Launched, LaunchError> {
+    relay: Option<&OwnedFd>,
+) -> Result<i32, LaunchError> {
     // 1. Non-dumpable: init's memory holds the caller's environment (it is a fork of the
     //    supervisor), and a non-dumpable process's /proc entries are closed to the run.
     ssys::set_dumpable(false).map_err(step("set non-dumpable"))?;
@@ -632,12 +626,18 @@ pub fn launch(
     if p.plan.network == Network::Loopback {
         ssys::loopback_up().map_err(step("bring lo up"))?;
     }
-    // 4b. An allow-list run's relay listens on that loopback: bound now, while init still has
-    //     the privilege port 53 needs; it starts once the view is in place (8b).
-    let relay_listeners = match &p.egress_socket {
-        Some(_) => Some(netns::bind().map_err(step("bind the network relay's ports"))?),
-        None => None,
-    };
+    // 4b. An allow-list run's relay listens on that loopback: its ports are bound now, while
+    //     init still has the privilege port 53 needs, and handed to the supervisor, which
+    //     relays them to the proxy (see `netns`). Nothing of the run holds them.
+    if p.egress {
+        let chan = relay.ok_or_else(|| LaunchError {
+            step: "bind the network relay's ports",
+            path: None,
+            source: io::Error::other("no channel to the supervisor"),
+        })?;
+        let listeners = netns::bind().map_err(step("bind the network relay's ports"))?;
+        netns::send(listeners, chan).map_err(step("hand the relay's ports to the supervisor"))?;
+    }
     ssys::sethostname("sidejob").map_err(step("sethostname"))?;
 
     // 5. Nothing mounted from here on may propagate back to the host.
@@ -668,39 +668,10 @@ pub fn launch(
     view::pivot(&p.staging)?;
 
     // 9. The command. Init stays here to reap and to stop what the command leaves behind.
-    let command = match sys::fork().map_err(step("fork the command"))? {
-        sys::Fork::Parent(pid) => pid,
-        sys::Fork::Child => {
-            // Not the relay's listening sockets: only the relay accepts on them.
-            drop(relay_listeners);
-            confine_and_exec(p, cmd, output, exec_error)
-        }
-    };
-
-    // 10. The relay of an allow-list run, as the run's user with no privilege, connecting to
-    //     the proxy's socket where the view shows it. Started after the command so it is not
-    //     on the command's way to exec: the ports are bound and listening already, so a
-    //     connection the command makes before the relay runs waits in the backlog.
-    let relay = match (relay_listeners, &p.egress_socket) {
-        (Some(listeners), Some(socket)) => {
-            let user = netns::RelayUser {
-                uid: cmd.uid,
-                gid: cmd.gid,
-                last_cap: p.last_cap,
-            };
-            match netns::spawn(listeners, socket, &user) {
-                Ok(pid) => Some(pid),
-                Err(e) => {
-                    // The command is running: it finds no way out (fail closed), and the run
-                    // says why.
-                    let _ = sys::kill(command, libc::SIGKILL);
-                    return Err(step("start the network relay")(e));
-                }
-            }
-        }
-        _ => None,
-    };
-    Ok(Launched { command, relay })
+    match sys::fork().map_err(step("fork the command"))? {
+        sys::Fork::Parent(pid) => Ok(pid),
+        sys::Fork::Child => confine_and_exec(p, cmd, output, exec_error),
+    }
 }
 
 /// The command's side: confinement that applies to the process itself, then exec. Never

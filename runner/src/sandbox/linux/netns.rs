@@ -1,24 +1,26 @@
-//! The relay of a run with a network allow-list: a small single-threaded process inside the
-//! run's network namespace that listens on the run's loopback — 127.0.0.1:3128 for the proxy
-//! (HTTP and SOCKS5) and 127.0.0.1:53 for DNS (UDP and TCP) — and hands every connection and
-//! query to the egress proxy outside (`crate::egress`) over the run's Unix socket, passing the
-//! accepted socket itself (`SCM_RIGHTS`). It reads nothing a client sends, so it decides
-//! nothing and has nothing to get wrong: the proxy decides.
+//! The relay of a run with a network allow-list: it listens on the run's loopback —
+//! 127.0.0.1:3128 for the proxy (HTTP and SOCKS5) and 127.0.0.1:53 for DNS (UDP and TCP) — and
+//! hands every connection and query to the egress proxy (`crate::egress`) over the run's Unix
+//! socket, passing the accepted socket itself (`SCM_RIGHTS`). It reads nothing a client sends
+//! (a UDP query is forwarded as it came), so it decides nothing and has nothing to get wrong:
+//! the proxy decides.
 //!
-//! The run's init binds the sockets ([`bind`]) right after it made the network namespace (port
-//! 53 needs its privilege) and forks the relay ([`spawn`]) once the view is in place, so the
-//! socket path it connects to is the one in the view. The relay then drops to the run's user
-//! with no capabilities and `no_new_privs`: it holds nothing the command does not (the command
-//! could connect to the same socket), so the command gains nothing by reaching it.
+//! The run's init binds the sockets ([`bind`]) right after it made the network namespace (a
+//! socket stays in the namespace it was made in, whoever holds it) and sends them to the
+//! supervisor ([`send`]), before any of the command's code runs. The supervisor's poll loop
+//! is the relay ([`Relay`]): no process of its own to start or to stop, and it outlives a
+//! daemon restart as the run does, connecting to the socket's host path each time, so a
+//! restarted daemon that binds the socket again is reached again. The socket is not in the
+//! run's view at all: the only way the command has to the proxy is the loopback ports.
 
-use std::io::{self, Write};
+use std::io::{self, IoSlice};
 use std::net::{SocketAddr, TcpListener, UdpSocket};
-use std::os::fd::{AsFd, AsRawFd, RawFd};
-use std::os::unix::net::UnixStream;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 
+use nix::sys::socket::{self as ns, MsgFlags, SockFlag, SockType, UnixAddr};
+
 use crate::egress::{kind, DNS_PORT, PROXY_PORT};
-use crate::sys::{self, sandbox as ssys, Fork};
 
 /// The relay's listening sockets, bound inside the run's network namespace.
 pub struct Listeners {
@@ -27,90 +29,117 @@ pub struct Listeners {
     dns_udp: UdpSocket,
 }
 
-/// Binds the proxy and DNS ports on the run's loopback (which must be up).
+/// Binds the proxy and DNS ports on the run's loopback (which must be up). Runs in init,
+/// which still has the privilege port 53 needs.
 pub fn bind() -> io::Result<Listeners> {
     let lo = |port| SocketAddr::from(([127, 0, 0, 1], port));
-    let l = Listeners {
+    Ok(Listeners {
         proxy: TcpListener::bind(lo(PROXY_PORT))?,
         dns_tcp: TcpListener::bind(lo(DNS_PORT))?,
         dns_udp: UdpSocket::bind(lo(DNS_PORT))?,
-    };
-    l.proxy.set_nonblocking(true)?;
-    l.dns_tcp.set_nonblocking(true)?;
-    l.dns_udp.set_nonblocking(true)?;
-    Ok(l)
+    })
 }
 
-/// Who the relay runs as.
-pub struct RelayUser {
-    pub uid: Option<u32>,
-    pub gid: Option<u32>,
-    pub last_cap: u32,
+/// A channel from init to the supervisor for the listening sockets (made before the fork).
+pub fn channel() -> io::Result<(OwnedFd, OwnedFd)> {
+    ns::socketpair(
+        ns::AddressFamily::Unix,
+        SockType::Stream,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(io::Error::from)
 }
 
-/// Forks the relay; returns its pid. `socket` is the proxy's socket as the view shows it.
-pub fn spawn(listeners: Listeners, socket: &Path, user: &RelayUser) -> io::Result<i32> {
-    match sys::fork()? {
-        Fork::Parent(pid) => Ok(pid), // the listeners close here: only the relay keeps them
-        Fork::Child => {
-            if let Err(e) = confine(&listeners, user) {
-                let _ = writeln!(io::stderr(), "sidejob relay: {e}");
-                sys::exit_now(1);
-            }
-            relay(&listeners, socket)
-        }
-    }
-}
-
-/// The relay keeps only its sockets (not init's pipes: the supervisor must see them close
-/// when the run ends) and gives up every privilege.
-fn confine(l: &Listeners, user: &RelayUser) -> io::Result<()> {
-    sys::set_parent_death_signal(libc::SIGKILL)?;
-    let keep = [
-        l.proxy.as_raw_fd(),
-        l.dns_tcp.as_raw_fd(),
-        l.dns_udp.as_raw_fd(),
-    ];
-    let open: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")?
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse().ok())
-        .collect();
-    for fd in open {
-        if fd > 2 && !keep.contains(&fd) {
-            // Init's descriptors (pipes to the supervisor); this process never uses them and
-            // ends with exit_now, so nothing closes them again.
-            let _ = nix::unistd::close(fd);
-        }
-    }
-    ssys::drop_bounding_and_ambient_caps(user.last_cap)?;
-    if let (Some(uid), Some(gid)) = (user.uid, user.gid) {
-        sys::drop_to(uid, gid)?;
-    }
-    ssys::clear_caps()?;
-    ssys::set_no_new_privs()
-}
-
-fn relay(l: &Listeners, socket: &Path) -> ! {
-    let socket: PathBuf = socket.to_path_buf();
+/// Init's side: sends the listening sockets to the supervisor (they close here).
+pub fn send(l: Listeners, chan: &OwnedFd) -> io::Result<()> {
     let fds = [
         l.proxy.as_raw_fd(),
         l.dns_tcp.as_raw_fd(),
         l.dns_udp.as_raw_fd(),
     ];
-    let mut buf = vec![0u8; crate::egress::dns::MAX_MESSAGE];
-    loop {
-        let ready = match sys::poll_readable(&fds, -1) {
-            Ok(r) => r,
-            Err(_) => sys::exit_now(1),
+    let cmsg = [ns::ControlMessage::ScmRights(&fds)];
+    ns::sendmsg::<UnixAddr>(
+        chan.as_raw_fd(),
+        &[IoSlice::new(b"L")],
+        &cmsg,
+        MsgFlags::MSG_NOSIGNAL,
+        None,
+    )
+    .map(drop)
+    .map_err(io::Error::from)
+}
+
+/// The supervisor's side: the listening sockets, served from its poll loop.
+pub struct Relay {
+    proxy: TcpListener,
+    dns_tcp: TcpListener,
+    dns_udp: UdpSocket,
+    /// The proxy's socket, by its host path.
+    socket: PathBuf,
+    buf: Vec<u8>,
+}
+
+impl Relay {
+    /// Receives the listening sockets init sent over `chan` (readable by now).
+    pub fn receive(chan: &OwnedFd, socket: &Path) -> io::Result<Relay> {
+        let mut byte = [0u8; 1];
+        let (n, fds) = crate::sys::fdpass::recv_with_fds(chan.as_fd(), &mut byte)?;
+        let [proxy, dns_tcp, dns_udp]: [OwnedFd; 3] = fds
+            .try_into()
+            .map_err(|_| io::Error::other("init did not send the relay's three sockets"))?;
+        if n != 1 || byte[0] != b'L' {
+            return Err(io::Error::other("an unexpected message from init"));
+        }
+        let relay = Relay {
+            proxy: TcpListener::from(proxy),
+            dns_tcp: TcpListener::from(dns_tcp),
+            dns_udp: UdpSocket::from(dns_udp),
+            socket: socket.to_path_buf(),
+            buf: vec![0u8; crate::egress::dns::MAX_MESSAGE],
         };
+        relay.proxy.set_nonblocking(true)?;
+        relay.dns_tcp.set_nonblocking(true)?;
+        relay.dns_udp.set_nonblocking(true)?;
+        Ok(relay)
+    }
+
+    /// The descriptors to poll for readability, in the order [`Relay::ready`] takes them.
+    pub fn fds(&self) -> [RawFd; 3] {
+        [
+            self.proxy.as_raw_fd(),
+            self.dns_tcp.as_raw_fd(),
+            self.dns_udp.as_raw_fd(),
+        ]
+    }
+
+    /// Hands over what is waiting on the ready sockets. Never blocks: a connection or query
+    /// that cannot be handed over at once (no daemon, a full backlog) is closed or dropped —
+    /// the run's network fails closed, never open.
+    pub fn ready(&mut self, ready: [bool; 3]) {
+        // Bounded per wake-up, like the output, so a flood cannot starve the rest of the loop.
+        const BATCH: usize = 64;
         if ready[0] {
-            accept_all(&l.proxy, kind::PROXY, &socket);
+            for _ in 0..BATCH {
+                let Ok((s, _)) = self.proxy.accept() else {
+                    break;
+                };
+                let _ = hand_over(&self.socket, &[kind::PROXY], s.as_fd());
+            }
         }
         if ready[1] {
-            accept_all(&l.dns_tcp, kind::DNS_TCP, &socket);
+            for _ in 0..BATCH {
+                let Ok((s, _)) = self.dns_tcp.accept() else {
+                    break;
+                };
+                let _ = hand_over(&self.socket, &[kind::DNS_TCP], s.as_fd());
+            }
         }
         if ready[2] {
-            while let Ok((n, from)) = l.dns_udp.recv_from(&mut buf) {
+            for _ in 0..BATCH {
+                let Ok((n, from)) = self.dns_udp.recv_from(&mut self.buf) else {
+                    break;
+                };
                 let mut msg = vec![kind::DNS_UDP];
                 match from {
                     SocketAddr::V4(a) => {
@@ -123,25 +152,28 @@ fn relay(l: &Listeners, socket: &Path) -> ! {
                     }
                 }
                 msg.extend_from_slice(&from.port().to_be_bytes());
-                msg.extend_from_slice(&buf[..n]);
-                // A query that cannot be handed over is dropped: the client retries or fails.
-                let _ = hand_over(&socket, &msg, l.dns_udp.as_fd());
+                msg.extend_from_slice(&self.buf[..n]);
+                let _ = hand_over(&self.socket, &msg, self.dns_udp.as_fd());
             }
         }
     }
 }
 
-/// Accepts every pending connection and hands each to the proxy; one that cannot be handed
-/// over is closed (fail closed: never connected any other way).
-fn accept_all(listener: &TcpListener, kind: u8, socket: &Path) {
-    while let Ok((stream, _)) = listener.accept() {
-        let _ = hand_over(socket, &[kind], stream.as_fd());
-    }
-}
-
-fn hand_over(socket: &Path, msg: &[u8], fd: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
-    let mut s = UnixStream::connect(socket)?;
+/// One connection to the proxy's socket: `msg` with `fd` attached, then the end of the
+/// stream. Non-blocking throughout; a message that does not go out whole is abandoned.
+fn hand_over(socket: &Path, msg: &[u8], fd: BorrowedFd<'_>) -> io::Result<()> {
+    let s = ns::socket(
+        ns::AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    ns::connect(s.as_raw_fd(), &UnixAddr::new(socket)?)?;
     let sent = crate::sys::fdpass::send_with_fd(s.as_fd(), msg, fd)?;
-    s.write_all(&msg[sent..])?;
-    s.shutdown(std::net::Shutdown::Write)
+    if sent != msg.len() {
+        return Err(io::Error::other(
+            "the proxy's socket took part of a message",
+        ));
+    }
+    ns::shutdown(s.as_raw_fd(), ns::Shutdown::Write).map_err(io::Error::from)
 }
