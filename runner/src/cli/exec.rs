@@ -300,11 +300,11 @@ pub fn exec(a: ExecArgs) -> i32 {
         Err(e) => return fail(format!("cannot create a run directory: {e}"), None),
     };
     let task_id = crate::ids::ulid();
-    // An allow-list run: this process has no daemon, so it forks the proxy now, while it is
-    // still single-threaded.
-    let proxy = match &mut sandbox.egress {
-        Some(egress) => match start_proxy(&run_dir, &task_id, egress) {
-            Ok(pid) => Some(pid),
+    // An allow-list run: this process has no daemon, so it serves the proxy itself: the
+    // socket is bound now, and the proxy process is forked when the run first uses it.
+    let mut proxy = match &mut sandbox.egress {
+        Some(egress) => match bind_proxy(&run_dir, &task_id, egress) {
+            Ok(p) => Some(p),
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&run_dir);
                 return fail(format!("cannot start the egress proxy: {e}"), None);
@@ -340,32 +340,44 @@ pub fn exec(a: ExecArgs) -> i32 {
     let copier = match command_stdin(a.stdin) {
         Ok(c) => c,
         Err(e) => {
-            stop_child(proxy);
             let _ = std::fs::remove_dir_all(&run_dir);
             return fail(format!("cannot set up the command's stdin: {e}"), None);
         }
     };
     let started = SystemTime::now();
-    let result = match crate::sys::dirfd::open_dir(&run_dir) {
-        Ok(dir) => match supervisor::supervise(&plan, started, dir.as_fd()) {
-            Ok(r) => r,
-            Err(e) => {
-                let reason = e.reason();
-                supervisor::failed_result(&plan, started, reason, e.to_string())
+    let has_proxy = proxy.is_some();
+    let result = {
+        let mut start_proxy = || {
+            if let Some(p) = proxy.as_mut() {
+                p.start();
             }
-        },
-        Err(e) => supervisor::failed_result(
-            &plan,
-            started,
-            FailReason::SpawnError,
-            format!("cannot open the run directory {}: {e}", run_dir.display()),
-        ),
+        };
+        let hook: Option<&mut dyn FnMut()> = if has_proxy {
+            Some(&mut start_proxy)
+        } else {
+            None
+        };
+        match crate::sys::dirfd::open_dir(&run_dir) {
+            Ok(dir) => match supervisor::supervise_with(&plan, started, dir.as_fd(), hook) {
+                Ok(r) => r,
+                Err(e) => {
+                    let reason = e.reason();
+                    supervisor::failed_result(&plan, started, reason, e.to_string())
+                }
+            },
+            Err(e) => supervisor::failed_result(
+                &plan,
+                started,
+                FailReason::SpawnError,
+                format!("cannot open the run directory {}: {e}", run_dir.display()),
+            ),
+        }
     };
     // It may be blocked reading the terminal: it must not take the next line typed.
     stop_child(copier);
     // The proxy is done with: killed, not waited for (its exit is not this run's business,
     // and whoever inherits it reaps it).
-    if let Some(pid) = proxy {
+    if let Some(pid) = proxy.as_ref().and_then(|p| p.pid) {
         let _ = crate::sys::kill(pid, libc::SIGKILL);
     }
     let _ = std::fs::remove_dir_all(&run_dir);
@@ -399,13 +411,32 @@ pub fn exec(a: ExecArgs) -> i32 {
     code
 }
 
+/// The proxy of an `exec` run: its socket, bound before the run, and the process that serves
+/// it, forked on first use ([`LazyProxy::start`]).
+struct LazyProxy {
+    waiting: Option<(std::os::unix::net::UnixListener, crate::egress::Run)>,
+    pid: Option<i32>,
+}
+
+impl LazyProxy {
+    fn start(&mut self) {
+        if let Some((listener, run)) = self.waiting.take() {
+            match crate::egress::standalone::spawn(listener, run) {
+                Ok(pid) => self.pid = Some(pid),
+                // The run's connections then find nobody: closed, never open.
+                Err(e) => eprintln!("sidejob exec: cannot start the egress proxy: {e}"),
+            }
+        }
+    }
+}
+
 /// Binds the run's proxy socket in `<run_dir>/egress/` (the run's supervisor, in this process,
-/// relays the run's connections to it) and forks the process that serves it; returns its pid.
-fn start_proxy(
+/// relays the run's connections to it).
+fn bind_proxy(
     run_dir: &Path,
     task_id: &str,
     egress: &mut crate::egress::EgressPlan,
-) -> std::io::Result<i32> {
+) -> std::io::Result<LazyProxy> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     let dir = run_dir.join("egress");
     std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
@@ -418,7 +449,10 @@ fn start_proxy(
         &run_dir.join(crate::egress::record::FILE),
     )?;
     egress.socket_dir = dir;
-    crate::egress::standalone::spawn(listener, run)
+    Ok(LazyProxy {
+        waiting: Some((listener, run)),
+        pid: None,
+    })
 }
 
 fn stop_child(pid: Option<i32>) {

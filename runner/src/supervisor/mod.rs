@@ -162,6 +162,19 @@ pub fn supervise(
     started: SystemTime,
     out_dir: BorrowedFd<'_>,
 ) -> Result<RunResult, SuperviseError> {
+    supervise_with(plan, started, out_dir, None)
+}
+
+/// [`supervise`], calling `egress_first_use` once, when the run's relay first has a
+/// connection or query to hand over (`sidejob exec` starts its proxy then, so a run that
+/// never uses the network never pays for one). It runs in this single-threaded process,
+/// before the hand-over.
+pub fn supervise_with(
+    plan: &LaunchPlan,
+    started: SystemTime,
+    out_dir: BorrowedFd<'_>,
+    mut egress_first_use: Option<&mut dyn FnMut()>,
+) -> Result<RunResult, SuperviseError> {
     let clock = Instant::now();
     let setup =
         |step: &'static str| move |source: io::Error| SuperviseError::Setup { step, source };
@@ -315,7 +328,13 @@ pub fn supervise(
             relay_r.take();
         }
         if let Some(r) = relay.as_mut() {
-            r.ready([ready[4], ready[5], ready[6]]);
+            let ready = [ready[4], ready[5], ready[6]];
+            if ready.contains(&true) {
+                if let Some(first) = egress_first_use.take() {
+                    first();
+                }
+            }
+            r.ready(ready);
         }
 
         if out_open && ready[2] {
