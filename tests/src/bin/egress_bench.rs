@@ -94,6 +94,23 @@ fn main() {
         e_allow.push(ms(exec(&allow, ws.path(), &["/bin/true"]).0));
     }
 
+    // The first request of a run through the proxy (for exec, this includes starting it).
+    let mut first = Vec::new();
+    for _ in 0..rounds.min(50) {
+        let (_, out) = exec(
+            &allow,
+            ws.path(),
+            &[
+                "sh",
+                "-c",
+                &format!(
+                    "curl -sS -o /dev/null -w '%{{time_total}}' http://models.test:{port}/first"
+                ),
+            ],
+        );
+        first.push(out.trim().parse::<f64>().expect("time_total") * 1000.0);
+    }
+
     // Round trips through the daemon.
     let daemon = Daemon::start_with_config(&format!(
         "profiles_dir = \"{}\"\n",
@@ -148,6 +165,7 @@ fn main() {
     let (ea, ea90) = stats(e_allow);
     let (rn, rn90) = stats(r_none);
     let (ra, ra90) = stats(r_allow);
+    let (f50, f90) = stats(first);
     let (dd, _) = stats(direct);
     let (dp, _) = stats(proxied);
     println!("sidejob-egress-bench: {rounds} rounds, {downloads} downloads of 100 MiB");
@@ -155,6 +173,7 @@ fn main() {
     println!("  exec /bin/true, allow-list        median {ea:7.2} ms  p90 {ea90:7.2} ms   added {:+.2} ms", ea - en);
     println!("  round trip true, network none     median {rn:7.2} ms  p90 {rn90:7.2} ms");
     println!("  round trip true, allow-list       median {ra:7.2} ms  p90 {ra90:7.2} ms   added {:+.2} ms", ra - rn);
+    println!("  first request of an exec run      median {f50:7.2} ms  p90 {f90:7.2} ms   (curl's time_total, proxy start included)");
     println!("  100 MiB download, direct          median {dd:8.1} MiB/s");
     println!(
         "  100 MiB download, through proxy   median {dp:8.1} MiB/s   ratio {:.2}",
