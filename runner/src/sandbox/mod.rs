@@ -5,6 +5,7 @@
 
 pub mod caches;
 pub mod catalog;
+pub mod layer;
 pub mod linux;
 pub mod profile;
 pub mod resolve;
