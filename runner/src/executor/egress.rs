@@ -61,6 +61,12 @@ pub(super) fn bind(
     })
 }
 
+/// Removes a settled run's egress directory, if it has one.
+pub(super) fn forget(task_id: &str) {
+    let dir = crate::config::default_bridge_dir().join(format!("{task_id}.egress"));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 fn bind_in(dir: &Path) -> std::io::Result<UnixListener> {
     use std::os::unix::fs::PermissionsExt;
     match std::fs::create_dir(dir) {

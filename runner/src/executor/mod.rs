@@ -721,6 +721,8 @@ impl Executor {
         let _ = live.done.send(true);
         self.live_map().remove(&live.task_id);
         live.private.remove();
+        // Its proxy's socket, too (also when it was settled at start-up, with nobody serving).
+        egress::forget(&live.task_id);
     }
 
     /// Re-attaches to the runs of a previous daemon (see `recover.rs`).
