@@ -136,14 +136,85 @@ impl Default for Config {
     }
 }
 
-/// `[subagent]`: the agent command the `subagent` tool runs in a child session.
-#[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
+/// `[subagent]`: the agent command the `subagent` tool runs in a child session, and what the
+/// agent's own process may use beyond its profile: its configuration under `{home}` (the
+/// session owner's home) and the model API hosts. These grants are the administrator's (this
+/// file is trusted); they apply to the agent's process only, never to the jobs it starts,
+/// whose ceiling is the agent's profile without them.
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SubagentConfig {
     /// The agent's argv. Empty: the tool refuses calls.
     pub command: Vec<String>,
     /// How the prompt reaches the agent (it is in `AGENT_PROMPT` in every case).
     pub prompt: PromptVia,
+    /// The profile the agent runs under (it must narrow the caller's); `agent` is shipped.
+    pub profile: String,
+    /// Paths the agent may also read, e.g. `"{home}/.config/my-agent"`.
+    pub readable: Vec<String>,
+    /// Paths the agent may also write (its own state, history, logs).
+    pub writable: Vec<String>,
+    /// Hosts the agent may reach through the egress proxy (the model API), as in a
+    /// profile's `[network] allow`.
+    pub allow: Vec<String>,
+    /// Static names for those hosts, as in a profile's `[network] hosts`.
+    pub hosts: std::collections::BTreeMap<String, String>,
+    /// Variables set for the agent (placeholders allowed), e.g. `HOME = "{home}"`.
+    pub env: std::collections::BTreeMap<String, String>,
+}
+
+impl Default for SubagentConfig {
+    fn default() -> Self {
+        SubagentConfig {
+            command: Vec::new(),
+            prompt: PromptVia::default(),
+            profile: "agent".into(),
+            readable: Vec::new(),
+            writable: Vec::new(),
+            allow: Vec::new(),
+            hosts: Default::default(),
+            env: Default::default(),
+        }
+    }
+}
+
+impl SubagentConfig {
+    /// The grants as a profile fragment, checked like one (`[subagent]` as the file).
+    pub fn grants(&self) -> Result<crate::sandbox::Grants, String> {
+        let mut toml = String::new();
+        let list = |v: &[String]| serde_json::to_string(v).unwrap_or_default();
+        toml.push_str(&format!(
+            "[paths]\nreadable = {}\nwritable = {}\n",
+            list(&self.readable),
+            list(&self.writable)
+        ));
+        if !self.allow.is_empty() || !self.hosts.is_empty() {
+            toml.push_str(&format!("[network]\nallow = {}\n", list(&self.allow)));
+            toml.push_str(&format!(
+                "hosts = {}\n",
+                toml::Value::try_from(&self.hosts).map_err(|e| e.to_string())?
+            ));
+        }
+        toml.push_str(&format!(
+            "[env.set]\n{}",
+            self.env
+                .iter()
+                .map(|(k, v)| format!(
+                    "{} = {}\n",
+                    toml::Value::String(k.clone()),
+                    toml::Value::String(v.clone())
+                ))
+                .collect::<String>()
+        ));
+        let p = crate::sandbox::profile::load("subagent", "[subagent]", &toml)
+            .map_err(|e| e.to_string())?;
+        Ok(crate::sandbox::Grants {
+            readable: p.readable,
+            writable: p.writable,
+            egress: p.egress,
+            env: p.env_set,
+        })
+    }
 }
 
 /// `[subagent] prompt`: where the agent finds the prompt.
@@ -178,10 +249,17 @@ impl Config {
             path: path.into(),
             source,
         })?;
-        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        let cfg: Config = toml::from_str(&text).map_err(|e| ConfigError::Parse {
             path: path.into(),
             message: describe_toml_error(&text, &e),
-        })
+        })?;
+        cfg.subagent
+            .grants()
+            .map_err(|message| ConfigError::Parse {
+                path: path.into(),
+                message,
+            })?;
+        Ok(cfg)
     }
 
     pub fn db_path(&self) -> PathBuf {

@@ -18,6 +18,7 @@ use serde_json::{json, Value};
 pub mod gate;
 pub mod lines;
 pub mod need;
+pub mod net;
 pub mod push;
 
 pub use gate::Gate;

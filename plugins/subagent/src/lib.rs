@@ -4,7 +4,8 @@
 //! in `AGENT_PROMPT` and, as `[subagent] prompt` says, also after `--` as the last argument
 //! (`"argument"`, the default: `--` ends the agent's options, so a prompt such as
 //! `--dangerously-skip-permissions` stays a prompt), on stdin (`"stdin"`), or nowhere else
-//! (`"env"`). `agent` is passed as `AGENT_NAME`. The daemon waits for the child's non-service background tasks when
+//! (`"env"`). `agent` is passed as `AGENT_NAME`. The agent runs under `[subagent] profile`
+//! (default `agent`). The daemon waits for the child's non-service background tasks when
 //! the agent exits and hands its services over to the parent session (see `docs/plugins.md`).
 
 use serde::Deserialize;
@@ -97,10 +98,20 @@ impl Plugin for Subagent {
             env.insert("AGENT_NAME".into(), agent);
         }
         let first = args.prompt.lines().next().unwrap_or("").trim().to_owned();
+        // The agent runs under `[subagent] profile` (the daemon checks it narrows the
+        // caller's, then adds the section's grants: the agent's configuration and its model
+        // API hosts).
+        let profile = ctx
+            .config
+            .pointer("/subagent/profile")
+            .and_then(Value::as_str)
+            .filter(|p| !p.is_empty())
+            .map(str::to_owned);
         Ok(LaunchPlan {
             argv,
             env,
             stdin,
+            profile,
             child_session: true,
             bridge: true,
             summary: Some(format!("subagent: {first}")),

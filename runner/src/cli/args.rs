@@ -247,10 +247,20 @@ pub enum Command {
         /// Stop the command after this long (e.g. 90s, 10m); exit code 124
         #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
         timeout: Option<Duration>,
-        /// Set a variable in the command's environment (repeatable); nothing else of yours
-        /// is passed but what the profile allows
-        #[arg(long = "env", value_name = "K=V")]
+        /// Set a variable in the command's environment, or pass your own value with NAME
+        /// alone (repeatable); nothing else of yours is passed but what the profile allows
+        #[arg(long = "env", value_name = "K=V|NAME")]
         env: Vec<String>,
+        /// Also let the command read this path (repeatable; this run only)
+        #[arg(long = "read", value_name = "PATH")]
+        read: Vec<PathBuf>,
+        /// Also let the command write this path (repeatable; this run only)
+        #[arg(long = "write", value_name = "PATH")]
+        write: Vec<PathBuf>,
+        /// Also let the command reach this host through the egress proxy, e.g.
+        /// crates.io:443 or *.example.org (repeatable; this run only)
+        #[arg(long = "allow", value_name = "HOST[:PORT]")]
+        allow: Vec<String>,
         /// Print result.json at the end
         #[arg(long)]
         json: bool,
@@ -267,6 +277,11 @@ pub enum Command {
         /// Print the report as JSON
         #[arg(long)]
         json: bool,
+    },
+    /// List or clear the persistent caches profiles keep (`[caches]`)
+    Cache {
+        #[command(subcommand)]
+        command: super::doctor::CacheCommand,
     },
     /// Serve the daemon's tools to an MCP client on stdin/stdout (one session per connection)
     #[command(after_help = "See docs/mcp.md for client configuration snippets.")]

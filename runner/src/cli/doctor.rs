@@ -28,6 +28,7 @@ pub fn doctor(json_out: bool) -> i32 {
                         session_dir: None,
                         home: None,
                         caller_env: &[],
+                        caches: None,
                     },
                 );
                 match r {
@@ -56,6 +57,8 @@ pub fn doctor(json_out: bool) -> i32 {
         profiles.push(status);
     }
     let trial = trial_run();
+    let state_dir = crate::config::default_state_dir();
+    let caches = crate::sandbox::caches::list(&state_dir);
     let ok = profiles
         .iter()
         .any(|p| p["name"] == "workspace-write" && p["usable"] == true)
@@ -74,6 +77,11 @@ pub fn doctor(json_out: bool) -> i32 {
             },
             "layers": layers,
             "profiles": profiles,
+            "egress": {
+                "proxy": format!("127.0.0.1:{} in the run (HTTP CONNECT, absolute-form HTTP, SOCKS5)", crate::egress::PROXY_PORT),
+                "dns": format!("127.0.0.1:{} in the run (UDP and TCP)", crate::egress::DNS_PORT),
+            },
+            "caches": {"dir": crate::sandbox::caches::root(&state_dir), "entries": caches},
             "trial": trial,
             "ok": ok,
         });
@@ -119,6 +127,12 @@ pub fn doctor(json_out: bool) -> i32 {
             );
         }
         println!(
+            "\nnetwork allow-lists: an egress proxy at 127.0.0.1:{} and a DNS responder at 127.0.0.1:{} in each such run",
+            crate::egress::PROXY_PORT,
+            crate::egress::DNS_PORT
+        );
+        print_caches(&state_dir, &caches);
+        println!(
             "\ntrial: /bin/true under workspace-write: {}",
             trial["detail"].as_str().unwrap_or("")
         );
@@ -150,6 +164,7 @@ fn trial_run() -> serde_json::Value {
                 session_dir: None,
                 home: None,
                 caller_env: &[],
+                caches: None,
             },
         )?;
         let plan = LaunchPlan {
@@ -196,5 +211,107 @@ fn trial_run() -> serde_json::Value {
     match run() {
         Ok(d) => json!({"ok": true, "detail": d}),
         Err(e) => json!({"ok": false, "detail": format!("failed: {e}")}),
+    }
+}
+
+fn print_caches(state_dir: &std::path::Path, caches: &[crate::sandbox::caches::CacheInfo]) {
+    println!(
+        "\ncaches ({}):",
+        crate::sandbox::caches::root(state_dir).display()
+    );
+    if caches.is_empty() {
+        println!("  none");
+    }
+    for c in caches {
+        println!(
+            "  uid {:<6} {:16} {:12} {:>10}  {}",
+            c.uid,
+            c.profile,
+            c.name,
+            human_bytes(c.bytes),
+            c.path.display()
+        );
+    }
+}
+
+fn human_bytes(n: u64) -> String {
+    match n {
+        n if n >= 1 << 30 => format!("{:.1} GiB", n as f64 / (1u64 << 30) as f64),
+        n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / (1u64 << 20) as f64),
+        n if n >= 1 << 10 => format!("{:.1} KiB", n as f64 / (1u64 << 10) as f64),
+        n => format!("{n} B"),
+    }
+}
+
+/// `sidejob cache`: the persistent caches of profiles (`[caches]`).
+#[derive(Debug, clap::Subcommand)]
+pub enum CacheCommand {
+    /// List the caches kept under the state directory, with their sizes
+    List {
+        #[arg(long, env = "SIDEJOB_STATE_DIR")]
+        state_dir: Option<std::path::PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove caches: yours (root: everyone's, or --uid's), of every profile or of --profile
+    Clear {
+        #[arg(long)]
+        profile: Option<String>,
+        /// Root only: whose caches [default: everyone's]
+        #[arg(long)]
+        uid: Option<u32>,
+        #[arg(long, env = "SIDEJOB_STATE_DIR")]
+        state_dir: Option<std::path::PathBuf>,
+    },
+}
+
+/// Runs `sidejob cache ...`; returns the exit code.
+pub fn cache(cmd: CacheCommand) -> i32 {
+    use crate::sandbox::caches;
+    match cmd {
+        CacheCommand::List { state_dir, json } => {
+            let dir = state_dir.unwrap_or_else(crate::config::default_state_dir);
+            let list = caches::list(&dir);
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&list).unwrap_or_default()
+                );
+            } else {
+                print_caches(&dir, &list);
+            }
+            0
+        }
+        CacheCommand::Clear {
+            profile,
+            uid,
+            state_dir,
+        } => {
+            let dir = state_dir.unwrap_or_else(crate::config::default_state_dir);
+            let me = crate::sys::getuid();
+            let whose = match (me, uid) {
+                (0, u) => u,
+                (_, Some(u)) if u != me => {
+                    eprintln!("sidejob cache clear: only root may clear another user's caches");
+                    return 1;
+                }
+                (_, _) => Some(me),
+            };
+            match caches::clear(&dir, whose, profile.as_deref()) {
+                Ok(removed) => {
+                    for c in &removed {
+                        println!("removed {} ({})", c.path.display(), human_bytes(c.bytes));
+                    }
+                    if removed.is_empty() {
+                        println!("no cache to remove");
+                    }
+                    0
+                }
+                Err(e) => {
+                    eprintln!("sidejob cache clear: {e}");
+                    1
+                }
+            }
+        }
     }
 }

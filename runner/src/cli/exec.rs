@@ -8,9 +8,10 @@ use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
+use crate::egress::policy::{Policy, Rule};
 use crate::protocol::{FailReason, TaskState};
 use crate::sandbox::resolve::{self, Context};
-use crate::sandbox::{Catalog, LaunchPlan, RunAs};
+use crate::sandbox::{Catalog, LaunchPlan, Network, Profile, RunAs};
 use crate::supervisor::{self, RunResult};
 
 /// Exit code when the sandbox cannot be built (as `env`, `timeout` and container runtimes use).
@@ -21,7 +22,14 @@ pub struct ExecArgs {
     pub profile: Option<String>,
     pub workspace: Option<PathBuf>,
     pub timeout: Option<Duration>,
+    /// `NAME=VALUE`, or `NAME` to pass the caller's own value.
     pub env: Vec<String>,
+    /// Paths added to the profile's readable ones (this run only).
+    pub read: Vec<PathBuf>,
+    /// Paths added to the profile's writable ones (this run only).
+    pub write: Vec<PathBuf>,
+    /// Hosts added to the profile's network allow-list (this run only).
+    pub allow: Vec<String>,
     pub json: bool,
     /// Pass this process's stdin to the command (through a pipe when it is a terminal).
     pub stdin: bool,
@@ -83,13 +91,140 @@ fn sweep(base: &Path) {
     }
 }
 
+/// Adds the caller's `--read`, `--write` and `--allow` to the profile: `sidejob exec` runs the
+/// caller's own command with the caller's own authority, so it may widen its profile for this
+/// run (the daemon's calls may only narrow their session's).
+fn add_to_profile(p: &mut Profile, a: &ExecArgs) -> Result<(), String> {
+    let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
+    let absolute = |path: &PathBuf| -> Result<String, String> {
+        let abs = cwd.join(path);
+        let s = abs.to_string_lossy().trim_end_matches('/').to_owned();
+        if s.is_empty()
+            || s.contains('\0')
+            || abs
+                .components()
+                .any(|c| c == std::path::Component::ParentDir)
+        {
+            return Err(format!(
+                "{}: name the directory itself (no \"..\")",
+                path.display()
+            ));
+        }
+        Ok(s)
+    };
+    for path in &a.read {
+        let s = absolute(path)?;
+        if !p.readable.contains(&s) {
+            p.readable.push(s);
+        }
+    }
+    for path in &a.write {
+        let s = absolute(path)?;
+        for list in [&mut p.readable, &mut p.writable] {
+            if !list.contains(&s) {
+                list.push(s.clone());
+            }
+        }
+    }
+    if !a.allow.is_empty() {
+        if p.network == Network::Host {
+            eprintln!(
+                "sidejob exec: --allow: profile {} has the host's network already",
+                p.name
+            );
+            return Ok(());
+        }
+        let mut rules = Vec::new();
+        for host in &a.allow {
+            rules.push(Rule::parse(host).map_err(|m| format!("--allow {m}"))?);
+        }
+        p.network = Network::Loopback;
+        let policy = p.egress.get_or_insert_with(Policy::default);
+        policy.extend(&Policy {
+            allow: rules,
+            ..Policy::default()
+        });
+    }
+    Ok(())
+}
+
+/// The command's environment: the profile's, then `--env` (a `NAME` alone passes the caller's
+/// own value), with an allow-list run's proxy settings last, since the proxy is its only way
+/// out.
+fn command_env(
+    mut env: Vec<(String, String)>,
+    args: &[String],
+    egress: bool,
+) -> Result<Vec<(String, String)>, String> {
+    for kv in args {
+        let (k, v) = match kv.split_once('=') {
+            Some((k, v)) => (k.to_owned(), v.to_owned()),
+            None => match std::env::var(kv) {
+                Ok(v) => (kv.clone(), v),
+                Err(_) => {
+                    eprintln!("sidejob exec: --env {kv}: not set here, not passed");
+                    continue;
+                }
+            },
+        };
+        if k.is_empty() || k.contains('\0') || v.contains('\0') {
+            return Err(format!("--env {kv:?}: expected NAME=VALUE or NAME"));
+        }
+        env.retain(|(name, _)| *name != k);
+        env.push((k, v));
+    }
+    if egress {
+        for (k, v) in crate::egress::proxy_env() {
+            env.retain(|(name, _)| *name != k);
+            env.push((k, v));
+        }
+    }
+    Ok(env)
+}
+
+/// A command the run's `PATH` does not find, though the caller's does: say which profile
+/// keys would bring it in.
+fn not_on_sandbox_path(
+    argv0: &str,
+    env: &[(String, String)],
+    home: Option<&Path>,
+) -> Option<String> {
+    if argv0.contains('/') {
+        return None;
+    }
+    let path = env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.as_str())
+        .unwrap_or("/usr/bin:/bin");
+    if crate::sandbox::resolve_program(argv0, path).is_some() {
+        return None;
+    }
+    let mine = std::env::var("PATH").ok()?;
+    let found = crate::sandbox::resolve_program(argv0, &mine)?;
+    let dir = found.parent()?.to_path_buf();
+    let shown = match home.and_then(|h| dir.strip_prefix(h).ok()) {
+        Some(rest) => format!("{{home}}/{}", rest.display()),
+        None => dir.display().to_string(),
+    };
+    Some(format!(
+        "command not found in the sandbox: {argv0} (yours is {}, but the profile's PATH does not reach {})\n  hint: add \"{shown}\" (or the toolchain directory above it) to [paths] executable and to env.set.PATH in the profile, use a toolchain profile (--profile rust, python or node), or run with --read {} --env PATH",
+        found.display(),
+        dir.display(),
+        dir.display(),
+    ))
+}
+
 /// Runs `sidejob exec`; returns the process exit code.
 pub fn exec(a: ExecArgs) -> i32 {
     let catalog = Catalog::new(Catalog::default_dir());
-    let profile = match catalog.get_or_file(a.profile.as_deref().unwrap_or("workspace-write")) {
+    let mut profile = match catalog.get_or_file(a.profile.as_deref().unwrap_or("workspace-write")) {
         Ok(p) => p,
         Err(e) => return fail(e, None),
     };
+    if let Err(e) = add_to_profile(&mut profile, &a) {
+        return fail(e, None);
+    }
     let workspace = match a
         .workspace
         .clone()
@@ -106,7 +241,28 @@ pub fn exec(a: ExecArgs) -> i32 {
         Err(e) => return fail(format!("workspace: {e}"), None),
     };
     let caller_env: Vec<(String, String)> = std::env::vars().collect();
-    let home = std::env::var_os("HOME").map(PathBuf::from);
+    let home = crate::sandbox::home_of(crate::sys::getuid());
+    let (uid, gid) = match profile.run_as {
+        RunAs::Ids { uid, gid } => (Some(uid), Some(gid)),
+        RunAs::Caller => (None, None),
+    };
+    let run_ids = (
+        uid.unwrap_or_else(crate::sys::getuid),
+        gid.unwrap_or_else(crate::sys::getgid),
+    );
+    let state_dir = crate::config::default_state_dir();
+    let caches = match crate::sandbox::caches::prepare(&state_dir, run_ids.0, run_ids.1, &profile) {
+        Ok(c) => c,
+        Err(e) => {
+            return fail(
+                format!(
+                    "cannot prepare the profile's caches under {}: {e}",
+                    state_dir.display()
+                ),
+                Some("set SIDEJOB_STATE_DIR to a directory you can write"),
+            )
+        }
+    };
     let resolved = match resolve::resolve(
         &profile,
         &Context {
@@ -114,18 +270,24 @@ pub fn exec(a: ExecArgs) -> i32 {
             session_dir: None,
             home: home.as_deref(),
             caller_env: &caller_env,
+            caches: caches.as_deref(),
         },
     ) {
         Ok(r) => r,
         Err(e) => return fail(format!("profile {}: {e}", profile.name), None),
     };
-    let mut env = resolved.env;
-    for kv in &a.env {
-        let Some((k, v)) = kv.split_once('=') else {
-            return fail(format!("--env {kv:?}: expected NAME=VALUE"), None);
-        };
-        env.retain(|(name, _)| name != k);
-        env.push((k.to_owned(), v.to_owned()));
+    let mut sandbox = resolved.sandbox;
+    let env = match command_env(resolved.env, &a.env, sandbox.egress.is_some()) {
+        Ok(env) => env,
+        Err(e) => return fail(e, None),
+    };
+    if let Some(msg) = a
+        .command
+        .first()
+        .and_then(|argv0| not_on_sandbox_path(argv0, &env, home.as_deref()))
+    {
+        eprintln!("sidejob exec: {msg}");
+        return 127;
     }
     // Stay in the current directory when it is inside the workspace, like a shell would.
     let cwd = std::env::current_dir()
@@ -133,20 +295,29 @@ pub fn exec(a: ExecArgs) -> i32 {
         .and_then(|d| d.canonicalize().ok())
         .filter(|d| d.starts_with(&workspace))
         .unwrap_or_else(|| workspace.clone());
-    let (uid, gid) = match profile.run_as {
-        RunAs::Ids { uid, gid } => (Some(uid), Some(gid)),
-        RunAs::Caller => (None, None),
-    };
     let run_dir = match make_run_dir() {
         Ok(d) => d,
         Err(e) => return fail(format!("cannot create a run directory: {e}"), None),
+    };
+    let task_id = crate::ids::ulid();
+    // An allow-list run: this process has no daemon, so it serves the proxy itself: the
+    // socket is bound now, and the proxy process is forked when the run first uses it.
+    let mut proxy = match &mut sandbox.egress {
+        Some(egress) => match bind_proxy(&run_dir, &task_id, egress) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&run_dir);
+                return fail(format!("cannot start the egress proxy: {e}"), None);
+            }
+        },
+        None => None,
     };
     let timeout_ms = a
         .timeout
         .map(|d| d.as_millis() as u64)
         .or(resolved.timeout_ms);
     let plan = LaunchPlan {
-        task_id: crate::ids::ulid(),
+        task_id,
         session_id: "exec".into(),
         tool: "exec".into(),
         profile: profile.name.clone(),
@@ -164,7 +335,7 @@ pub fn exec(a: ExecArgs) -> i32 {
         max_output_bytes: profile.limits.output.unwrap_or(64 << 20),
         tee_stdout: true,
         bridge_socket: None,
-        sandbox: resolved.sandbox,
+        sandbox,
     };
     let copier = match command_stdin(a.stdin) {
         Ok(c) => c,
@@ -174,25 +345,40 @@ pub fn exec(a: ExecArgs) -> i32 {
         }
     };
     let started = SystemTime::now();
-    let result = match crate::sys::dirfd::open_dir(&run_dir) {
-        Ok(dir) => match supervisor::supervise(&plan, started, dir.as_fd()) {
-            Ok(r) => r,
-            Err(e) => {
-                let reason = e.reason();
-                supervisor::failed_result(&plan, started, reason, e.to_string())
+    let has_proxy = proxy.is_some();
+    let result = {
+        let mut start_proxy = || {
+            if let Some(p) = proxy.as_mut() {
+                p.start();
             }
-        },
-        Err(e) => supervisor::failed_result(
-            &plan,
-            started,
-            FailReason::SpawnError,
-            format!("cannot open the run directory {}: {e}", run_dir.display()),
-        ),
+        };
+        let hook: Option<&mut dyn FnMut()> = if has_proxy {
+            Some(&mut start_proxy)
+        } else {
+            None
+        };
+        match crate::sys::dirfd::open_dir(&run_dir) {
+            Ok(dir) => match supervisor::supervise_with(&plan, started, dir.as_fd(), hook) {
+                Ok(r) => r,
+                Err(e) => {
+                    let reason = e.reason();
+                    supervisor::failed_result(&plan, started, reason, e.to_string())
+                }
+            },
+            Err(e) => supervisor::failed_result(
+                &plan,
+                started,
+                FailReason::SpawnError,
+                format!("cannot open the run directory {}: {e}", run_dir.display()),
+            ),
+        }
     };
-    if let Some(pid) = copier {
-        // It may be blocked reading the terminal: it must not take the next line typed.
+    // It may be blocked reading the terminal: it must not take the next line typed.
+    stop_child(copier);
+    // The proxy is done with: killed, not waited for (its exit is not this run's business,
+    // and whoever inherits it reaps it).
+    if let Some(pid) = proxy.as_ref().and_then(|p| p.pid) {
         let _ = crate::sys::kill(pid, libc::SIGKILL);
-        let _ = crate::sys::waitpid(pid, false);
     }
     let _ = std::fs::remove_dir_all(&run_dir);
     let code = exit_code(&result);
@@ -216,10 +402,64 @@ pub fn exec(a: ExecArgs) -> i32 {
             eprintln!("  hint: {h}");
         }
     }
-    if !result.violations.is_empty() && !a.json {
-        eprintln!("sidejob exec: limits hit: {}", result.violations.join(", "));
+    if let (Some(line), false) = (
+        crate::supervisor::result::summary(&result.violations),
+        a.json,
+    ) {
+        eprintln!("sidejob exec: {line}");
     }
     code
+}
+
+/// The proxy of an `exec` run: its socket, bound before the run, and the process that serves
+/// it, forked on first use ([`LazyProxy::start`]).
+struct LazyProxy {
+    waiting: Option<(std::os::unix::net::UnixListener, crate::egress::Run)>,
+    pid: Option<i32>,
+}
+
+impl LazyProxy {
+    fn start(&mut self) {
+        if let Some((listener, run)) = self.waiting.take() {
+            match crate::egress::standalone::spawn(listener, run) {
+                Ok(pid) => self.pid = Some(pid),
+                // The run's connections then find nobody: closed, never open.
+                Err(e) => eprintln!("sidejob exec: cannot start the egress proxy: {e}"),
+            }
+        }
+    }
+}
+
+/// Binds the run's proxy socket in `<run_dir>/egress/` (the run's supervisor, in this process,
+/// relays the run's connections to it).
+fn bind_proxy(
+    run_dir: &Path,
+    task_id: &str,
+    egress: &mut crate::egress::EgressPlan,
+) -> std::io::Result<LazyProxy> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let dir = run_dir.join("egress");
+    std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+    let sock = dir.join(crate::egress::SOCKET);
+    let listener = std::os::unix::net::UnixListener::bind(&sock)?;
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))?;
+    let run = crate::egress::Run::new(
+        task_id,
+        egress.policy.clone(),
+        &run_dir.join(crate::egress::record::FILE),
+    )?;
+    egress.socket_dir = dir;
+    Ok(LazyProxy {
+        waiting: Some((listener, run)),
+        pid: None,
+    })
+}
+
+fn stop_child(pid: Option<i32>) {
+    if let Some(pid) = pid {
+        let _ = crate::sys::kill(pid, libc::SIGKILL);
+        let _ = crate::sys::waitpid(pid, false);
+    }
 }
 
 /// Makes descriptor 0 what the command gets as stdin (the run inherits it): `/dev/null`, or

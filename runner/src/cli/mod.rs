@@ -47,6 +47,9 @@ pub fn main() -> i32 {
             workspace,
             timeout,
             env,
+            read,
+            write,
+            allow,
             json,
             stdin,
             command,
@@ -56,12 +59,16 @@ pub fn main() -> i32 {
                 workspace,
                 timeout,
                 env,
+                read,
+                write,
+                allow,
                 json,
                 stdin,
                 command,
             })
         }
         Command::Doctor { json } => return doctor::doctor(json),
+        Command::Cache { command } => return doctor::cache(command),
         other => other,
     };
     if !matches!(command, Command::Serve { .. }) {
@@ -179,7 +186,10 @@ pub fn main() -> i32 {
         ),
         Command::Completions { shell } => commands::completions(shell),
         Command::Man { dir } => commands::man(dir),
-        Command::Supervise { .. } | Command::Exec { .. } | Command::Doctor { .. } => Ok(0),
+        Command::Supervise { .. }
+        | Command::Exec { .. }
+        | Command::Doctor { .. }
+        | Command::Cache { .. } => Ok(0),
     };
     match result {
         Ok(code) => code,

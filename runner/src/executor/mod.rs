@@ -8,6 +8,7 @@
 
 mod call;
 mod control;
+mod egress;
 mod hints;
 mod lanes;
 mod output;
@@ -289,12 +290,45 @@ impl Executor {
             .map_err(|e| ExecError::InvalidParams(e.0))?;
         // The ceiling (the session's profile, or the narrower one of the run that made this
         // call), or the narrower one the call (or the tool) names, resolved for this run.
-        let sb = sandbox::for_call(
+        // The `[subagent]` grants (the agent's configuration and model API hosts) go to the
+        // subagent tool's own run, never to what it starts.
+        let grants = if req.tool == "subagent" && tool_plan.child_session {
+            Some(self.cfg.subagent.grants().map_err(|e| {
+                ExecError::InvalidParams(format!("[subagent] in the daemon's config: {e}"))
+            })?)
+        } else {
+            None
+        };
+        // The agent's profile (`[subagent] profile`, named in the plan) when it narrows the
+        // caller's; a caller under something narrower keeps its own profile for the agent,
+        // with the grants, as before there was an agent profile.
+        let plan_profile = match (&grants, tool_plan.profile.as_deref()) {
+            (Some(_), Some(agent)) if req.profile.is_none() => {
+                match sandbox::narrows(agent, &ceiling, req.session.owner_uid) {
+                    Ok(true) => Some(agent),
+                    Ok(false) => {
+                        info!(profile = agent, ceiling = %ceiling, "the subagent profile is wider than the caller's; the agent runs under the caller's");
+                        None
+                    }
+                    Err(e) => {
+                        return Err(ExecError::InvalidParams(format!(
+                            "[subagent] profile {agent:?}: {e}"
+                        )))
+                    }
+                }
+            }
+            (_, p) => p,
+        };
+        let mut sb = sandbox::for_call(
             &ceiling,
-            req.profile.as_deref().or(tool_plan.profile.as_deref()),
-            req.session.owner_uid,
-            &workspace,
-            &session_dir,
+            req.profile.as_deref().or(plan_profile),
+            &sandbox::CallFor {
+                workspace: &workspace,
+                session_dir: &session_dir,
+                owner: (req.session.owner_uid, req.session.owner_gid),
+                state_dir: &self.cfg.state_dir,
+                grants: grants.as_ref(),
+            },
         )
         .map_err(|e| match e {
             sandbox::CallSandboxError::Invalid(m) => ExecError::InvalidParams(m),
@@ -321,12 +355,17 @@ impl Executor {
             }
         };
         // Root runs other users' commands as those users, never as root.
-        let (uid, gid) = match sb.run_as {
-            sandbox::RunAs::Ids { uid, gid } => (Some(uid), Some(gid)),
-            sandbox::RunAs::Caller if sys::getuid() == 0 && owner.0 != 0 => {
-                (Some(owner.0), Some(owner.1))
-            }
-            sandbox::RunAs::Caller => (None, None),
+        let (uid, gid) = sandbox::run_ids(sb.run_as, owner);
+        // An allow-list run: its proxy socket, bound now and served once the task is live.
+        let egress = match &mut sb.sandbox.egress {
+            Some(plan) => match egress::bind(&task_id, &private, plan) {
+                Ok(e) => Some(e),
+                Err(e) => {
+                    private.remove();
+                    return Err(e);
+                }
+            },
+            None => None,
         };
         let mut env = sb.env;
         env.push(("SIDEJOB_TASK_ID".into(), task_id.clone()));
@@ -410,6 +449,9 @@ impl Executor {
         });
         self.live_map().insert(task_id.clone(), live.clone());
         extras.serve(self);
+        if let Some(e) = egress {
+            self.serve_egress(e);
+        }
         // A piped stdin exists from submission on, so messages to a queued task wait in the
         // pipe for the command to start.
         let stdin_pipe = match req.stdin {
@@ -749,6 +791,8 @@ impl Executor {
             map.is_empty()
         };
         live.private.remove();
+        // Its proxy's socket, too (also when it was settled at start-up, with nobody serving).
+        egress::forget(&live.task_id);
         // Nothing runs any more: give back to the system what the runs' bookkeeping used
         // (the allocator keeps freed memory otherwise, and the daemon would stay at its peak).
         if idle {
@@ -777,6 +821,7 @@ pub(crate) fn settlement_from_result(r: &RunResult) -> Settlement {
         leftover_processes: Some(r.leftover_processes),
         error: r.error.clone(),
         delivery: Delivery::Pending,
+        violations: crate::supervisor::result::summary(&r.violations),
     }
 }
 
@@ -794,5 +839,6 @@ pub(crate) fn lost_settlement(reason: FailReason, error: String) -> Settlement {
         leftover_processes: None,
         error: Some(error).filter(|e| !e.is_empty()),
         delivery: Delivery::Pending,
+        violations: None,
     }
 }

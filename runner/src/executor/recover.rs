@@ -75,6 +75,7 @@ pub fn recover(ex: &Arc<Executor>) -> Result<Recovered, ExecError> {
                         );
                     }
                     info!(task_id = %row.task_id, pid, "re-attached to a running supervisor");
+                    ex.reopen_egress(&row);
                     let ex2 = ex.clone();
                     // A re-attached run counts against the concurrency bounds like any other.
                     let permits = ex.try_slots(&row.session_id, row.owner_uid);
@@ -106,6 +107,7 @@ pub fn recover(ex: &Arc<Executor>) -> Result<Recovered, ExecError> {
                 .and_then(|b| serde_json::from_slice::<LaunchPlan>(&b).ok())
             {
                 Some(_) if live.public.is_some() => {
+                    ex.reopen_egress(&row);
                     to_start.push(live);
                     out.restarted += 1;
                 }

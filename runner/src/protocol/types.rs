@@ -145,6 +145,10 @@ pub struct Task {
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub error: Option<String>,
     pub profile: String,
+    /// What the run ran into, in one line: limits it hit and network connections or lookups
+    /// its allow-list refused (the details are in `result.json` `violations`).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub violations: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Default)]

@@ -121,6 +121,8 @@ pub struct TaskRow {
     pub bridge_session_id: Option<String>,
     /// Its output was removed with its session (`session.close` with `delete`).
     pub output_deleted: bool,
+    /// What the run ran into, in one line (`supervisor::result::summary`).
+    pub violations: Option<String>,
 }
 
 /// Raw text of the enum columns, checked after the row is read.
@@ -173,6 +175,7 @@ impl TaskRow {
                 run_gid: r.get("run_gid")?,
                 bridge_session_id: r.get("bridge_session_id")?,
                 output_deleted: r.get("output_deleted")?,
+                violations: r.get("violations")?,
             },
         })
     }
@@ -237,6 +240,7 @@ impl TaskRow {
             ("run_gid", self.run_gid.into()),
             ("bridge_session_id", self.bridge_session_id.clone().into()),
             ("output_deleted", self.output_deleted.into()),
+            ("violations", self.violations.clone().into()),
         ])
     }
 
@@ -291,6 +295,7 @@ impl TaskRow {
             run_gid: None,
             bridge_session_id: None,
             output_deleted: false,
+            violations: None,
         }
     }
 
@@ -327,6 +332,7 @@ impl TaskRow {
             leftover_processes: self.leftover_processes,
             error: self.error.clone(),
             profile: self.profile.clone(),
+            violations: self.violations.clone(),
         }
     }
 }
@@ -361,6 +367,8 @@ pub struct Settlement {
     pub leftover_processes: Option<u32>,
     pub error: Option<String>,
     pub delivery: Delivery,
+    /// What the run ran into, in one line.
+    pub violations: Option<String>,
 }
 
 impl Settlement {
@@ -378,6 +386,9 @@ impl Settlement {
             ("error", self.error.clone().into()),
             ("delivery", self.delivery.as_str().into()),
         ]);
+        if let Some(v) = &self.violations {
+            patch.insert("violations".into(), v.clone().into());
+        }
         if let Some(started) = &self.started_at {
             patch.insert("started_at".into(), started.clone().into());
         }

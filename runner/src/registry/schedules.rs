@@ -394,6 +394,7 @@ fn settle_monitor(
         leftover_processes: None,
         error: None,
         delivery,
+        violations: None,
     };
     Registry::apply(
         tx,

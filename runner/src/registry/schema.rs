@@ -117,6 +117,11 @@ pub const MIGRATIONS: &[&str] = &[
     CREATE INDEX tasks_by_owner ON tasks (owner_uid, state);
     CREATE INDEX sessions_by_owner ON sessions (owner_uid, state);
     "#,
+    // 4: one line saying what a run ran into (limits, refused network connections), from its
+    // result.json, so task.get can show it without reading the run's directory.
+    r#"
+    ALTER TABLE tasks ADD COLUMN violations TEXT;
+    "#,
 ];
 
 /// The tables the event log rebuilds, with their key column, in replay-check order.

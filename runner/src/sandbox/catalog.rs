@@ -33,6 +33,20 @@ const SHIPPED: &[(&str, &str)] = &[
         "network",
         include_str!("../../../sandbox-profiles/network.toml"),
     ),
+    (
+        "ci-net",
+        include_str!("../../../sandbox-profiles/ci-net.toml"),
+    ),
+    ("rust", include_str!("../../../sandbox-profiles/rust.toml")),
+    (
+        "python",
+        include_str!("../../../sandbox-profiles/python.toml"),
+    ),
+    ("node", include_str!("../../../sandbox-profiles/node.toml")),
+    (
+        "agent",
+        include_str!("../../../sandbox-profiles/agent.toml"),
+    ),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -94,25 +108,30 @@ impl Catalog {
         Some(config.join("sidejob/sandbox-profiles"))
     }
 
-    /// A profile by name: the on-disk file first, then the shipped one.
+    /// A profile by name: the on-disk file first, then the shipped one. A profile that
+    /// `extends` another is laid over it (see `profile::Layer::onto`); an unknown parent or a
+    /// cycle is refused with the file and line of its `extends`.
     pub fn get(&self, name: &str) -> Result<Profile, CatalogError> {
+        self.get_chain(name, &mut Vec::new())
+    }
+
+    fn get_chain(&self, name: &str, chain: &mut Vec<String>) -> Result<Profile, CatalogError> {
         if !valid_name(name) {
             return Err(CatalogError::BadName(name.into()));
         }
         if let Some(dir) = &self.dir {
             let path = dir.join(format!("{name}.toml"));
             match read_trusted(dir, &format!("{name}.toml")) {
-                Ok(Some(text)) => return load_keeping_last_good(name, &path, &text),
+                Ok(Some(text)) => {
+                    let built = self.build(name, &path.display().to_string(), &text, chain);
+                    return keep_last_good(name, &path, built);
+                }
                 Ok(None) => {}
-                Err(e) => return keep_last_good_after(name, &path, e),
+                Err(e) => return keep_last_good(name, &path, Err(e)),
             }
         }
         match SHIPPED.iter().find(|(n, _)| *n == name) {
-            Some((n, text)) => Ok(profile::load(
-                n,
-                &format!("sandbox-profiles/{n}.toml"),
-                text,
-            )?),
+            Some((n, text)) => self.build(n, &format!("sandbox-profiles/{n}.toml"), text, chain),
             None => Err(CatalogError::Unknown {
                 name: name.into(),
                 known: self.names(),
@@ -120,8 +139,49 @@ impl Catalog {
         }
     }
 
-    /// A profile from a file (`sidejob exec --profile ./mine.toml`); named after the file.
-    pub fn load_file(path: &Path) -> Result<Profile, CatalogError> {
+    /// Parses and checks one file, then lays it over the profile it extends.
+    fn build(
+        &self,
+        name: &str,
+        file: &str,
+        text: &str,
+        chain: &mut Vec<String>,
+    ) -> Result<Profile, CatalogError> {
+        let layer = profile::parse(file, text)?.layer(file, text)?;
+        let Some((parent, line)) = layer.extends.clone() else {
+            return Ok(layer.onto(Profile::empty(name), name));
+        };
+        let at = |message: String| ProfileError {
+            file: file.into(),
+            line,
+            field: "extends".into(),
+            message,
+        };
+        chain.push(name.to_owned());
+        if chain.contains(&parent) {
+            let mut cycle = chain.clone();
+            cycle.push(parent.clone());
+            chain.pop();
+            return Err(at(format!("{parent:?} makes a cycle: {}", cycle.join(" → "))).into());
+        }
+        let base = self.get_chain(&parent, chain);
+        chain.pop();
+        let base = base.map_err(|e| match e {
+            CatalogError::Unknown { known, .. } => CatalogError::Invalid(at(format!(
+                "unknown profile {parent:?}; known: {}",
+                known.join(", ")
+            ))),
+            CatalogError::BadName(n) => {
+                CatalogError::Invalid(at(format!("{n:?}: not a profile name")))
+            }
+            other => other,
+        })?;
+        Ok(layer.onto(base, name))
+    }
+
+    /// A profile from a file (`sidejob exec --profile ./mine.toml`); named after the file. It
+    /// may extend a profile of this catalog.
+    pub fn load_file(&self, path: &Path) -> Result<Profile, CatalogError> {
         let text = std::fs::read_to_string(path).map_err(|source| CatalogError::Read {
             path: path.into(),
             source,
@@ -130,13 +190,13 @@ impl Catalog {
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "custom".into());
-        Ok(profile::load(&name, &path.display().to_string(), &text)?)
+        self.build(&name, &path.display().to_string(), &text, &mut Vec::new())
     }
 
     /// A name, or a path when the argument has a '/' or ends in `.toml`.
     pub fn get_or_file(&self, name_or_path: &str) -> Result<Profile, CatalogError> {
         if name_or_path.contains('/') || name_or_path.ends_with(".toml") {
-            Self::load_file(Path::new(name_or_path))
+            self.load_file(Path::new(name_or_path))
         } else {
             self.get(name_or_path)
         }
@@ -229,27 +289,16 @@ fn read_trusted(dir: &Path, file: &str) -> Result<Option<String>, CatalogError> 
     Ok(Some(text))
 }
 
-/// An on-disk profile that cannot be read (refused, or unreadable): the last version that
-/// validated stays in force, with a warning that says why; a profile never read is an error.
-fn keep_last_good_after(name: &str, path: &Path, e: CatalogError) -> Result<Profile, CatalogError> {
-    let cache = last_good().lock().unwrap_or_else(|e| e.into_inner());
-    match cache.get(path) {
-        Some(previous) => {
-            warn!(
-                profile = name,
-                "{e}; keeping the previous version until it is fixed"
-            );
-            Ok(previous.clone())
-        }
-        None => Err(e),
-    }
-}
-
-/// Parses and validates an on-disk profile. An edit that does not validate keeps the previous
-/// version in force (and says why, once per edit); a profile never valid is an error.
-fn load_keeping_last_good(name: &str, path: &Path, text: &str) -> Result<Profile, CatalogError> {
+/// An on-disk profile that did not load (refused, unreadable, or invalid — its own file or a
+/// profile it extends): the last version that loaded stays in force, with a warning that
+/// says why; a profile never loaded is an error. One that loads becomes the last good one.
+fn keep_last_good(
+    name: &str,
+    path: &Path,
+    built: Result<Profile, CatalogError>,
+) -> Result<Profile, CatalogError> {
     let mut cache = last_good().lock().unwrap_or_else(|e| e.into_inner());
-    match profile::load(name, &path.display().to_string(), text) {
+    match built {
         Ok(p) => {
             if cache.get(path).is_some_and(|old| old != &p) {
                 info!(profile = name, path = %path.display(), "profile changed: the new version is in force");
@@ -261,11 +310,11 @@ fn load_keeping_last_good(name: &str, path: &Path, text: &str) -> Result<Profile
             Some(previous) => {
                 warn!(
                     profile = name,
-                    "{e}; keeping the previous version until the file validates"
+                    "{e}; keeping the previous version until it is fixed"
                 );
                 Ok(previous.clone())
             }
-            None => Err(e.into()),
+            None => Err(e),
         },
     }
 }
@@ -380,5 +429,103 @@ mod tests {
         chmod(&dir, 0o755);
         assert_eq!(c.get("mine").unwrap().description, "v4");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_profile_extends_another_and_adds_or_narrows() {
+        let dir = std::env::temp_dir().join(format!("sidejob-catalog-ext-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("mine.toml"),
+            "extends = \"ci\"\n[paths]\nreadable = [\"{home}/.cargo\"]\n[limits]\nmemory = \"1GiB\"\n[network]\nallow = [\"crates.io:443\"]\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("deeper.toml"),
+            "extends = \"mine\"\n[network]\ndeny = [\"crates.io\"]\n",
+        )
+        .unwrap();
+        let c = Catalog::new(Some(dir.clone()));
+        let ci = c.get("ci").unwrap();
+        let mine = c.get("mine").unwrap();
+        assert_eq!(mine.extends.as_deref(), Some("ci"));
+        assert!(mine.readable.contains(&"{home}/.cargo".to_owned()));
+        assert!(ci.readable.iter().all(|p| mine.readable.contains(p)));
+        assert_eq!(mine.limits.memory, Some(1 << 30));
+        assert_eq!(
+            mine.limits.pids, ci.limits.pids,
+            "limits it does not set are kept"
+        );
+        assert_eq!(mine.network_name(), "allow-list");
+        let deeper = c.get("deeper").unwrap();
+        let policy = deeper.egress.unwrap();
+        assert_eq!((policy.allow.len(), policy.deny.len()), (1, 1));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn unknown_parents_and_cycles_are_refused_with_file_and_line() {
+        let dir = std::env::temp_dir().join(format!("sidejob-catalog-cyc-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("a.toml"), "description = \"a\"\nextends = \"b\"\n").unwrap();
+        std::fs::write(dir.join("b.toml"), "\n\nextends = \"a\"\n").unwrap();
+        std::fs::write(dir.join("orphan.toml"), "extends = \"nope\"\n").unwrap();
+        std::fs::write(dir.join("me.toml"), "extends = \"me\"\n").unwrap();
+        let c = Catalog::new(Some(dir.clone()));
+        let e = c.get("a").unwrap_err().to_string();
+        assert!(
+            e.contains("b.toml:3: extends:") && e.contains("a → b → a"),
+            "{e}"
+        );
+        let e = c.get("orphan").unwrap_err().to_string();
+        assert!(
+            e.contains("orphan.toml:1: extends: unknown profile \"nope\""),
+            "{e}"
+        );
+        let e = c.get("me").unwrap_err().to_string();
+        assert!(
+            e.contains("me.toml:1: extends:") && e.contains("cycle"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn shipped_toolchain_profiles_keep_ci_and_reach_only_the_registries() {
+        let c = Catalog::new(None);
+        let ci = c.get("ci").unwrap();
+        for name in ["ci-net", "rust", "python", "node"] {
+            let p = c.get(name).unwrap();
+            assert_eq!(p.limits, ci.limits, "{name} keeps ci's limits");
+            assert_eq!(p.timeout_ms, ci.timeout_ms);
+            assert_eq!(p.network_name(), "allow-list", "{name}");
+            let allow: Vec<String> = p
+                .egress
+                .unwrap()
+                .allow
+                .iter()
+                .map(|r| r.to_string())
+                .collect();
+            assert!(
+                allow.contains(&"index.crates.io:443".to_owned()),
+                "{name}: {allow:?}"
+            );
+            assert!(allow.contains(&"pypi.org:443".to_owned()));
+            assert!(allow.contains(&"registry.npmjs.org:443".to_owned()));
+        }
+        assert!(!c.get("rust").unwrap().caches.is_empty());
+        // The agent profile narrows workspace-write, so a default session may start one.
+        let ww = c.get("workspace-write").unwrap();
+        c.get("agent").unwrap().check_narrows(&ww).unwrap();
+        // An allow-list is wider than none, narrower than host.
+        let net = c.get("network").unwrap();
+        c.get("ci-net").unwrap().check_narrows(&ci).unwrap_err();
+        let mut no_limits = c.get("ci-net").unwrap();
+        no_limits.limits = net.limits;
+        no_limits.timeout_ms = None;
+        no_limits.env_allow.clone_from(&net.env_allow);
+        no_limits.check_narrows(&net).unwrap();
     }
 }

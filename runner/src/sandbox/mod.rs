@@ -3,7 +3,9 @@
 //! the launch plan the daemon (or `sidejob exec`) writes and the supervisor carries out.
 //! Pure: nothing here touches the system; [`linux`] applies a plan.
 
+pub mod caches;
 pub mod catalog;
+pub mod layer;
 pub mod linux;
 pub mod profile;
 pub mod resolve;
@@ -79,6 +81,23 @@ impl LaunchPlan {
     }
 }
 
+/// A user's home directory, from the password database (never from `$HOME`, which the caller
+/// controls). `{home}` in a profile stands for it.
+pub fn home_of(uid: u32) -> Option<PathBuf> {
+    nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+        .ok()
+        .flatten()
+        .map(|u| u.dir)
+        .filter(|d| d.is_absolute() && d != std::path::Path::new("/"))
+}
+
+/// Is a host path in the view a plan builds (below one of its mounts' sources)?
+pub fn in_view(path: &std::path::Path, plan: &SandboxPlan) -> bool {
+    plan.mounts
+        .iter()
+        .any(|m| m.source.as_ref().is_some_and(|s| path.starts_with(s)))
+}
+
 /// Resolves a command name against a `PATH` value, as `execvp` would.
 pub fn resolve_program(name: &str, path_var: &str) -> Option<PathBuf> {
     if name.contains('/') {
@@ -138,6 +157,54 @@ pub struct CallSandbox {
     pub max_output_bytes: Option<u64>,
 }
 
+/// What the administrator grants one kind of run beyond its profile (`[subagent]`: the
+/// agent's configuration and model API hosts), applied after the profile was checked against
+/// the session's, and to that run only.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Grants {
+    pub readable: Vec<String>,
+    pub writable: Vec<String>,
+    pub egress: Option<crate::egress::Policy>,
+    pub env: Vec<(String, String)>,
+}
+
+impl Grants {
+    fn apply(&self, p: &mut Profile) {
+        let add = |list: &mut Vec<String>, paths: &[String]| {
+            for path in paths {
+                if !list.contains(path) {
+                    list.push(path.clone());
+                }
+            }
+        };
+        add(&mut p.readable, &self.readable);
+        add(&mut p.readable, &self.writable);
+        add(&mut p.writable, &self.writable);
+        if let Some(policy) = &self.egress {
+            if p.network != Network::Host {
+                p.network = Network::Loopback;
+                p.egress.get_or_insert_with(Default::default).extend(policy);
+            }
+        }
+        for (k, v) in &self.env {
+            p.env_set.retain(|(name, _)| name != k);
+            p.env_set.push((k.clone(), v.clone()));
+        }
+    }
+}
+
+/// Who a run runs as: the profile's fixed ids, else the session owner when the daemon is root
+/// (root runs other users' commands as those users), else the daemon's own ids (`None`).
+pub fn run_ids(run_as: RunAs, owner: (u32, u32)) -> (Option<u32>, Option<u32>) {
+    match run_as {
+        RunAs::Ids { uid, gid } => (Some(uid), Some(gid)),
+        RunAs::Caller if crate::sys::getuid() == 0 && owner.0 != 0 => {
+            (Some(owner.0), Some(owner.1))
+        }
+        RunAs::Caller => (None, None),
+    }
+}
+
 /// Loads a profile by name and checks that this host can enforce it and that a session owned
 /// by `owner_uid` may use it (see [`Profile::check_run_as_for`]).
 pub fn check_profile(
@@ -158,6 +225,7 @@ pub fn check_profile(
             session_dir: None,
             home: None,
             caller_env: &[],
+            caches: None,
         },
     )
     .map_err(CallSandboxError::Invalid)?;
@@ -171,19 +239,39 @@ pub fn check_profile(
     Ok(profile)
 }
 
+/// Is profile `name` no wider than `ceiling` (both from the catalog)?
+pub fn narrows(name: &str, ceiling: &str, owner_uid: u32) -> Result<bool, CallSandboxError> {
+    let catalog = Catalog::new(Catalog::default_dir());
+    let p = check_profile(&catalog, name, owner_uid)?;
+    let c = check_profile(&catalog, ceiling, owner_uid)?;
+    Ok(p.name == c.name || p.check_narrows(&c).is_ok())
+}
+
+/// The run a daemon call is for: where, for whom, and what it is granted.
+pub struct CallFor<'a> {
+    pub workspace: &'a std::path::Path,
+    pub session_dir: &'a std::path::Path,
+    /// The session owner's uid and gid.
+    pub owner: (u32, u32),
+    /// The daemon's state directory (for the profile's caches).
+    pub state_dir: &'a std::path::Path,
+    pub grants: Option<&'a Grants>,
+}
+
 /// Resolves the session's profile, or the narrower one a call names, for a daemon run in a
 /// session owned by `owner_uid`. Profiles are read again for every run (an edit applies
 /// without a restart), so the owner is checked against them here, not only at `session.open`.
+/// `{home}` is the session owner's home from the password database; the profile's caches are
+/// made for the user the run runs as.
 pub fn for_call(
     session_profile: &str,
     call_profile: Option<&str>,
-    owner_uid: u32,
-    workspace: &std::path::Path,
-    session_dir: &std::path::Path,
+    run: &CallFor<'_>,
 ) -> Result<CallSandbox, CallSandboxError> {
+    let owner_uid = run.owner.0;
     let catalog = Catalog::new(Catalog::default_dir());
     let session = check_profile(&catalog, session_profile, owner_uid)?;
-    let profile = match call_profile {
+    let mut profile = match call_profile {
         Some(name) if name != session.name => {
             let p = check_profile(&catalog, name, owner_uid)?;
             p.check_narrows(&session).map_err(|m| {
@@ -195,13 +283,29 @@ pub fn for_call(
         }
         _ => session,
     };
+    if let Some(g) = run.grants {
+        g.apply(&mut profile);
+    }
+    let home = home_of(owner_uid);
+    let (uid, gid) = run_ids(profile.run_as, run.owner);
+    let ids = (
+        uid.unwrap_or_else(crate::sys::getuid),
+        gid.unwrap_or_else(crate::sys::getgid),
+    );
+    let caches = caches::prepare(run.state_dir, ids.0, ids.1, &profile).map_err(|e| {
+        CallSandboxError::Invalid(format!(
+            "cannot prepare the caches of profile {:?}: {e}",
+            profile.name
+        ))
+    })?;
     let r = resolve::resolve(
         &profile,
         &resolve::Context {
-            workspace,
-            session_dir: Some(session_dir),
-            home: None,
+            workspace: run.workspace,
+            session_dir: Some(run.session_dir),
+            home: home.as_deref(),
             caller_env: &[],
+            caches: caches.as_deref(),
         },
     )
     .map_err(CallSandboxError::Invalid)?;

@@ -11,6 +11,9 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
+use super::layer::{Layer, NetworkLayer};
+use crate::egress::policy::Policy;
+
 /// The placeholders a path may start with; resolved per run by [`super::resolve`].
 pub const PLACEHOLDERS: &[&str] = &["{workspace}", "{session_dir}", "{tmp}", "{home}"];
 
@@ -104,6 +107,58 @@ pub struct Profile {
     pub env_set: Vec<(String, String)>,
     pub timeout_ms: Option<u64>,
     pub kill_grace_ms: Option<u64>,
+    /// The profile this one extends, if any (already folded in).
+    pub extends: Option<String>,
+    /// A network allow-list (`[network] allow/deny/hosts`): the run gets its own network
+    /// namespace (`network` is `Loopback`) and reaches the hosts it allows through the egress
+    /// proxy.
+    pub egress: Option<Policy>,
+    /// Persistent caches: a name and where the run sees it (placeholders allowed). Kept per
+    /// uid and profile under the state directory (see `sandbox::caches`).
+    pub caches: Vec<(String, String)>,
+}
+
+impl Profile {
+    /// A profile with nothing in it: what a profile without `extends` is built on.
+    pub fn empty(name: &str) -> Profile {
+        Profile {
+            name: name.into(),
+            description: String::new(),
+            best_effort: false,
+            run_as: RunAs::Caller,
+            readable: Vec::new(),
+            executable: Vec::new(),
+            writable: Vec::new(),
+            protected: Vec::new(),
+            network: Network::None,
+            limits: Limits::default(),
+            env_allow: Vec::new(),
+            env_set: Vec::new(),
+            timeout_ms: None,
+            kill_grace_ms: None,
+            extends: None,
+            egress: None,
+            caches: Vec::new(),
+        }
+    }
+
+    /// How far the network reaches, for narrowing: none < loopback < allow-list < host.
+    fn network_reach(&self) -> u8 {
+        match (self.network, &self.egress) {
+            (Network::None, _) => 0,
+            (Network::Loopback, None) => 1,
+            (Network::Loopback, Some(_)) => 2,
+            (Network::Host, _) => 3,
+        }
+    }
+
+    /// `none`, `loopback`, `allow-list` or `host`.
+    pub fn network_name(&self) -> &'static str {
+        match (self.network, &self.egress) {
+            (Network::Loopback, Some(_)) => "allow-list",
+            (n, _) => n.as_str(),
+        }
+    }
 }
 
 // ---- step 1: parse --------------------------------------------------------------------------
@@ -111,6 +166,8 @@ pub struct Profile {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawProfile {
+    #[serde(default)]
+    extends: Option<Spanned<String>>,
     #[serde(default)]
     description: Option<Spanned<String>>,
     #[serde(default)]
@@ -120,13 +177,57 @@ pub struct RawProfile {
     #[serde(default)]
     paths: RawPaths,
     #[serde(default)]
-    network: Option<Spanned<String>>,
+    network: Option<Spanned<RawNetwork>>,
     #[serde(default)]
     limits: RawLimits,
     #[serde(default)]
     env: RawEnv,
     #[serde(default)]
     deadlines: RawDeadlines,
+    #[serde(default)]
+    caches: BTreeMap<String, Spanned<String>>,
+}
+
+/// `network = "none" | "loopback" | "host"`, or a `[network]` table (an allow-list).
+#[derive(Debug)]
+enum RawNetwork {
+    Mode(String),
+    Table(RawNetworkTable),
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawNetworkTable {
+    #[serde(default)]
+    pub(super) allow: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub(super) deny: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub(super) hosts: BTreeMap<String, Spanned<String>>,
+}
+
+impl<'de> Deserialize<'de> for RawNetwork {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = RawNetwork;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("\"none\", \"loopback\", \"host\", or a [network] table with allow, deny and hosts")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RawNetwork, E> {
+                Ok(RawNetwork::Mode(v.to_owned()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<RawNetwork, A::Error> {
+                // Straight through to the table's fields, so their spans (lines) survive.
+                RawNetworkTable::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(RawNetwork::Table)
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -197,13 +298,13 @@ fn line_of(text: &str, offset: usize) -> usize {
 
 // ---- step 2: validate -----------------------------------------------------------------------
 
-struct Checker<'a> {
+pub(super) struct Checker<'a> {
     file: &'a str,
     text: &'a str,
 }
 
 impl Checker<'_> {
-    fn err(
+    pub(super) fn err(
         &self,
         span: std::ops::Range<usize>,
         field: &str,
@@ -323,8 +424,25 @@ fn valid_env_name(name: &str) -> bool {
 }
 
 impl RawProfile {
-    /// Step 2: checks every field and builds the profile.
+    /// Step 2: checks every field and builds the profile. A profile that `extends` another
+    /// needs the catalog ([`super::Catalog`]) to find it; here it is an error.
     pub fn validate(self, name: &str, file: &str, text: &str) -> Result<Profile, ProfileError> {
+        let layer = self.layer(file, text)?;
+        if let Some((parent, line)) = &layer.extends {
+            return Err(ProfileError {
+                file: file.into(),
+                line: *line,
+                field: "extends".into(),
+                message: format!(
+                    "{parent:?}: only profiles loaded through a catalog can extend another"
+                ),
+            });
+        }
+        Ok(layer.onto(Profile::empty(name), name))
+    }
+
+    /// Step 2 without the base: checks every field this file sets.
+    pub fn layer(self, file: &str, text: &str) -> Result<Layer, ProfileError> {
         let c = Checker { file, text };
         let paths = |field: &str, list: &[Spanned<String>]| -> Result<Vec<String>, ProfileError> {
             list.iter().map(|p| c.path(field, p)).collect()
@@ -345,25 +463,48 @@ impl RawProfile {
             protected.push(s.trim_end_matches('/').to_owned());
         }
 
-        let network = match &self.network {
-            None => Network::None,
-            Some(n) => match n.get_ref().as_str() {
-                "none" => Network::None,
-                "loopback" => Network::Loopback,
-                "host" => Network::Host,
-                other => {
+        let extends = match &self.extends {
+            None => None,
+            Some(e) => {
+                let parent = e.get_ref();
+                let ok = !parent.is_empty()
+                    && parent.len() <= 64
+                    && parent
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+                if !ok {
                     return Err(c.err(
-                        n.span(),
-                        "network",
-                        format!("{other:?}: use \"none\", \"loopback\" or \"host\""),
-                    ))
+                        e.span(),
+                        "extends",
+                        format!("{parent:?}: name a profile (letters, digits, '-' and '_')"),
+                    ));
                 }
-            },
+                Some((parent.clone(), line_of(text, e.span().start)))
+            }
+        };
+
+        let network = match &self.network {
+            None => None,
+            Some(n) => Some(match n.get_ref() {
+                RawNetwork::Mode(m) => NetworkLayer::Mode(match m.as_str() {
+                    "none" => Network::None,
+                    "loopback" => Network::Loopback,
+                    "host" => Network::Host,
+                    other => {
+                        return Err(c.err(
+                            n.span(),
+                            "network",
+                            format!("{other:?}: use \"none\", \"loopback\", \"host\", or a [network] table with an allow list"),
+                        ))
+                    }
+                }),
+                RawNetwork::Table(t) => NetworkLayer::AllowList(c.network_table(n.span(), t)?),
+            }),
         };
 
         let run_as = match &self.run_as {
-            None => RunAs::Caller,
-            Some(r) => match r.get_ref().as_str() {
+            None => None,
+            Some(r) => Some(match r.get_ref().as_str() {
                 "caller" => RunAs::Caller,
                 "nobody" => RunAs::Ids {
                     uid: 65534,
@@ -384,7 +525,7 @@ impl RawProfile {
                         }
                     }
                 }
-            },
+            }),
         };
 
         let l = &self.limits;
@@ -482,6 +623,32 @@ impl RawProfile {
             env_set.push((k.clone(), v.get_ref().clone()));
         }
 
+        let mut caches = Vec::new();
+        for (name, at) in &self.caches {
+            let field = format!("caches.{name}");
+            let ok_name = !name.is_empty()
+                && name.len() <= 64
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+            if !ok_name {
+                return Err(c.err(
+                    at.span(),
+                    &field,
+                    "a cache's name is letters, digits, '-' and '_'",
+                ));
+            }
+            let target = c.path(&field, at)?;
+            if target == "/" || target.starts_with("{tmp}") || target.starts_with("{workspace}") {
+                return Err(c.err(
+                    at.span(),
+                    &field,
+                    format!("{target:?}: a cache needs a place of its own, like \"/cache/{name}\" or \"{{home}}/.cache/{name}\""),
+                ));
+            }
+            caches.push((name.clone(), target));
+        }
+
         let timeout_ms = self
             .deadlines
             .timeout
@@ -495,19 +662,12 @@ impl RawProfile {
             .map(|v| c.duration_ms("deadlines.kill_grace", v))
             .transpose()?;
 
-        // Executable and writable paths must also be visible: fold them into readable.
-        let mut all_readable = readable;
-        for p in executable.iter().chain(&writable) {
-            if !all_readable.contains(p) {
-                all_readable.push(p.clone());
-            }
-        }
-        Ok(Profile {
-            name: name.into(),
-            description: self.description.map(|d| d.into_inner()).unwrap_or_default(),
-            best_effort: self.best_effort.map(|b| b.into_inner()).unwrap_or(false),
+        Ok(Layer {
+            extends,
+            description: self.description.map(|d| d.into_inner()),
+            best_effort: self.best_effort.map(|b| b.into_inner()),
             run_as,
-            readable: all_readable,
+            readable,
             executable,
             writable,
             protected,
@@ -517,6 +677,7 @@ impl RawProfile {
             env_set,
             timeout_ms,
             kill_grace_ms,
+            caches,
         })
     }
 }
@@ -600,12 +761,29 @@ impl Profile {
                 return widen(format!("it does not protect {p}"));
             }
         }
-        if self.network > session.network {
+        if self.network_reach() > session.network_reach() {
             return widen(format!(
                 "network {} is wider than {}",
-                self.network.as_str(),
-                session.network.as_str()
+                self.network_name(),
+                session.network_name()
             ));
+        }
+        if let (Some(call), Some(sess)) = (&self.egress, &session.egress) {
+            if self.network_reach() == session.network_reach() {
+                call.check_narrows(sess).map_err(|m| {
+                    format!(
+                        "profile {:?} is wider than the session's {:?}: {m}",
+                        self.name, session.name
+                    )
+                })?;
+            }
+        }
+        for (name, at) in &self.caches {
+            let kept = session.caches.iter().any(|(n, a)| n == name && a == at)
+                || covered(at, &session.writable);
+            if !kept {
+                return widen(format!("it keeps a cache {name} at {at}"));
+            }
         }
         if self.best_effort && !session.best_effort {
             return widen("it is best-effort".into());
@@ -717,6 +895,22 @@ timeout = "1h"
             ("[deadlines]\ntimeout = \"soon\"\n", 2, "deadlines.timeout"),
             ("[env]\nallow = [\"*\"]\n", 2, "env.allow"),
             ("run_as = \"root please\"\n", 1, "run_as"),
+            (
+                "[network]\nallow = [\n  \"ok.example\",\n  \"*\"]\n",
+                4,
+                "network.allow",
+            ),
+            ("[network]\n\ndeny = [\"a..b\"]\n", 3, "network.deny"),
+            (
+                "[network]\nallow = [\"a.test\"]\nhosts = { \"a.test\" = \"not-an-ip\" }\n",
+                3,
+                "network.hosts.a.test",
+            ),
+            ("[network]\n", 1, "network"),
+            ("extends = \"../x\"\n", 1, "extends"),
+            ("[caches]\nx = \"relative\"\n", 2, "caches.x"),
+            ("[caches]\n\"a b\" = \"/cache/x\"\n", 2, "caches.a b"),
+            ("[caches]\nx = \"{tmp}/x\"\n", 2, "caches.x"),
         ];
         for (text, line, field) in cases {
             let e = load("t", "t.toml", text).unwrap_err();
@@ -727,6 +921,29 @@ timeout = "1h"
                 "{e}"
             );
         }
+    }
+
+    #[test]
+    fn network_is_a_mode_or_an_allow_list_table() {
+        let p = load("t", "t.toml", "network = \"loopback\"\n").unwrap();
+        assert_eq!((p.network, p.egress.is_none()), (Network::Loopback, true));
+        let p = load(
+            "t",
+            "t.toml",
+            "[network]\nallow = [\"api.example.com:443\", \"*.example.org\", \"127.0.0.1:8080\"]\ndeny = [\"internal.example.org\"]\nhosts = { \"models.test\" = \"127.0.0.1\" }\n",
+        )
+        .unwrap();
+        assert_eq!(p.network, Network::Loopback);
+        assert_eq!(p.network_name(), "allow-list");
+        let e = p.egress.unwrap();
+        assert_eq!(e.allow.len(), 3);
+        assert_eq!(
+            e.hosts["models.test"],
+            "127.0.0.1".parse::<std::net::IpAddr>().unwrap()
+        );
+        // `extends` needs a catalog.
+        let err = load("t", "t.toml", "extends = \"ci\"\n").unwrap_err();
+        assert_eq!((err.line, err.field.as_str()), (1, "extends"));
     }
 
     #[test]

@@ -35,15 +35,22 @@ pub struct SandboxPlan {
     pub network: Network,
     pub limits: Limits,
     pub best_effort: bool,
+    /// A network allow-list: the proxy's policy and socket (`network` is `Loopback`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<crate::egress::EgressPlan>,
 }
 
 /// The run-specific values placeholders stand for.
 pub struct Context<'a> {
     pub workspace: &'a Path,
     pub session_dir: Option<&'a Path>,
+    /// The caller's home directory, from the password database.
     pub home: Option<&'a Path>,
     /// The caller's environment, filtered through the profile's allow-list.
     pub caller_env: &'a [(String, String)],
+    /// Where this uid's caches of this profile live (`sandbox::caches::dir_for`); `None`
+    /// leaves the profile's caches out (a probe of the profile, not a run).
+    pub caches: Option<&'a Path>,
 }
 
 /// What resolution yields besides the sandbox itself.
@@ -179,6 +186,24 @@ pub fn resolve(profile: &Profile, ctx: &Context) -> Result<Resolved, String> {
     for p in &profile.writable {
         add(p, false, true)?;
     }
+    // Caches: a directory of their own under the state directory, where the profile says.
+    if let Some(root) = ctx.caches {
+        for (name, at) in &profile.caches {
+            let target = match substitute(at, ctx)? {
+                Target::Host(t) => t,
+                Target::Tmp | Target::Skip => continue,
+            };
+            mounts.retain(|m| m.target != target);
+            mounts.push(MountSpec {
+                source: Some(root.join(name)),
+                target,
+                exec: false,
+                write: true,
+                required: true,
+                as_caller: false,
+            });
+        }
+    }
     // Parents before children, so a child mount lands on top of its parent's.
     mounts.sort_by_key(|m| m.target.components().count());
 
@@ -200,6 +225,14 @@ pub fn resolve(profile: &Profile, ctx: &Context) -> Result<Resolved, String> {
             env.push((k.clone(), v.clone()));
         }
     }
+    // An allow-list run's proxy settings win over anything passed through: the proxy is the
+    // only way out of the run's network namespace.
+    if profile.egress.is_some() {
+        for (k, v) in crate::egress::proxy_env() {
+            env.retain(|(name, _)| *name != k);
+            env.push((k, v));
+        }
+    }
 
     Ok(Resolved {
         sandbox: SandboxPlan {
@@ -208,6 +241,14 @@ pub fn resolve(profile: &Profile, ctx: &Context) -> Result<Resolved, String> {
             network: profile.network,
             limits: profile.limits,
             best_effort: profile.best_effort,
+            // The socket directory is filled in by whoever serves the proxy.
+            egress: profile
+                .egress
+                .clone()
+                .map(|policy| crate::egress::EgressPlan {
+                    policy,
+                    socket_dir: PathBuf::new(),
+                }),
         },
         env,
         timeout_ms: profile.timeout_ms,
@@ -227,6 +268,7 @@ mod tests {
             session_dir: Some(Path::new("/s/{home}")),
             home: Some(Path::new("/h")),
             caller_env: &[],
+            caches: None,
         };
         assert_eq!(
             substitute_value("{workspace}:{tmp}:{session_dir}:{home}:{nope}:{", &ctx),
@@ -257,6 +299,7 @@ mod tests {
                 session_dir: None,
                 home: None,
                 caller_env: &caller,
+                caches: None,
             },
         )
         .unwrap();

@@ -19,6 +19,9 @@ pub struct Pipes {
     /// Read end of a pipe whose only writer is the supervisor: it hangs up when the supervisor
     /// is gone.
     pub lifeline: OwnedFd,
+    /// An allow-list run: where init sends the relay's listening sockets (see
+    /// `sandbox::linux::netns`).
+    pub relay: Option<OwnedFd>,
 }
 
 /// The run's init: builds the sandbox and starts the command in it ([`linux::launch`]),
@@ -47,7 +50,13 @@ pub fn run(cmd: &Command, sandbox: &Prepared, pipes: Pipes) -> ! {
         let _ = sys::install_noop_handler(sig);
     }
 
-    let child = match linux::launch(sandbox, cmd, &pipes.output, &pipes.exec_error) {
+    let child = match linux::launch(
+        sandbox,
+        cmd,
+        &pipes.output,
+        &pipes.exec_error,
+        pipes.relay.as_ref(),
+    ) {
         Ok(pid) => pid,
         Err(e) => {
             sys::write_all_fd(&pipes.status, format!("error sandbox: {e}").as_bytes());
@@ -59,8 +68,9 @@ pub fn run(cmd: &Command, sandbox: &Prepared, pipes: Pipes) -> ! {
         exec_error,
         status,
         lifeline,
+        relay,
     } = pipes;
-    drop((output, exec_error, lifeline));
+    drop((output, exec_error, lifeline, relay));
 
     let waitset = SigSet::of(&[
         Signal::SIGCHLD,

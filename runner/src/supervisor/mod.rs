@@ -18,11 +18,11 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-pub use result::RunResult;
+pub use result::{RunResult, Violation};
 
 use crate::protocol::{FailReason, TaskState};
 use crate::run_dir::PrivateDir;
-use crate::sandbox::linux::{self, PrepareError};
+use crate::sandbox::linux::{self, netns, PrepareError};
 use crate::sandbox::{resolve_program, LaunchPlan, OUTPUT_TAIL_BYTES};
 use crate::sys::{self, dirfd, Exit, Fork, SigSet, Signal};
 
@@ -57,6 +57,9 @@ pub enum SuperviseError {
     Output { path: PathBuf, source: io::Error },
     #[error("command not found: {0}")]
     NotFound(String),
+    /// The command exists on the host, but not in the run's view.
+    #[error("command not found in the sandbox: {name} is {} on the host, outside this profile's view; add its directory to [paths] executable (for a toolchain in your home, \"{{home}}/...\"), or use a toolchain profile (rust, python, node)", path.display())]
+    NotInView { name: String, path: PathBuf },
     #[error("argument, environment or path holds a NUL byte: {0:?}")]
     Nul(String),
     #[error("{step}: {source}")]
@@ -79,6 +82,7 @@ impl SuperviseError {
             SuperviseError::Plan { .. }
             | SuperviseError::Output { .. }
             | SuperviseError::NotFound(_)
+            | SuperviseError::NotInView { .. }
             | SuperviseError::Nul(_)
             | SuperviseError::Setup { .. } => FailReason::SpawnError,
         }
@@ -183,6 +187,19 @@ pub fn supervise(
     started: SystemTime,
     out_dir: BorrowedFd<'_>,
 ) -> Result<RunResult, SuperviseError> {
+    supervise_with(plan, started, out_dir, None)
+}
+
+/// [`supervise`], calling `egress_first_use` once, when the run's relay first has a
+/// connection or query to hand over (`sidejob exec` starts its proxy then, so a run that
+/// never uses the network never pays for one). It runs in this single-threaded process,
+/// before the hand-over.
+pub fn supervise_with(
+    plan: &LaunchPlan,
+    started: SystemTime,
+    out_dir: BorrowedFd<'_>,
+    mut egress_first_use: Option<&mut dyn FnMut()>,
+) -> Result<RunResult, SuperviseError> {
     let clock = Instant::now();
     let setup =
         |step: &'static str| move |source: io::Error| SuperviseError::Setup { step, source };
@@ -220,6 +237,21 @@ pub fn supervise(
     let (err_r, err_w) = sys::pipe().map_err(setup("exec error pipe"))?;
     let (status_r, status_w) = sys::pipe().map_err(setup("status pipe"))?;
     let (lifeline_r, lifeline_w) = sys::pipe().map_err(setup("lifeline pipe"))?;
+    // An allow-list run: init sends the relay's listening sockets here, and this loop relays
+    // them to the proxy's socket (see `sandbox::linux::netns`).
+    let (mut relay_r, relay_w) = match &plan.sandbox.egress {
+        Some(_) => {
+            let (r, w) = netns::channel().map_err(setup("relay channel"))?;
+            (Some(r), Some(w))
+        }
+        None => (None, None),
+    };
+    let relay_socket = plan
+        .sandbox
+        .egress
+        .as_ref()
+        .map(|e| e.socket_dir.join(crate::egress::SOCKET));
+    let mut relay: Option<netns::Relay> = None;
 
     let mut layers = enter_pid_namespace()?;
     layers.extend(sandbox.layers.iter().cloned());
@@ -227,7 +259,7 @@ pub fn supervise(
 
     let init_pid = match sys::fork().map_err(setup("fork run init"))? {
         Fork::Child => {
-            drop((out_r, err_r, status_r, sigfd, lifeline_w));
+            drop((out_r, err_r, status_r, sigfd, lifeline_w, relay_r));
             init::run(
                 &cmd,
                 &sandbox,
@@ -236,12 +268,13 @@ pub fn supervise(
                     exec_error: err_w,
                     status: status_w,
                     lifeline: lifeline_r,
+                    relay: relay_w,
                 },
             )
         }
         Fork::Parent(pid) => pid,
     };
-    drop((out_w, err_w, status_w, lifeline_r));
+    drop((out_w, err_w, status_w, lifeline_r, relay_w));
     // Held (never written) until the supervisor exits.
     let _lifeline = lifeline_w;
     sys::set_nonblocking(&out_r, true).map_err(setup("output pipe"))?;
@@ -296,12 +329,39 @@ pub fn supervise(
             .unwrap_or(-1);
 
         // A closed pipe is left out without shifting the others' positions.
+        let relay_fds = relay.as_ref().map(|r| r.fds());
         let fds = [
             Some(sigfd.as_fd()),
             status_open.then(|| status_r.as_fd()),
             out_open.then(|| out_r.as_fd()),
+            match (&relay, &relay_r) {
+                (None, Some(chan)) => Some(chan.as_fd()),
+                _ => None,
+            },
+            relay_fds.map(|f| f[0]),
+            relay_fds.map(|f| f[1]),
+            relay_fds.map(|f| f[2]),
         ];
         let ready = sys::poll_readable(&fds, timeout).map_err(setup("poll"))?;
+        if ready[3] {
+            // Init's sockets (or its end closing, when it failed before sending them).
+            if let (Some(chan), Some(socket)) = (&relay_r, &relay_socket) {
+                match netns::Relay::receive(chan, socket) {
+                    Ok(r) => relay = Some(r),
+                    Err(e) => eprintln!("sidejob supervise: the network relay: {e}"),
+                }
+            }
+            relay_r.take();
+        }
+        if let Some(r) = relay.as_mut() {
+            let ready = [ready[4], ready[5], ready[6]];
+            if ready.contains(&true) {
+                if let Some(first) = egress_first_use.take() {
+                    first();
+                }
+            }
+            r.ready(ready);
+        }
 
         if out_open && ready[2] {
             // Bounded per wake-up so signals are not starved by a flood.
@@ -395,12 +455,16 @@ pub fn supervise(
     if let Some(cg) = &sandbox.cgroup {
         result
             .violations
-            .extend(cg.violations().into_iter().map(String::from));
+            .extend(cg.violations().into_iter().map(Violation::from));
         cg.remove();
     }
     let set_aside = sandbox.quarantine_git();
     if !set_aside.is_empty() {
-        if !result.violations.iter().any(|v| v == "git_repository") {
+        if !result
+            .violations
+            .iter()
+            .any(|v| v.limit() == Some("git_repository"))
+        {
             result.violations.push("git_repository".into());
         }
         let note = format!(
@@ -425,9 +489,20 @@ pub fn supervise(
     };
     result.leftover_processes = words.next().and_then(|w| w.parse().ok()).unwrap_or(0);
     // What init saw of the view after the command: only names it is known to send.
-    result
-        .violations
-        .extend(words.filter(|w| *w == "git_repository").map(String::from));
+    result.violations.extend(
+        words
+            .filter(|w| *w == "git_repository")
+            .map(Violation::from),
+    );
+    // Connections and lookups the egress proxy refused (written by the proxy before it
+    // answered, so every refusal the command saw is there).
+    if plan.sandbox.egress.is_some() {
+        result.violations.extend(
+            crate::egress::record::read(&plan.run_dir.join(crate::egress::record::FILE))
+                .into_iter()
+                .map(Violation::Network),
+        );
+    }
     match ended_how {
         Some(Exit::Code(c)) => result.exit_code = Some(c),
         Some(Exit::Signal(s)) => result.signal = Some(s),
@@ -439,7 +514,12 @@ pub fn supervise(
     if killed_by(libc::SIGXFSZ) {
         result.violations.push("file_size".into());
     }
-    if killed_by(libc::SIGXCPU) && !result.violations.iter().any(|v| v == "cpu_limit") {
+    if killed_by(libc::SIGXCPU)
+        && !result
+            .violations
+            .iter()
+            .any(|v| v.limit() == Some("cpu_limit"))
+    {
         result.violations.push("cpu_limit".into());
     }
 
@@ -518,6 +598,18 @@ fn prepare_command(plan: &LaunchPlan) -> Result<linux::Command, SuperviseError> 
         .unwrap_or("/usr/bin:/bin");
     let program =
         resolve_program(argv0, path_var).ok_or_else(|| SuperviseError::NotFound(argv0.clone()))?;
+    // Resolved on the host: it must also be in the view, or exec would only say ENOENT.
+    let on_host = if program.is_absolute() {
+        program.clone()
+    } else {
+        plan.cwd.join(&program)
+    };
+    if !crate::sandbox::in_view(&on_host, &plan.sandbox) {
+        return Err(SuperviseError::NotInView {
+            name: argv0.clone(),
+            path: program,
+        });
+    }
     Ok(linux::Command {
         program: cstr(&program.to_string_lossy())?,
         argv: plan

@@ -4,6 +4,7 @@ use std::os::fd::BorrowedFd;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::egress::record::NetworkViolation;
 use crate::protocol::{FailReason, TaskState};
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -24,12 +25,86 @@ pub struct RunResult {
     pub leftover_processes: u32,
     pub profile: String,
     pub sandbox_layers: Vec<String>,
-    /// Resource violations seen during the run (`timeout`, `output_cap`, …).
+    /// What the run ran into: limits as names (`timeout`, `output_cap`, …), and refused
+    /// network connections and lookups as objects (`{kind: "network", host, port, at, …}`).
     #[serde(default)]
-    pub violations: Vec<String>,
+    pub violations: Vec<Violation>,
     /// What went wrong, when the run could not start or was stopped by sidejob.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+}
+
+/// One entry of `violations`. Limits stay plain strings, as they always were, so every
+/// reader of older results keeps working; network refusals are objects; anything else (a
+/// kind a later version adds) is kept as it is.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum Violation {
+    Limit(String),
+    Network(NetworkViolation),
+    Other(serde_json::Value),
+}
+
+impl From<&str> for Violation {
+    fn from(s: &str) -> Violation {
+        Violation::Limit(s.to_owned())
+    }
+}
+
+impl From<String> for Violation {
+    fn from(s: String) -> Violation {
+        Violation::Limit(s)
+    }
+}
+
+impl Violation {
+    /// The limit's name, for a limit.
+    pub fn limit(&self) -> Option<&str> {
+        match self {
+            Violation::Limit(s) => Some(s),
+            Violation::Network(_) | Violation::Other(_) => None,
+        }
+    }
+}
+
+/// The longest summary line (`task.get`'s `violations`, `sidejob exec`'s note).
+const MAX_SUMMARY: usize = 400;
+
+/// One line saying what a run ran into: limits by name, then refused network targets with
+/// their reason and count, e.g. `timeout; network refused: evil.test:443 (not_allowed) ×2`.
+/// `None` when there was nothing.
+pub fn summary(violations: &[Violation]) -> Option<String> {
+    let limits: Vec<&str> = violations.iter().filter_map(Violation::limit).collect();
+    let network: Vec<String> = violations
+        .iter()
+        .filter_map(|v| match v {
+            Violation::Network(n) if n.count > 1 => {
+                Some(format!("{} ({}) ×{}", n.target(), n.reason, n.count))
+            }
+            Violation::Network(n) => Some(format!("{} ({})", n.target(), n.reason)),
+            Violation::Limit(_) | Violation::Other(_) => None,
+        })
+        .collect();
+    let mut parts = Vec::new();
+    if !limits.is_empty() {
+        parts.push(format!("limits hit: {}", limits.join(", ")));
+    }
+    if !network.is_empty() {
+        parts.push(format!("network refused: {}", network.join(", ")));
+    }
+    if parts.is_empty() {
+        return None;
+    }
+    let mut line = parts.join("; ");
+    if line.len() > MAX_SUMMARY {
+        let mut cut = MAX_SUMMARY;
+        while !line.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        line.truncate(cut);
+        line.push('…');
+    }
+    Some(line)
 }
 
 impl RunResult {
@@ -44,5 +119,39 @@ impl RunResult {
         let mut bytes = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
         bytes.push(b'\n');
         crate::sys::dirfd::write_atomically_at(dir, crate::run_dir::RESULT, &bytes, 0o600, owner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::egress::policy::Refusal;
+    use crate::egress::record::Via;
+
+    #[test]
+    fn limits_stay_strings_and_network_refusals_are_objects() {
+        let mut n =
+            NetworkViolation::new("evil.test", Some(443), Refusal::NotAllowed, Via::Connect);
+        n.count = 2;
+        let v = vec![Violation::from("timeout"), Violation::Network(n)];
+        let json = serde_json::to_value(&v).unwrap();
+        assert_eq!(json[0], "timeout");
+        assert_eq!(json[1]["kind"], "network");
+        assert_eq!(json[1]["host"], "evil.test");
+        assert_eq!(json[1]["port"], 443);
+        assert!(json[1]["at"].is_string());
+        let back: Vec<Violation> = serde_json::from_value(json).unwrap();
+        assert_eq!(back, v);
+        // An older result (strings only) and an unknown kind both read.
+        let old: Vec<Violation> =
+            serde_json::from_str(r#"["oom_kill", {"kind": "future"}]"#).unwrap();
+        assert_eq!(old[0], Violation::from("oom_kill"));
+        assert!(matches!(old[1], Violation::Other(_)));
+        assert_eq!(
+            summary(&back).unwrap(),
+            "limits hit: timeout; network refused: evil.test:443 (not_allowed) ×2"
+        );
+        assert_eq!(summary(&[]), None);
     }
 }

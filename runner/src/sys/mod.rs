@@ -11,6 +11,7 @@
 
 pub mod activation;
 pub mod dirfd;
+pub mod fdpass;
 pub mod fs;
 pub mod sandbox;
 pub mod spawn;

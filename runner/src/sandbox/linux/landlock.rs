@@ -286,6 +286,7 @@ mod tests {
             network,
             limits: Limits::default(),
             best_effort,
+            egress: None,
         }
     }
 

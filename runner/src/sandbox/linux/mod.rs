@@ -6,6 +6,7 @@
 pub mod cgroup;
 pub mod git;
 pub mod landlock;
+pub mod netns;
 pub mod seccomp;
 pub mod view;
 
@@ -317,6 +318,8 @@ pub enum PrepareError {
     Git { path: PathBuf, source: io::Error },
     #[error(transparent)]
     Cgroup(#[from] cgroup::CgroupError),
+    #[error("egress: {0}")]
+    Egress(String),
 }
 
 /// Everything [`launch`] needs, computed by the supervisor before it forks.
@@ -341,6 +344,8 @@ pub struct Prepared {
     seccomp: Option<Vec<libc::sock_filter>>,
     rlimits: Vec<(Resource, u64, u64)>,
     last_cap: u32,
+    /// An allow-list run: init binds the relay's ports and sends them to the supervisor.
+    egress: bool,
 }
 
 impl Prepared {
@@ -375,7 +380,16 @@ pub fn prepare(plan: &LaunchPlan) -> Result<Prepared, PrepareError> {
             as_caller: false,
         });
     }
-    // Parents before children, whatever order the mounts were added in.
+    // An allow-list run: a resolv.conf naming the run's own DNS responder.
+    let egress = match &sb.egress {
+        Some(e) => {
+            egress_mounts(plan, e, &mut sb.mounts)?;
+            true
+        }
+        None => false,
+    };
+    // Parents before children, whatever order the mounts were added in (stable: a mount added
+    // later at the same depth lands on top).
     sb.mounts.sort_by_key(|m| m.target.components().count());
     let sb = &sb;
     let avail = Availability::cached();
@@ -395,6 +409,9 @@ pub fn prepare(plan: &LaunchPlan) -> Result<Prepared, PrepareError> {
     .collect();
     if sb.network != Network::Host {
         layers.push("net_namespace".into());
+    }
+    if egress {
+        layers.push("egress_proxy".into());
     }
 
     let landlock = match avail.landlock_abi {
@@ -534,7 +551,46 @@ pub fn prepare(plan: &LaunchPlan) -> Result<Prepared, PrepareError> {
         seccomp,
         rlimits,
         last_cap: ssys::last_cap(),
+        egress,
     })
+}
+
+/// The mount of an allow-list run: the resolver configuration, written into the run's
+/// private directory (where only the daemon and the supervisor write) and shown read-only as
+/// `/etc/resolv.conf`, over any the profile lists. The proxy's socket is not in the view: the
+/// supervisor relays to it (see [`netns`]).
+fn egress_mounts(
+    plan: &LaunchPlan,
+    e: &crate::egress::EgressPlan,
+    mounts: &mut Vec<crate::sandbox::MountSpec>,
+) -> Result<(), PrepareError> {
+    use crate::egress::RESOLV_CONF;
+    if plan.sandbox.network != Network::Loopback {
+        return Err(PrepareError::Egress(
+            "an allow-list needs the run's own network namespace (network = loopback)".into(),
+        ));
+    }
+    if !e.socket_dir.is_absolute() {
+        return Err(PrepareError::Egress(format!(
+            "no socket directory for the proxy (got {:?})",
+            e.socket_dir
+        )));
+    }
+    let resolv = plan.run_dir.join("resolv.conf");
+    std::fs::write(&resolv, RESOLV_CONF)
+        .map_err(|err| PrepareError::Egress(format!("write {}: {err}", resolv.display())))?;
+    let etc_resolv = Path::new("/etc/resolv.conf");
+    mounts.retain(|m| m.target != etc_resolv);
+    let spec = |source: PathBuf, target: &Path| crate::sandbox::MountSpec {
+        source: Some(source),
+        target: target.to_path_buf(),
+        exec: false,
+        write: false,
+        required: true,
+        as_caller: false,
+    };
+    mounts.push(spec(resolv, etc_resolv));
+    Ok(())
 }
 
 // ---- the init's half: the launch --------------------------------------------------------------
@@ -548,6 +604,7 @@ pub fn launch(
     cmd: &Command,
     output: &OwnedFd,
     exec_error: &OwnedFd,
+    relay: Option<&OwnedFd>,
 ) -> Result<i32, LaunchError> {
     // 1. Non-dumpable: init's memory holds the caller's environment (it is a fork of the
     //    supervisor), and a non-dumpable process's /proc entries are closed to the run.
@@ -576,6 +633,18 @@ pub fn launch(
     // 4. Loopback needs `lo` up in the new network namespace; `none` leaves it down.
     if p.plan.network == Network::Loopback {
         ssys::loopback_up().map_err(step("bring lo up"))?;
+    }
+    // 4b. An allow-list run's relay listens on that loopback: its ports are bound now, while
+    //     init still has the privilege port 53 needs, and handed to the supervisor, which
+    //     relays them to the proxy (see `netns`). Nothing of the run holds them.
+    if p.egress {
+        let chan = relay.ok_or_else(|| LaunchError {
+            step: "bind the network relay's ports",
+            path: None,
+            source: io::Error::other("no channel to the supervisor"),
+        })?;
+        let listeners = netns::bind().map_err(step("bind the network relay's ports"))?;
+        netns::send(listeners, chan).map_err(step("hand the relay's ports to the supervisor"))?;
     }
     ssys::sethostname("sidejob").map_err(step("sethostname"))?;
 

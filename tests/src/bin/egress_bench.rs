@@ -1,0 +1,182 @@
+//! `sidejob-egress-bench`: what a network allow-list costs, not a timed test.
+//!
+//! - `sidejob exec -- /bin/true` under a profile with `network = "none"` and under the same
+//!   profile with an allow-list (the relay is bound and started, the proxy process forked);
+//! - a foreground `true` round trip over the daemon's socket, in a session of each profile;
+//! - a 100 MiB download from a loopback server by curl: from a run whose network is the host's
+//!   (direct), and from an allow-list run through the relay and the proxy. curl's own
+//!   `time_total` is used, so the sandbox's start-up is not in it.
+//!
+//! Rounds are interleaved so background noise hits both sides alike. Prints medians and p90.
+//!
+//! `cargo build --release -p sidejob -p sidejob-tests && target/release/sidejob-egress-bench [ROUNDS]`
+
+#![allow(clippy::expect_used)] // a benchmark fails by panicking
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use sidejob_tests::net::HttpServer;
+use sidejob_tests::{sidejob_bin, Daemon, TempDir};
+
+const DOWNLOAD: u64 = 100 << 20;
+
+fn stats(mut v: Vec<f64>) -> (f64, f64) {
+    v.sort_by(|a, b| a.total_cmp(b));
+    (v[v.len() / 2], v[v.len() * 9 / 10])
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn exec(profile: &str, ws: &std::path::Path, cmd: &[&str]) -> (Duration, String) {
+    let t = Instant::now();
+    let out = Command::new(sidejob_bin())
+        .args(["exec", "--profile", profile, "--workspace"])
+        .arg(ws)
+        .arg("--")
+        .args(cmd)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .expect("sidejob exec");
+    let took = t.elapsed();
+    assert!(out.status.success(), "{cmd:?} under {profile} failed");
+    (took, String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn main() {
+    let rounds: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(100);
+    if std::env::var_os("SIDEJOB_BIN").is_none() {
+        if let Some(dir) = std::env::current_exe()
+            .ok()
+            .and_then(|e| e.parent().map(|p| p.to_path_buf()))
+        {
+            std::env::set_var("SIDEJOB_BIN", dir.join("sidejob"));
+        }
+    }
+    let srv = HttpServer::start();
+    let port = srv.port;
+    let profiles = TempDir::new("bench-profiles");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(profiles.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+    }
+    let write = |name: &str, body: &str| {
+        let p = profiles.path().join(format!("{name}.toml"));
+        std::fs::write(&p, body).expect("profile");
+        p.display().to_string()
+    };
+    let none = write(
+        "bench-none",
+        "extends = \"workspace-write\"\nnetwork = \"none\"\n",
+    );
+    let allow = write(
+        "bench-allow",
+        &format!("extends = \"workspace-write\"\n[network]\nallow = [\"models.test\", \"127.0.0.1:{port}\"]\nhosts = {{ \"models.test\" = \"127.0.0.1\" }}\n"),
+    );
+    let host = write(
+        "bench-host",
+        "extends = \"workspace-write\"\nnetwork = \"host\"\n",
+    );
+    let ws = TempDir::new("bench-ws");
+
+    // exec: start-up with and without the allow-list.
+    let (mut e_none, mut e_allow) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        e_none.push(ms(exec(&none, ws.path(), &["/bin/true"]).0));
+        e_allow.push(ms(exec(&allow, ws.path(), &["/bin/true"]).0));
+    }
+
+    // The first request of a run through the proxy (for exec, this includes starting it).
+    let mut first = Vec::new();
+    for _ in 0..rounds.min(50) {
+        let (_, out) = exec(
+            &allow,
+            ws.path(),
+            &[
+                "sh",
+                "-c",
+                &format!(
+                    "curl -sS -o /dev/null -w '%{{time_total}}' http://models.test:{port}/first"
+                ),
+            ],
+        );
+        first.push(out.trim().parse::<f64>().expect("time_total") * 1000.0);
+    }
+
+    // Round trips through the daemon.
+    let daemon = Daemon::start_with_config(&format!(
+        "profiles_dir = \"{}\"\n",
+        profiles.path().display()
+    ));
+    let mut c = daemon.client();
+    let open = |c: &mut sidejob_tests::Client, p: &str| {
+        c.ok(
+            "session.open",
+            json!({"workspace": daemon.workspace, "profile": p}),
+        )["session_id"]
+            .as_str()
+            .expect("session")
+            .to_owned()
+    };
+    let s_none = open(&mut c, "bench-none");
+    let s_allow = open(&mut c, "bench-allow");
+    let (mut r_none, mut r_allow) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        for (s, v) in [(&s_none, &mut r_none), (&s_allow, &mut r_allow)] {
+            let t = Instant::now();
+            let r = c.bash(s, "true", json!({"yield_after_ms": 60_000}));
+            v.push(ms(t.elapsed()));
+            assert_eq!(r["state"], "succeeded", "{r}");
+        }
+    }
+
+    // Throughput: 100 MiB from the loopback server, direct and through the proxy.
+    let curl = |proxied: bool| {
+        let url = if proxied {
+            format!("http://models.test:{port}/bytes/{DOWNLOAD}")
+        } else {
+            format!("http://127.0.0.1:{port}/bytes/{DOWNLOAD}")
+        };
+        let script = format!("curl -sS -o /dev/null -w '%{{time_total}} %{{size_download}}' {url}");
+        let profile = if proxied { &allow } else { &host };
+        let (_, out) = exec(profile, ws.path(), &["sh", "-c", &script]);
+        let mut it = out.split_whitespace();
+        let secs: f64 = it.next().and_then(|s| s.parse().ok()).expect("time_total");
+        let bytes: u64 = it.next().and_then(|s| s.parse().ok()).expect("size");
+        assert_eq!(bytes, DOWNLOAD, "short download");
+        DOWNLOAD as f64 / (1 << 20) as f64 / secs
+    };
+    let downloads = (rounds / 10).clamp(5, 15);
+    let (mut direct, mut proxied) = (Vec::new(), Vec::new());
+    for _ in 0..downloads {
+        direct.push(curl(false));
+        proxied.push(curl(true));
+    }
+
+    let (en, en90) = stats(e_none);
+    let (ea, ea90) = stats(e_allow);
+    let (rn, rn90) = stats(r_none);
+    let (ra, ra90) = stats(r_allow);
+    let (f50, f90) = stats(first);
+    let (dd, _) = stats(direct);
+    let (dp, _) = stats(proxied);
+    println!("sidejob-egress-bench: {rounds} rounds, {downloads} downloads of 100 MiB");
+    println!("  exec /bin/true, network none      median {en:7.2} ms  p90 {en90:7.2} ms");
+    println!("  exec /bin/true, allow-list        median {ea:7.2} ms  p90 {ea90:7.2} ms   added {:+.2} ms", ea - en);
+    println!("  round trip true, network none     median {rn:7.2} ms  p90 {rn90:7.2} ms");
+    println!("  round trip true, allow-list       median {ra:7.2} ms  p90 {ra90:7.2} ms   added {:+.2} ms", ra - rn);
+    println!("  first request of an exec run      median {f50:7.2} ms  p90 {f90:7.2} ms   (curl's time_total, proxy start included)");
+    println!("  100 MiB download, direct          median {dd:8.1} MiB/s");
+    println!(
+        "  100 MiB download, through proxy   median {dp:8.1} MiB/s   ratio {:.2}",
+        dp / dd
+    );
+}
