@@ -13,7 +13,8 @@
 //! One request, one reply, on a `SOCK_SEQPACKET` socket pair (descriptor 3): the request is
 //! the run's private directory, with [`FDS`] descriptors attached (the supervisor's 0 to 4,
 //! see `executor::spawn`); the reply is the supervisor's pid, or a negated `errno`.
-//! Encoded and decoded here only.
+//! Encoded and decoded here only. A supervisor forked this way keeps the spawner's command
+//! line; its name (`comm`) is [`SUPERVISOR_NAME`].
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -24,6 +25,9 @@ use crate::sys::{self, fdpass, Fork};
 /// Descriptors attached to a request: the supervisor's stdin, stdout, stderr, public
 /// directory and report pipe, in that order.
 pub const FDS: usize = 5;
+
+/// The name (`comm`) of a supervisor the spawner forked.
+pub const SUPERVISOR_NAME: &std::ffi::CStr = c"sidejob-run";
 
 /// The spawner's socket, as it is inherited.
 const SOCKET_FD: i32 = 3;
@@ -122,6 +126,8 @@ fn fork_supervisor(runs_dir: &Path, request: &[u8], fds: Vec<OwnedFd>) -> io::Re
             // their numbers, a process group of its own. The signal mask and dispositions
             // are the spawner's, which posix_spawn reset. The spawner's socket is closed by
             // the supervisor's first step (it keeps descriptors 0 to 4 only).
+            // Its command line stays the spawner's; its name says what it is.
+            let _ = sys::spawn::set_name(SUPERVISOR_NAME);
             let code =
                 match sys::spawn::place_fds(fds).and_then(|()| sys::spawn::own_process_group()) {
                     Ok(()) => super::main(&private_dir),

@@ -132,3 +132,11 @@ pub fn own_process_group() -> io::Result<()> {
     nix::unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0))?;
     Ok(())
 }
+
+/// Names the calling thread (`comm` in `/proc`, what `ps -o comm` and `top` show): a
+/// supervisor forked by the spawner keeps the spawner's command line, so its name tells
+/// them apart.
+pub fn set_name(name: &std::ffi::CStr) -> io::Result<()> {
+    nix::sys::prctl::set_name(name)?;
+    Ok(())
+}
