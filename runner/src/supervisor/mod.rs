@@ -73,10 +73,28 @@ impl SuperviseError {
     }
 }
 
-/// Entry point of `sidejob supervise <private_dir>` (and of a supervisor the spawner forks);
-/// returns the process exit code. The run's public directory is descriptor 3; descriptor 4,
-/// when open, is the daemon's report pipe (`executor::spawn`).
+/// Who records the supervisor's `pid start_time` in the private directory.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum PidFile {
+    /// The supervisor, first thing (`sidejob supervise`, started with `posix_spawn`).
+    Write,
+    /// The spawner did, before it told the daemon the pid.
+    Written,
+}
+
+/// Entry point of `sidejob supervise <private_dir>`; returns the process exit code. The
+/// run's public directory is descriptor 3; descriptor 4, when open, is the daemon's report
+/// pipe (`executor::spawn`).
 pub fn main(private_dir: &Path) -> i32 {
+    run(private_dir, PidFile::Write)
+}
+
+/// [`main`] for a supervisor the spawner forked (and whose pid file it wrote).
+fn forked_main(private_dir: &Path) -> i32 {
+    run(private_dir, PidFile::Written)
+}
+
+fn run(private_dir: &Path, pid_file: PidFile) -> i32 {
     let started = SystemTime::now();
     // Block the stop signals first: one that arrives during set-up stays pending and is read
     // from the signalfd later, instead of killing the supervisor before it can settle the run.
@@ -120,7 +138,9 @@ pub fn main(private_dir: &Path) -> i32 {
             return 2;
         }
     };
-    write_pid_file(&private);
+    if pid_file == PidFile::Write {
+        write_pid_file(&private, sys::getpid());
+    }
     let opts = Options {
         egress_first_use: None,
         report,
@@ -177,10 +197,9 @@ fn say(msg: std::fmt::Arguments<'_>) {
     let _ = writeln!(std::io::stderr(), "sidejob supervise: {msg}");
 }
 
-/// Records `pid start_time`, so a daemon that restarts before it recorded the spawn can still
-/// find this supervisor.
-fn write_pid_file(private: &PrivateDir) {
-    let pid = sys::getpid();
+/// Records the supervisor's `pid start_time`, so a daemon that restarts before it recorded
+/// the spawn can still find it.
+fn write_pid_file(private: &PrivateDir, pid: i32) {
     let start = sys::process_start_time(pid).unwrap_or(0);
     let _ = std::fs::write(private.pid_file(), format!("{pid} {start}\n"));
 }

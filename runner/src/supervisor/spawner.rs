@@ -78,6 +78,15 @@ pub fn decode_reply(bytes: &[u8]) -> io::Result<i32> {
 
 /// Entry point of `sidejob spawner <runs_dir>`; returns the process exit code.
 pub fn main(runs_dir: &Path) -> i32 {
+    // Every supervisor is born with the stop signals blocked (it reads them from a signalfd):
+    // one the daemon sends as soon as it knows the pid — which this process writes down
+    // before the child has run a single instruction — stays pending instead of killing the
+    // supervisor before it could settle the run. (This process itself stops when the daemon
+    // closes its socket.)
+    if let Err(e) = super::stop_signals().block() {
+        eprintln!("sidejob spawner: cannot block the stop signals: {e}");
+        return 2;
+    }
     let _ = sys::close_from(SOCKET_FD as u32 + 1);
     // Moved out of the way: a supervisor's descriptors 0 to 4 are placed where it was.
     let sock = match sys::take_inherited_fd(SOCKET_FD)
@@ -120,7 +129,13 @@ fn fork_supervisor(runs_dir: &Path, request: &[u8], fds: Vec<OwnedFd>) -> io::Re
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
     match sys::spawn::fork_sibling()? {
-        Fork::Parent(pid) => Ok(pid), // the descriptors are closed as they drop
+        Fork::Parent(pid) => {
+            // Before the daemon hears of it: a daemon that dies before it records the pid
+            // finds it here after its restart. Written by the spawner, not the supervisor,
+            // so the run does not wait for it. (The descriptors are closed as they drop.)
+            super::write_pid_file(&crate::run_dir::PrivateDir::at(private_dir), pid);
+            Ok(pid)
+        }
         Fork::Child => {
             // What `executor::spawn` asks of posix_spawn, done here: the descriptors at
             // their numbers, a process group of its own. The signal mask and dispositions
@@ -130,7 +145,7 @@ fn fork_supervisor(runs_dir: &Path, request: &[u8], fds: Vec<OwnedFd>) -> io::Re
             let _ = sys::spawn::set_name(SUPERVISOR_NAME);
             let code =
                 match sys::spawn::place_fds(fds).and_then(|()| sys::spawn::own_process_group()) {
-                    Ok(()) => super::main(&private_dir),
+                    Ok(()) => super::forked_main(&private_dir),
                     Err(e) => {
                         eprintln!("sidejob spawner: cannot set up a supervisor: {e}");
                         2

@@ -59,9 +59,14 @@ fn a_supervisor_is_the_daemons_child_in_a_process_group_of_its_own() {
     let id = r["task_id"].as_str().expect("id").to_owned();
     let sup = supervisor_of(&d, &id);
     // Forked by the spawner, yet the daemon's child: it reaps it and watches its pidfd.
+    // It keeps the spawner's command line, and is named for what it is (first thing: the
+    // spawner writes its pid down as soon as it is forked).
+    assert!(
+        wait_until(Duration::from_secs(10), || comm(sup) == "sidejob-run"),
+        "supervisor {sup} is named {:?}",
+        comm(sup)
+    );
     assert_eq!(spawners(&d).len(), 1, "one spawner");
-    // It keeps the spawner's command line, and is named for what it is.
-    assert_eq!(comm(sup), "sidejob-run");
     assert_eq!(
         stat_field(sup, 4),
         d.pid() as i64,
