@@ -70,7 +70,9 @@ impl PrivateDir {
         self.0.join("cancel.json")
     }
 
-    /// `pid start_time` of the supervisor, for a daemon that restarts before it recorded them.
+    /// `pid start_time` of the supervisor, for a daemon that restarts before it recorded them:
+    /// written by the spawner before the daemon hears the pid (or, started directly, by the
+    /// supervisor first thing).
     pub fn pid_file(&self) -> PathBuf {
         self.0.join("supervisor.pid")
     }
