@@ -3,6 +3,7 @@
 pub mod bridge;
 pub mod cli;
 pub mod config;
+pub mod dirwatch;
 pub mod egress;
 pub mod executor;
 pub mod ids;
