@@ -37,7 +37,7 @@ use crate::config::Config;
 use crate::ids;
 use crate::plugin_host::{PlanContext, ToolHost};
 use crate::protocol::{
-    CancelOutcome, CompletedCall, Delivery, FailReason, RunningCall, StdinMode, TaskKind,
+    CancelOutcome, CompletedCall, Delivery, FailReason, RunningCall, StdinMode, TaskKind, TaskMode,
     TaskState, ToolCallResult, WakeMode,
 };
 use crate::registry::{NotificationRow, Registry, RegistryError, SessionRow, Settlement, TaskRow};
@@ -154,11 +154,7 @@ impl Live {
             state: Mutex::new(LiveState::default()),
             done: watch::channel(false).0,
             stdin_queued: Arc::new(AtomicU64::new(0)),
-            wake: if row.wake == WakeMode::Silent.as_str() {
-                WakeMode::Silent
-            } else {
-                WakeMode::OnTerminal
-            },
+            wake: row.wake,
         })
     }
 
@@ -415,17 +411,16 @@ impl Executor {
 
         let row = TaskRow {
             mode: if foreground {
-                "foreground"
+                TaskMode::Foreground
             } else {
-                "background"
-            }
-            .into(),
+                TaskMode::Background
+            },
             run_dir: public_path.display().to_string(),
             service: req.service || tool_plan.service,
             parent_task_id: req.parent_task_id.clone(),
             timeout_ms: req.timeout_ms,
             stdin: req.stdin,
-            wake: req.wake.as_str().into(),
+            wake: req.wake,
             occurrence_key: req.occurrence_key.clone(),
             profile,
             run_uid: uid,

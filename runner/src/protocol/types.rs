@@ -279,6 +279,15 @@ pub struct ToolListResult {
     pub plugin_errors: Vec<String>,
 }
 
+/// Whether a `tool.call` is still blocked on its task (the registry's `mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskMode {
+    Foreground,
+    #[default]
+    Background,
+}
+
 /// How the command's stdin is wired.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
