@@ -6,6 +6,9 @@
 //! when it asks to (`adopt: true`), and then as that user, never as root.
 
 pub mod dirs;
+mod tree;
+
+pub use tree::{child_session_id, depth_of, open_child, root_session, with_descendants, MAX_DEPTH};
 
 use std::path::PathBuf;
 
@@ -249,28 +252,4 @@ pub fn open(
         profile,
         owner_uid: Some(uid),
     })
-}
-
-/// A session and every session below it (children, grandchildren, …).
-pub fn with_descendants(
-    registry: &Registry,
-    session_id: &str,
-) -> Result<Vec<SessionRow>, SessionError> {
-    let all = registry.list_sessions(None)?;
-    let mut out: Vec<SessionRow> = all
-        .iter()
-        .filter(|s| s.session_id == session_id)
-        .cloned()
-        .collect();
-    let mut i = 0;
-    while i < out.len() {
-        let parent = out[i].session_id.clone();
-        out.extend(
-            all.iter()
-                .filter(|s| s.parent_session_id.as_deref() == Some(parent.as_str()))
-                .cloned(),
-        );
-        i += 1;
-    }
-    Ok(out)
 }
