@@ -26,7 +26,7 @@ struct Pending {
 
 /// Open questions, by the asking task's id (at most one per task).
 #[derive(Default)]
-pub(super) struct Questions(Mutex<HashMap<String, Pending>>);
+pub struct Questions(Mutex<HashMap<String, Pending>>);
 
 impl Questions {
     fn pending(&self) -> MutexGuard<'_, HashMap<String, Pending>> {
@@ -34,7 +34,7 @@ impl Questions {
     }
 
     /// Serves a run's `task.request_input`: blocks (this request only) until the host answers.
-    pub(super) async fn request(
+    pub async fn request(
         &self,
         exec: &Executor,
         scope: &Scope,
@@ -110,7 +110,7 @@ impl Questions {
     }
 
     /// `task.answer`: hands `answer` to the run that asked, and the task is `running` again.
-    pub(super) fn answer(
+    pub fn answer(
         &self,
         exec: &Executor,
         task_id: &str,

@@ -15,15 +15,16 @@
 mod input;
 mod subagent;
 
+pub use input::Questions;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 
-use serde_json::Value;
 use tokio::net::{UnixListener, UnixStream};
 use tracing::{debug, info, info_span, warn, Instrument};
 
 use crate::executor::{ExecError, Executor, HookFuture, RunEnd, RunExtras, RunHooks, RunStart};
-use crate::protocol::{RpcError, TaskRequestInputParams, TaskState};
+use crate::protocol::TaskState;
 use crate::registry::TaskRow;
 use crate::session::{self, SessionError};
 
@@ -86,25 +87,10 @@ impl Bridges {
         })
     }
 
-    /// `task.request_input` from a run: blocks (this request only) until the host answers.
-    pub async fn request_input(
-        &self,
-        exec: &Executor,
-        scope: &Scope,
-        p: TaskRequestInputParams,
-        closed: impl std::future::Future<Output = ()>,
-    ) -> Result<Value, RpcError> {
-        self.questions.request(exec, scope, p, closed).await
-    }
-
-    /// `task.answer` from the host: hands `answer` to the run that asked.
-    pub fn answer(
-        &self,
-        exec: &Executor,
-        task_id: &str,
-        answer: Value,
-    ) -> Result<TaskState, RpcError> {
-        self.questions.answer(exec, task_id, answer)
+    /// The questions runs ask through their bridges (`task.request_input`), which the host
+    /// answers (`task.answer`).
+    pub fn questions(&self) -> &Questions {
+        &self.questions
     }
 
     /// At start-up, after recovery: no task stays `awaiting_input` (its question died with

@@ -116,7 +116,10 @@ pub(super) fn message(
 /// `task.answer`: the host answers the question a run asked through its bridge.
 pub(super) fn answer(d: &Daemon, caller: &Caller, p: TaskAnswerParams) -> Result<Reply, RpcError> {
     caller.task(d.executor.registry(), &p.task_id)?;
-    let state = d.bridges.answer(&d.executor, &p.task_id, p.answer)?;
+    let state = d
+        .bridges
+        .questions()
+        .answer(&d.executor, &p.task_id, p.answer)?;
     to_value(TaskAnswerResult {
         task_id: p.task_id,
         state,
@@ -149,7 +152,8 @@ pub(super) async fn request_input(
     let scope = caller.bridge()?;
     let answer = d
         .bridges
-        .request_input(&d.executor, scope, p, closed)
+        .questions()
+        .request(&d.executor, scope, p, closed)
         .await?;
     Ok(answer.into())
 }
