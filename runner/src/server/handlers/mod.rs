@@ -85,7 +85,11 @@ mod tests {
         let section = &doc[start..];
         let section = &section[..section[3..].find("\n## ").map_or(section.len(), |e| e + 3)];
         for m in BRIDGE_METHODS {
-            assert!(section.contains(&format!("`{m}`")), "{m} is not documented");
+            let named = [format!("`{m}`"), format!("`{m} ")];
+            assert!(
+                named.iter().any(|n| section.contains(n.as_str())),
+                "{m} is not documented"
+            );
         }
         for m in METHODS.iter().filter(|m| !BRIDGE_METHODS.contains(m)) {
             assert!(
