@@ -143,30 +143,16 @@ impl Caller {
     /// is not found and another user's denied; for a bridge, anything outside its session
     /// is not found, so a run cannot even learn whether another session's task exists.
     pub fn task(&self, registry: &Registry, task_id: &str) -> Result<TaskRow, RpcError> {
-        if !ids::is_valid_task_id(task_id) {
-            return Err(RpcError::new(
-                ErrorKind::InvalidParams,
-                format!("invalid task id {task_id:?}: task ids are 26-character ULIDs"),
-            ));
-        }
-        let row = registry.get_task(task_id)?;
-        match (self, row) {
-            (Caller::Host(peer), Some(row)) if !session::may_access(peer.uid, row.owner_uid) => {
-                Err(RpcError::new(
-                    ErrorKind::PermissionDenied,
-                    format!("task {task_id} belongs to another user"),
-                ))
-            }
-            (Caller::Host(_), Some(row)) => Ok(row),
-            (Caller::Host(_), None) => Err(RpcError::new(
-                ErrorKind::NotFound,
-                format!("task {task_id} not found"),
-            )),
-            (Caller::Bridge(scope), Some(row)) if row.session_id == scope.session_id => Ok(row),
-            (Caller::Bridge(scope), _) => Err(RpcError::new(
-                ErrorKind::NotFound,
-                format!("task {task_id} not found in session {}", scope.session_id),
-            )),
+        check_task_id(task_id)?;
+        match self {
+            Caller::Host(peer) => host_task(registry, peer, task_id),
+            Caller::Bridge(scope) => match registry.get_task(task_id)? {
+                Some(row) if row.session_id == scope.session_id => Ok(row),
+                _ => Err(RpcError::new(
+                    ErrorKind::NotFound,
+                    format!("task {task_id} not found in session {}", scope.session_id),
+                )),
+            },
         }
     }
 
@@ -225,6 +211,35 @@ impl Caller {
             }
         }
     }
+}
+
+fn check_task_id(task_id: &str) -> Result<(), RpcError> {
+    if ids::is_valid_task_id(task_id) {
+        return Ok(());
+    }
+    Err(RpcError::new(
+        ErrorKind::InvalidParams,
+        format!("invalid task id {task_id:?}: task ids are 26-character ULIDs"),
+    ))
+}
+
+/// A task for a host: an unknown one is not found, another user's denied.
+pub(super) fn host_task(
+    registry: &Registry,
+    peer: &Peer,
+    task_id: &str,
+) -> Result<TaskRow, RpcError> {
+    check_task_id(task_id)?;
+    let row = registry
+        .get_task(task_id)?
+        .ok_or_else(|| RpcError::new(ErrorKind::NotFound, format!("task {task_id} not found")))?;
+    if !session::may_access(peer.uid, row.owner_uid) {
+        return Err(RpcError::new(
+            ErrorKind::PermissionDenied,
+            format!("task {task_id} belongs to another user"),
+        ));
+    }
+    Ok(row)
 }
 
 fn call(

@@ -5,8 +5,8 @@ use std::future::Future;
 use std::sync::Arc;
 
 use super::super::rpc::{to_value, wait_timeout, Reply};
-use super::super::scope::Caller;
-use super::super::Daemon;
+use super::super::scope::{host_task, Caller};
+use super::super::{Daemon, Peer};
 use crate::executor::task_page;
 use crate::protocol::{
     CancelOutcome, ErrorKind, RpcError, TaskAnswerParams, TaskAnswerResult, TaskBackgroundResult,
@@ -98,12 +98,9 @@ pub(super) async fn cancel(
     })
 }
 
-pub(super) fn message(
-    d: &Daemon,
-    caller: &Caller,
-    p: TaskMessageParams,
-) -> Result<Reply, RpcError> {
-    caller.task(d.executor.registry(), &p.task_id)?;
+/// `task.message` (a host's only: a run writes to its own jobs' stdin itself).
+pub(super) fn message(d: &Daemon, peer: &Peer, p: TaskMessageParams) -> Result<Reply, RpcError> {
+    host_task(d.executor.registry(), peer, &p.task_id)?;
     let eof = p.eof.unwrap_or(false);
     let queued = d.executor.message(&p.task_id, p.data.as_bytes(), eof)?;
     to_value(TaskMessageResult {
@@ -114,8 +111,8 @@ pub(super) fn message(
 }
 
 /// `task.answer`: the host answers the question a run asked through its bridge.
-pub(super) fn answer(d: &Daemon, caller: &Caller, p: TaskAnswerParams) -> Result<Reply, RpcError> {
-    caller.task(d.executor.registry(), &p.task_id)?;
+pub(super) fn answer(d: &Daemon, peer: &Peer, p: TaskAnswerParams) -> Result<Reply, RpcError> {
+    host_task(d.executor.registry(), peer, &p.task_id)?;
     let state = d
         .bridges
         .questions()
@@ -126,8 +123,9 @@ pub(super) fn answer(d: &Daemon, caller: &Caller, p: TaskAnswerParams) -> Result
     })
 }
 
-pub(super) fn background(d: &Daemon, caller: &Caller, p: TaskIdParams) -> Result<Reply, RpcError> {
-    let row = caller.task(d.executor.registry(), &p.task_id)?;
+/// `task.background` (a host's only: it moves a call the host is blocked on).
+pub(super) fn background(d: &Daemon, peer: &Peer, p: TaskIdParams) -> Result<Reply, RpcError> {
+    let row = host_task(d.executor.registry(), peer, &p.task_id)?;
     let backgrounded = d.executor.background(&p.task_id);
     let state = d
         .executor
