@@ -19,3 +19,6 @@ pub mod session;
 pub mod supervisor;
 pub mod sys;
 pub mod wake;
+
+#[cfg(test)]
+mod layers;

@@ -381,6 +381,26 @@ pub struct Settlement {
 }
 
 impl Settlement {
+    /// What a run's `result.json` says, to be recorded (delivery still to be decided).
+    pub fn from_result(r: &crate::supervisor::RunResult) -> Settlement {
+        crate::metrics::violations_seen(r.violations.len());
+        Settlement {
+            state: r.state,
+            reason: r.reason,
+            exit_code: r.exit_code,
+            signal: r.signal,
+            ended_at: r.ended_at.clone(),
+            started_at: Some(r.started_at.clone()),
+            duration_ms: Some(r.duration_ms),
+            output_bytes: Some(r.output_bytes),
+            output_truncated: Some(r.output_truncated),
+            leftover_processes: Some(r.leftover_processes),
+            error: r.error.clone(),
+            delivery: Delivery::Pending,
+            violations: crate::supervisor::result::summary(&r.violations),
+        }
+    }
+
     pub fn to_patch(&self) -> Map<String, Value> {
         let mut patch = obj([
             ("state", self.state.as_str().into()),

@@ -3,11 +3,8 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use serde_json::Value;
-
-use super::dispatch::{params, to_value, Reply};
-use super::{Daemon, Peer};
-use crate::protocol::{DaemonStatusParams, DaemonStatusResult, RpcError, TaskState, ToolSource};
+use super::Daemon;
+use crate::protocol::{DaemonStatusResult, RpcError, TaskState, ToolSource};
 use crate::sandbox::Catalog;
 
 /// When and how the daemon started, for `daemon.status`.
@@ -38,11 +35,6 @@ const ALL_STATES: [TaskState; 7] = [
     TaskState::Failed,
     TaskState::Canceled,
 ];
-
-pub fn daemon_status(d: &Daemon, peer: &Peer, p: Value) -> Result<Reply, RpcError> {
-    let _: DaemonStatusParams = params("daemon.status", p)?;
-    to_value(collect(d, peer.uid)?)
-}
 
 /// The status as `uid` may see it (root: every session).
 pub fn collect(d: &Daemon, uid: u32) -> Result<DaemonStatusResult, RpcError> {
