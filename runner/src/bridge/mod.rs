@@ -173,6 +173,7 @@ impl RunHooks for Bridges {
             let child = session::open_child(
                 exec.registry(),
                 exec.config(),
+                exec.catalog(),
                 run.session,
                 run.profile,
                 run.task_id,

@@ -193,6 +193,8 @@ pub struct Executor {
     cfg: Arc<Config>,
     registry: Arc<Registry>,
     tools: Arc<ToolHost>,
+    /// The sandbox profiles, for the daemon's life (`profiles_dir`, else the default).
+    catalog: Arc<sandbox::Catalog>,
     exe: PathBuf,
     live: Mutex<HashMap<String, Arc<Live>>>,
     global: Arc<Semaphore>,
@@ -213,9 +215,14 @@ impl Executor {
         tools: Arc<ToolHost>,
         exe: PathBuf,
     ) -> Arc<Executor> {
+        let profiles_dir = cfg
+            .profiles_dir
+            .clone()
+            .or_else(sandbox::Catalog::default_dir);
         Arc::new_cyclic(|me| Executor {
             me: me.clone(),
             global: Arc::new(Semaphore::new(cfg.max_running.max(1))),
+            catalog: Arc::new(sandbox::Catalog::new(profiles_dir)),
             cfg,
             registry,
             tools,
@@ -235,6 +242,11 @@ impl Executor {
         self.hooks
             .set(hooks)
             .map_err(|_| ExecError::InvalidState("the executor's run hooks are set already".into()))
+    }
+
+    /// The sandbox profiles this daemon uses.
+    pub fn catalog(&self) -> &Arc<sandbox::Catalog> {
+        &self.catalog
     }
 
     fn hooks(&self) -> &dyn RunHooks {

@@ -88,6 +88,7 @@ impl Executor {
             .map_err(|e| ExecError::InvalidParams(e.0))?;
         let (grants, plan_profile) = self.agent_grants(req, &tool_plan, &ceiling)?;
         let sb = sandbox::for_call(
+            &self.catalog,
             &ceiling,
             req.profile.as_deref().or(plan_profile.as_deref()),
             &sandbox::CallFor {
@@ -124,7 +125,7 @@ impl Executor {
         })?;
         let profile = match tool_plan.profile.as_deref() {
             Some(agent) if req.profile.is_none() => {
-                match sandbox::narrows(agent, ceiling, req.session.owner_uid) {
+                match sandbox::narrows(&self.catalog, agent, ceiling, req.session.owner_uid) {
                     Ok(true) => Some(agent.to_owned()),
                     Ok(false) => {
                         info!(profile = agent, ceiling = %ceiling, "the subagent profile is wider than the caller's; the agent runs under the caller's");

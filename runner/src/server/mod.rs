@@ -109,10 +109,6 @@ pub async fn serve(cfg: Config) -> Result<(), ServeError> {
     let mut term = signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = signal(tokio::signal::unix::SignalKind::interrupt())?;
     let lock = lock_state_dir(&cfg.state_dir)?;
-    if let Some(dir) = &cfg.profiles_dir {
-        crate::sandbox::Catalog::configure_dir(dir.clone());
-    }
-    let _profile_watch = crate::sandbox::Catalog::default_dir().and_then(profiles::watch);
     let socket_gid = cfg
         .socket_group
         .as_deref()
@@ -134,6 +130,7 @@ pub async fn serve(cfg: Config) -> Result<(), ServeError> {
     }
     let cfg = Arc::new(cfg);
     let daemon = start(cfg.clone(), activated)?;
+    let _profile_watch = profiles::watch(daemon.executor.catalog().clone());
     if let Some(listener) = metrics {
         metrics::serve(daemon.clone(), listener);
     }

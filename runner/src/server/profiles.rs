@@ -3,19 +3,17 @@
 //! watch validates each edit as it is made, so a broken one is reported at once (and keeps the
 //! previous version in force, see `sandbox::catalog`).
 
-use std::path::PathBuf;
+use std::sync::Arc;
 
 use tracing::{info, warn};
 
 use crate::dirwatch::DirWatch;
 use crate::sandbox::Catalog;
 
-/// Watches `dir` if it exists; `None` otherwise (the shipped profiles need no watching).
-pub fn watch(dir: PathBuf) -> Option<DirWatch> {
-    if !dir.is_dir() {
-        return None;
-    }
-    let catalog = Catalog::new(Some(dir.clone()));
+/// Watches the catalog's directory if it exists; `None` otherwise (the shipped profiles need
+/// no watching).
+pub fn watch(catalog: Arc<Catalog>) -> Option<DirWatch> {
+    let dir = catalog.dir().filter(|d| d.is_dir())?.to_path_buf();
     for line in catalog.refresh() {
         info!("{line}");
     }

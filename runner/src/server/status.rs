@@ -5,7 +5,6 @@ use std::time::Instant;
 
 use super::Daemon;
 use crate::protocol::{DaemonStatusResult, RpcError, TaskState, ToolSource};
-use crate::sandbox::Catalog;
 
 /// When and how the daemon started, for `daemon.status`.
 #[derive(Debug, Clone)]
@@ -52,7 +51,9 @@ pub fn collect(d: &Daemon, uid: u32) -> Result<DaemonStatusResult, RpcError> {
             name: t.name,
         })
         .collect();
-    let profile_errors = Catalog::new(Catalog::default_dir())
+    let profile_errors = d
+        .executor
+        .catalog()
         .refresh()
         .into_iter()
         .filter(|line| !line.ends_with(": ok"))

@@ -147,6 +147,7 @@ pub fn owner_creds(row: &SessionRow, peer: Option<&Creds>) -> Creds {
 pub fn open(
     registry: &Registry,
     cfg: &Config,
+    catalog: &sandbox::Catalog,
     caller: &Creds,
     p: SessionOpenParams,
 ) -> Result<SessionOpenResult, SessionError> {
@@ -162,12 +163,7 @@ pub fn open(
         .unwrap_or_else(|| cfg.default_profile.clone());
     // Known, valid and enforceable on this host: a session never starts with a profile its
     // runs would be refused under.
-    sandbox::check_profile(
-        &sandbox::Catalog::new(sandbox::Catalog::default_dir()),
-        &profile,
-        uid,
-    )
-    .map_err(|e| match e {
+    sandbox::check_profile(catalog, &profile, uid).map_err(|e| match e {
         sandbox::CallSandboxError::Invalid(m) => SessionError::InvalidParams(m),
         sandbox::CallSandboxError::Unavailable(m) => SessionError::SandboxUnavailable(m),
     })?;

@@ -56,6 +56,7 @@ pub fn root_session(registry: &Registry, session_id: &str) -> String {
 pub fn open_child(
     registry: &Registry,
     cfg: &Config,
+    catalog: &crate::sandbox::Catalog,
     parent: &SessionRow,
     profile: &str,
     task_id: &str,
@@ -72,6 +73,7 @@ pub fn open_child(
     open(
         registry,
         cfg,
+        catalog,
         &owner_creds(parent, None),
         SessionOpenParams {
             session_id: Some(id.clone()),

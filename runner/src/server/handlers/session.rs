@@ -13,8 +13,14 @@ use crate::protocol::{
 use crate::session;
 
 pub(super) fn open(d: &Daemon, peer: &Peer, p: SessionOpenParams) -> Result<Reply, RpcError> {
-    let (registry, cfg) = (d.executor.registry(), d.executor.config());
-    to_value(session::open(registry, cfg, &peer.creds(), p)?)
+    let ex = &d.executor;
+    to_value(session::open(
+        ex.registry(),
+        ex.config(),
+        ex.catalog(),
+        &peer.creds(),
+        p,
+    )?)
 }
 
 /// Closes a session and every session below it: their schedules are disarmed and their
