@@ -17,6 +17,8 @@ mod plan_files;
 mod recover;
 mod spawn;
 mod submit;
+#[cfg(test)]
+mod tests;
 
 use control::stdin_writer;
 use hints::{with_hint, Polling};
