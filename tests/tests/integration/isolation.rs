@@ -1,7 +1,7 @@
 //! Isolation between users (docs/protocol.md): `SO_PEERCRED`; a uid sees and touches only its own
 //! sessions. Needs root (to connect as another uid); skipped otherwise.
 
-use std::os::unix::fs::{chown, PermissionsExt};
+use std::os::unix::fs::chown;
 
 use serde_json::{json, Value};
 use sidejob_tests::{skip_without, Daemon, Need};
@@ -10,20 +10,7 @@ pub(crate) const NOBODY: u32 = 65534;
 
 /// Lets uid `NOBODY` reach the socket (the daemon makes it 0660, root-owned).
 pub(crate) fn open_socket_to_everyone(d: &Daemon) {
-    let mut dir = d.socket.parent();
-    while let Some(p) = dir {
-        let mode = std::fs::metadata(p).expect("stat").permissions().mode();
-        if mode & 0o001 == 0 {
-            std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode | 0o011))
-                .expect("chmod dir");
-        }
-        if p == std::env::temp_dir() || p.parent().is_none() {
-            break;
-        }
-        dir = p.parent();
-    }
-    std::fs::set_permissions(&d.socket, std::fs::Permissions::from_mode(0o666))
-        .expect("chmod socket");
+    d.let_everyone_connect();
 }
 
 /// Runs `sidejob rpc METHOD PARAMS` as `NOBODY`: `Ok(result)` or `Err(stderr)`.
