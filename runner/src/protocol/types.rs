@@ -723,6 +723,10 @@ pub struct DaemonStatusResult {
     pub wakes_pushed: u64,
     /// Resource limits runs hit (`timeout`, `output_cap`, `memory`, …) since the daemon started.
     pub violations: u64,
+    /// Whether the daemon-wide counters (terminal states, `wakes_pushed`, `violations`) were
+    /// given: to root, and to the user an unprivileged daemon serves; zeros to anyone else.
+    #[serde(default)]
+    pub daemon_wide_counters: bool,
 }
 
 /// A tool and the plugin file it was loaded from.

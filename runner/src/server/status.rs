@@ -74,9 +74,9 @@ pub fn collect(d: &Daemon, uid: u32) -> Result<DaemonStatusResult, RpcError> {
     }
     // Terminal states are counted as runs settle (since this daemon started): the registry
     // keeps history, which a counter of "runs by state" should not re-count on every scrape.
-    // These counters are the whole daemon's, so only root sees them: to anyone else they
-    // would tell when other users' runs end.
-    let daemon_wide = uid == 0;
+    // These counters are the whole daemon's, so only root (or the one user of an unprivileged
+    // daemon) sees them: to anyone else they would tell when other users' runs end.
+    let daemon_wide = uid == 0 || uid == crate::sys::getuid();
     if daemon_wide {
         for (state, n) in crate::metrics::settled_counts() {
             tasks.insert(state.as_str().to_owned(), n as u32);
@@ -107,5 +107,6 @@ pub fn collect(d: &Daemon, uid: u32) -> Result<DaemonStatusResult, RpcError> {
         } else {
             0
         },
+        daemon_wide_counters: daemon_wide,
     })
 }

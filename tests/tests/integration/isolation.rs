@@ -163,3 +163,27 @@ fn another_users_requests_get_permission_denied_as_a_json_rpc_error() {
     assert_eq!(c.task(&id)["state"], "running", "root's task is untouched");
     c.ok("task.cancel", json!({"task_id": id, "grace_ms": 100}));
 }
+
+#[test]
+fn daemon_wide_counters_are_roots_and_say_so_to_anyone_else() {
+    if skip_without(&[Need::Root]) {
+        return;
+    }
+    let d = Daemon::start();
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let r = c.bash(&s, "exit 3", json!({"background": true}));
+    let id = r["task_id"].as_str().expect("id").to_owned();
+    c.wait_settled(&id);
+
+    let root = c.ok("daemon.status", json!({}));
+    assert_eq!(root["daemon_wide_counters"], true, "{root}");
+    assert!(root["tasks"]["failed"].as_u64().unwrap_or(0) >= 1, "{root}");
+
+    open_socket_to_everyone(&d);
+    let other = rpc_as_nobody(&d, "daemon.status", json!({})).expect("daemon.status as nobody");
+    assert_eq!(other["daemon_wide_counters"], false, "{other}");
+    assert_eq!(other["tasks"]["failed"].as_u64().unwrap_or(0), 0, "{other}");
+    assert_eq!(other["wakes_pushed"], 0, "{other}");
+    assert_eq!(other["violations"], 0, "{other}");
+}
