@@ -293,18 +293,7 @@ impl Config {
     }
 }
 
-/// Where runs' bridge sockets live: `/run/sidejob-bridge` for root, else
-/// `$XDG_RUNTIME_DIR/sidejob-bridge`, else `/tmp/sidejob-bridge-<uid>`.
-pub fn default_bridge_dir() -> PathBuf {
-    let uid = sys::getuid();
-    if uid == 0 {
-        return PathBuf::from("/run/sidejob-bridge");
-    }
-    match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
-        Some(d) => PathBuf::from(d).join("sidejob-bridge"),
-        None => PathBuf::from(format!("/tmp/sidejob-bridge-{uid}")),
-    }
-}
+pub use crate::run_dir::default_bridge_dir;
 
 /// Formats a TOML error as `line N: message`.
 pub fn describe_toml_error(text: &str, e: &toml::de::Error) -> String {

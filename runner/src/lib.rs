@@ -3,6 +3,7 @@
 pub mod bridge;
 pub mod cli;
 pub mod config;
+pub mod dirwatch;
 pub mod egress;
 pub mod executor;
 pub mod ids;
@@ -18,3 +19,6 @@ pub mod session;
 pub mod supervisor;
 pub mod sys;
 pub mod wake;
+
+#[cfg(test)]
+mod layers;

@@ -16,7 +16,6 @@ use std::path::{Path, PathBuf};
 
 use nix::fcntl::OFlag;
 
-use crate::session::dirs::{open_background, BACKGROUND};
 use crate::supervisor::RunResult;
 use crate::sys::dirfd;
 
@@ -26,6 +25,8 @@ pub const OUTPUT: &str = "output.log";
 pub const RESULT: &str = "result.json";
 /// What a subagent handed over to its parent session, in the public half.
 pub const HANDOVER: &str = "handover.json";
+/// The directory inside a session directory that holds its runs' public halves.
+pub const BACKGROUND: &str = ".background";
 
 /// The supervisor's descriptor 3: the run's public directory, opened by the daemon when it
 /// made it. The supervisor creates `output.log` and `result.json` through it, so nothing done
@@ -189,4 +190,65 @@ pub fn read_result(dir: BorrowedFd<'_>, owner_uid: u32) -> io::Result<Option<Run
     serde_json::from_slice(&bytes)
         .map(Some)
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+/// A run's socket directory, `<bridge dir>/<name>` (its bridge's is the task id, its egress
+/// proxy's `<task_id>.egress`): not in the run directory, whose path can exceed the 108
+/// bytes a socket address holds.
+pub fn socket_dir(name: &str) -> io::Result<PathBuf> {
+    Ok(bridge_dir()?.join(name))
+}
+
+/// [`default_bridge_dir`], created 0711 (the runs' users must reach their
+/// sockets) and refused if it is not the daemon's.
+fn bridge_dir() -> io::Result<PathBuf> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let uid = crate::sys::getuid();
+    let dir = default_bridge_dir();
+    match std::fs::create_dir(&dir) {
+        Ok(()) => std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))?,
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let meta = std::fs::symlink_metadata(&dir)?;
+    if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o022 != 0 {
+        return Err(io::Error::other(format!(
+            "{} is not a directory owned by uid {uid} and writable only by it",
+            dir.display()
+        )));
+    }
+    Ok(dir)
+}
+
+/// Where runs' bridge sockets live: `/run/sidejob-bridge` for root, else
+/// `$XDG_RUNTIME_DIR/sidejob-bridge`, else `/tmp/sidejob-bridge-<uid>`.
+pub fn default_bridge_dir() -> PathBuf {
+    let uid = crate::sys::getuid();
+    if uid == 0 {
+        return PathBuf::from("/run/sidejob-bridge");
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        Some(d) => PathBuf::from(d).join("sidejob-bridge"),
+        None => PathBuf::from(format!("/tmp/sidejob-bridge-{uid}")),
+    }
+}
+
+/// Opens `<session_dir>/.background` for the daemon: no symlink on the way, and the
+/// directory must still be the session owner's (a caller who controls the session directory
+/// can swap things in it, but nothing they swap in can lead the daemon elsewhere).
+pub fn open_background(session_dir: &Path, owner_uid: u32) -> io::Result<OwnedFd> {
+    let dir = dirfd::open_dir(session_dir)?;
+    let bg = dirfd::open_subdir(dir.as_fd(), Path::new(BACKGROUND))?;
+    let st = dirfd::stat_fd(bg.as_fd())?;
+    if st.st_uid != owner_uid {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{}/{BACKGROUND} belongs to uid {}, not to the session's owner (uid {owner_uid})",
+                session_dir.display(),
+                st.st_uid
+            ),
+        ));
+    }
+    Ok(bg)
 }

@@ -329,14 +329,16 @@ pub fn status(socket: &Path, json_out: bool) -> Result<i32> {
         n("awaiting_input"),
         n("scheduled")
     );
-    println!(
-        "since start {} succeeded, {} failed, {} canceled; {} wakes pushed; {} limits hit",
-        n("succeeded"),
-        n("failed"),
-        n("canceled"),
-        s.wakes_pushed,
-        s.violations
-    );
+    if s.daemon_wide_counters {
+        println!(
+            "since start {} succeeded, {} failed, {} canceled; {} wakes pushed; {} limits hit",
+            n("succeeded"),
+            n("failed"),
+            n("canceled"),
+            s.wakes_pushed,
+            s.violations
+        );
+    }
     if s.tools.is_empty() {
         println!("tools      none loaded: install the plugins (see README, \"Install\") or set plugin_dirs");
     }

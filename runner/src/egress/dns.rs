@@ -106,23 +106,14 @@ async fn lookup(run: &Run, q: &hickory_proto::op::Query, resp: &mut Message) -> 
         Ok(a) if !a.is_empty() => a,
         _ => return ResponseCode::NXDomain,
     };
-    let mut first_refusal = None;
-    let allowed: Vec<IpAddr> = addrs
-        .into_iter()
-        .filter(|ip| match run.policy.check_addr(*ip, None) {
-            Ok(()) => true,
-            Err(r) => {
-                first_refusal.get_or_insert(r);
-                false
-            }
-        })
-        .collect();
-    if allowed.is_empty() {
-        if let Some(r) = first_refusal {
+    let allowed = match run.policy.usable_addrs(addrs, None) {
+        Ok(a) => a,
+        Err(Some(r)) => {
             run.refuse(&name, None, r, Via::Dns);
             return ResponseCode::Refused;
         }
-    }
+        Err(None) => Vec::new(),
+    };
     for ip in allowed.into_iter().take(MAX_ANSWERS) {
         let rdata = match (ip, qtype) {
             (IpAddr::V4(v4), RecordType::A | RecordType::ANY) => RData::A(A(v4)),

@@ -205,21 +205,9 @@ impl Run {
                     Ok(a) if !a.is_empty() => a,
                     _ => return Err(refuse(&shown, Refusal::Unresolved)),
                 };
-                let mut first_refusal = None;
-                let allowed: Vec<IpAddr> = resolved
-                    .into_iter()
-                    .filter(|ip| match self.policy.check_addr(*ip, Some(port)) {
-                        Ok(()) => true,
-                        Err(r) => {
-                            first_refusal.get_or_insert(r);
-                            false
-                        }
-                    })
-                    .collect();
-                if allowed.is_empty() {
-                    return Err(refuse(&shown, first_refusal.unwrap_or(Refusal::Unresolved)));
-                }
-                allowed
+                self.policy
+                    .usable_addrs(resolved, Some(port))
+                    .map_err(|r| refuse(&shown, r.unwrap_or(Refusal::Unresolved)))?
             }
         };
         let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");

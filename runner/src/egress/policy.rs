@@ -552,6 +552,31 @@ impl Policy {
         }
     }
 
+    /// The addresses of `addrs` that may be used (on `port`, or on some port), in order; with
+    /// none, the first refusal (`None` when there was no address at all).
+    pub fn usable_addrs(
+        &self,
+        addrs: impl IntoIterator<Item = IpAddr>,
+        port: Option<u16>,
+    ) -> Result<Vec<IpAddr>, Option<Refusal>> {
+        let mut first_refusal = None;
+        let usable: Vec<IpAddr> = addrs
+            .into_iter()
+            .filter(|ip| match self.check_addr(*ip, port) {
+                Ok(()) => true,
+                Err(r) => {
+                    first_refusal.get_or_insert(r);
+                    false
+                }
+            })
+            .collect();
+        if usable.is_empty() {
+            Err(first_refusal)
+        } else {
+            Ok(usable)
+        }
+    }
+
     /// The static address of `name`, if the profile gives one.
     pub fn static_host(&self, name: &str) -> Option<IpAddr> {
         self.hosts.get(name).copied()

@@ -184,8 +184,8 @@ impl Executor {
         grace_ms: Option<u64>,
     ) -> Result<CancelOutcome, ExecError> {
         let grace = grace_ms.unwrap_or(self.cfg.cancel_grace_ms);
-        // Cancelling a subagent cancels everything below it.
-        crate::bridge::subagent::cancel_children(self, task_id);
+        // Cancelling a subagent cancels everything below it (see `RunHooks::canceling`).
+        self.hooks().canceling(self, task_id);
         let mut done = match self.get_live(task_id) {
             Some(live) => live.done.subscribe(),
             None => return Ok(CancelOutcome::AlreadyTerminal),

@@ -32,7 +32,7 @@ pub(super) struct Bound {
 
 /// `<bridge dir>/<task_id>.egress`.
 fn egress_dir(task_id: &str) -> std::io::Result<PathBuf> {
-    crate::bridge::run_bridge_dir(&format!("{task_id}.egress"))
+    crate::run_dir::socket_dir(&format!("{task_id}.egress"))
 }
 
 /// Makes the run's egress directory and binds its socket, both the daemon's alone (0700 and

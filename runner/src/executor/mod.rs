@@ -10,15 +10,21 @@ mod call;
 mod control;
 mod egress;
 mod hints;
+mod hooks;
 mod lanes;
 mod output;
+mod plan_files;
 mod recover;
 mod spawn;
+mod submit;
+#[cfg(test)]
+mod tests;
 
 use control::stdin_writer;
 use hints::{with_hint, Polling};
 use lanes::Lane;
 
+pub use hooks::{HookFuture, RunEnd, RunExtras, RunHooks, RunStart};
 pub use output::{excerpt, page, tail, task_page};
 
 use std::collections::HashMap;
@@ -154,11 +160,7 @@ impl Live {
             state: Mutex::new(LiveState::default()),
             done: watch::channel(false).0,
             stdin_queued: Arc::new(AtomicU64::new(0)),
-            wake: if row.wake == WakeMode::Silent.as_str() {
-                WakeMode::Silent
-            } else {
-                WakeMode::OnTerminal
-            },
+            wake: row.wake,
         })
     }
 
@@ -194,6 +196,8 @@ pub struct Executor {
     registry: Arc<Registry>,
     tools: Arc<ToolHost>,
     spawner: spawn::Spawner,
+    /// The sandbox profiles, for the daemon's life (`profiles_dir`, else the default).
+    catalog: Arc<sandbox::Catalog>,
     live: Mutex<HashMap<String, Arc<Live>>>,
     global: Arc<Semaphore>,
     per_session: Mutex<HashMap<String, Lane>>,
@@ -202,6 +206,8 @@ pub struct Executor {
     /// Each user's output kept in the state directory, once counted (see `check_shares`).
     kept: Mutex<HashMap<u32, u64>>,
     polling: Polling,
+    /// What the layer above hears of each run (set once, before any run starts).
+    hooks: std::sync::OnceLock<Arc<dyn RunHooks>>,
 }
 
 impl Executor {
@@ -211,10 +217,15 @@ impl Executor {
         tools: Arc<ToolHost>,
         exe: PathBuf,
     ) -> Arc<Executor> {
+        let profiles_dir = cfg
+            .profiles_dir
+            .clone()
+            .or_else(sandbox::Catalog::default_dir);
         Arc::new_cyclic(|me| Executor {
             me: me.clone(),
             global: Arc::new(Semaphore::new(cfg.max_running.max(1))),
             spawner: spawn::Spawner::new(exe, cfg.runs_dir()),
+            catalog: Arc::new(sandbox::Catalog::new(profiles_dir)),
             cfg,
             registry,
             tools,
@@ -223,7 +234,28 @@ impl Executor {
             per_user: Mutex::new(HashMap::new()),
             kept: Mutex::new(HashMap::new()),
             polling: Polling::default(),
+            hooks: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Registers the hooks the executor calls as runs start, end and are cancelled. Once,
+    /// before the first run (recovery included); a second call is refused.
+    pub fn set_hooks(&self, hooks: Arc<dyn RunHooks>) -> Result<(), ExecError> {
+        self.hooks
+            .set(hooks)
+            .map_err(|_| ExecError::InvalidState("the executor's run hooks are set already".into()))
+    }
+
+    /// The sandbox profiles this daemon uses.
+    pub fn catalog(&self) -> &Arc<sandbox::Catalog> {
+        &self.catalog
+    }
+
+    fn hooks(&self) -> &dyn RunHooks {
+        match self.hooks.get() {
+            Some(h) => h.as_ref(),
+            None => &hooks::NoHooks,
+        }
     }
 
     pub fn registry(&self) -> &Arc<Registry> {
@@ -250,227 +282,6 @@ impl Executor {
     /// no delivery (unlike `task.wait`).
     pub fn settled_signal(&self, task_id: &str) -> Option<watch::Receiver<bool>> {
         self.get_live(task_id).map(|l| l.done.subscribe())
-    }
-
-    /// Records the task, writes its launch plan and starts driving it. With `foreground`, the
-    /// returned receiver hears how it ends (or that it was moved to the background).
-    pub fn submit(
-        self: &Arc<Self>,
-        req: CallRequest,
-        foreground: bool,
-    ) -> Result<(TaskRow, Option<oneshot::Receiver<FgEvent>>), ExecError> {
-        let tool = self.tools.get(&req.tool).ok_or_else(|| {
-            ExecError::InvalidParams(format!(
-                "unknown tool {:?}; tool.list names the tools there are",
-                req.tool
-            ))
-        })?;
-        self.check_shares(&req.session)?;
-        let task_id = ids::ulid();
-        let workspace = PathBuf::from(&req.session.workspace);
-        let session_dir = PathBuf::from(&req.session.session_dir);
-        let private = PrivateDir::new(&self.cfg.runs_dir(), &task_id);
-        let ceiling = req
-            .ceiling
-            .clone()
-            .unwrap_or_else(|| req.session.profile.clone());
-        let plugin_config = crate::bridge::plugin_config(&self.cfg);
-        let ctx = PlanContext {
-            workspace: &workspace,
-            session_id: &req.session.session_id,
-            task_id: &task_id,
-            session_dir: &session_dir,
-            tmp_dir: &private.files(),
-            profile: &ceiling,
-            depth: crate::bridge::subagent::depth_of(&self.registry, &req.session),
-            config: &plugin_config,
-        };
-        let tool_plan = tool
-            .plan(&req.args, &ctx)
-            .map_err(|e| ExecError::InvalidParams(e.0))?;
-        // The ceiling (the session's profile, or the narrower one of the run that made this
-        // call), or the narrower one the call (or the tool) names, resolved for this run.
-        // The `[subagent]` grants (the agent's configuration and model API hosts) go to the
-        // subagent tool's own run, never to what it starts.
-        let grants = if req.tool == "subagent" && tool_plan.child_session {
-            Some(self.cfg.subagent.grants().map_err(|e| {
-                ExecError::InvalidParams(format!("[subagent] in the daemon's config: {e}"))
-            })?)
-        } else {
-            None
-        };
-        // The agent's profile (`[subagent] profile`, named in the plan) when it narrows the
-        // caller's; a caller under something narrower keeps its own profile for the agent,
-        // with the grants, as before there was an agent profile.
-        let plan_profile = match (&grants, tool_plan.profile.as_deref()) {
-            (Some(_), Some(agent)) if req.profile.is_none() => {
-                match sandbox::narrows(agent, &ceiling, req.session.owner_uid) {
-                    Ok(true) => Some(agent),
-                    Ok(false) => {
-                        info!(profile = agent, ceiling = %ceiling, "the subagent profile is wider than the caller's; the agent runs under the caller's");
-                        None
-                    }
-                    Err(e) => {
-                        return Err(ExecError::InvalidParams(format!(
-                            "[subagent] profile {agent:?}: {e}"
-                        )))
-                    }
-                }
-            }
-            (_, p) => p,
-        };
-        let mut sb = sandbox::for_call(
-            &ceiling,
-            req.profile.as_deref().or(plan_profile),
-            &sandbox::CallFor {
-                workspace: &workspace,
-                session_dir: &session_dir,
-                owner: (req.session.owner_uid, req.session.owner_gid),
-                state_dir: &self.cfg.state_dir,
-                grants: grants.as_ref(),
-            },
-        )
-        .map_err(|e| match e {
-            sandbox::CallSandboxError::Invalid(m) => ExecError::InvalidParams(m),
-            sandbox::CallSandboxError::Unavailable(m) => ExecError::SandboxUnavailable(m),
-        })?;
-        let profile = sb.profile.clone();
-        let owner = (req.session.owner_uid, req.session.owner_gid);
-
-        let io = |step: &'static str, path: &Path| {
-            let path = path.to_path_buf();
-            move |source| ExecError::Io { step, path, source }
-        };
-        private
-            .create()
-            .map_err(io("create the run's private directory", private.path()))?;
-        let public_path = PathBuf::from(run_dir::public_path(&req.session.session_dir, &task_id));
-        let public = run_dir::create_public(&session_dir, owner, &task_id)
-            .map_err(io("create run directory", &public_path));
-        let public = match public {
-            Ok(fd) => fd,
-            Err(e) => {
-                private.remove();
-                return Err(e);
-            }
-        };
-        // Root runs other users' commands as those users, never as root.
-        let (uid, gid) = sandbox::run_ids(sb.run_as, owner);
-        // An allow-list run: its proxy socket, bound now and served once the task is live.
-        let egress = match &mut sb.sandbox.egress {
-            Some(plan) => match egress::bind(&task_id, &private, plan) {
-                Ok(e) => Some(e),
-                Err(e) => {
-                    private.remove();
-                    return Err(e);
-                }
-            },
-            None => None,
-        };
-        let mut env = sb.env;
-        env.push(("SIDEJOB_TASK_ID".into(), task_id.clone()));
-        env.push(("SIDEJOB_SESSION_ID".into(), req.session.session_id.clone()));
-        let cap = sb.timeout_ms.map_or(self.cfg.detached_cap_ms, |t| {
-            t.min(self.cfg.detached_cap_ms)
-        });
-        // The plan's files, child session and bridge (see bridge/).
-        let extras = crate::bridge::prepare(
-            self,
-            &req.session,
-            &profile,
-            (uid, gid),
-            &task_id,
-            &private,
-            &tool_plan,
-        )?;
-        env.extend(tool_plan.env);
-        env.extend(extras.env.iter().cloned());
-        let plan = LaunchPlan {
-            task_id: task_id.clone(),
-            session_id: req.session.session_id.clone(),
-            tool: req.tool.clone(),
-            profile: profile.clone(),
-            argv: tool_plan.argv,
-            env,
-            cwd: tool_plan.cwd,
-            run_dir: private.path().to_path_buf(),
-            output_dir: public_path.clone(),
-            output_owner: Some(owner),
-            caller: Some(req.owner.clone()),
-            uid,
-            gid,
-            timeout_ms: Some(req.timeout_ms.map_or(cap, |t| t.min(cap))),
-            kill_grace_ms: sb.kill_grace_ms.unwrap_or(self.cfg.cancel_grace_ms),
-            max_output_bytes: sb.max_output_bytes.map_or(self.cfg.max_output_bytes, |m| {
-                m.min(self.cfg.max_output_bytes)
-            }),
-            tee_stdout: false,
-            bridge_socket: extras.bridge_socket.clone(),
-            sandbox: extras.with_files_mount(sb.sandbox),
-        };
-        let plan_bytes = serde_json::to_vec_pretty(&plan)
-            .map_err(|e| ExecError::InvalidParams(e.to_string()))?;
-        std::fs::write(private.plan(), plan_bytes)
-            .map_err(io("write launch plan", &private.plan()))?;
-
-        let row = TaskRow {
-            mode: if foreground {
-                "foreground"
-            } else {
-                "background"
-            }
-            .into(),
-            run_dir: public_path.display().to_string(),
-            service: req.service || tool_plan.service,
-            parent_task_id: req.parent_task_id.clone(),
-            timeout_ms: req.timeout_ms,
-            stdin: req.stdin,
-            wake: req.wake.as_str().into(),
-            occurrence_key: req.occurrence_key.clone(),
-            profile,
-            run_uid: uid,
-            run_gid: gid,
-            bridge_session_id: extras.bridge_session_id(),
-            ..TaskRow::new(
-                task_id.clone(),
-                &req.session,
-                req.tool.clone(),
-                TaskKind::Call,
-                tool_plan.summary,
-                req.args.to_string(),
-            )
-        };
-        self.registry.insert_task(&row)?;
-        let live = Live::new(&row, private, Some(public));
-        let rx = foreground.then(|| {
-            let (tx, rx) = oneshot::channel();
-            live.lock().fg = Some(tx);
-            rx
-        });
-        self.live_map().insert(task_id.clone(), live.clone());
-        extras.serve(self);
-        if let Some(e) = egress {
-            self.serve_egress(e);
-        }
-        // A piped stdin exists from submission on, so messages to a queued task wait in the
-        // pipe for the command to start.
-        let stdin_pipe = match req.stdin {
-            StdinMode::Pipe => {
-                let io = |source| ExecError::Io {
-                    step: "create stdin pipe for",
-                    path: public_path.clone(),
-                    source,
-                };
-                let (r, w) = sys::pipe().map_err(io)?;
-                live.lock().stdin = Some(stdin_writer(w, live.stdin_queued.clone()).map_err(io)?);
-                Some(r)
-            }
-            StdinMode::Null => None,
-        };
-        // Start at once when there is a free slot, so the task is `running` by the time the
-        // call returns; otherwise it waits as `queued`.
-        self.start_or_queue(live, stdin_pipe);
-        Ok((row, rx))
     }
 
     /// Refuses a call its session's owner has no share left for: too many calls waiting, or
@@ -565,7 +376,7 @@ impl Executor {
         })?;
         let stdin_read = match stdin_pipe {
             Some(r) => Some(r),
-            // A plugin's plan may give the command fixed stdin (bridge::prepare).
+            // A plugin's plan may give the command fixed stdin (plan_files.rs).
             None => std::fs::File::open(live.private.stdin())
                 .ok()
                 .map(OwnedFd::from),
@@ -665,15 +476,14 @@ impl Executor {
 
     /// Settles a run whose outcome is known.
     async fn settle_run(&self, live: &Arc<Live>, settlement: Settlement) {
-        // A subagent waits for its child session's tasks first (bridge/subagent.rs).
-        crate::bridge::subagent::finish(
-            self,
-            &live.task_id,
-            &live.session_id,
-            live.public.as_ref().map(|f| f.as_fd()),
-            CancelRequest::requested(&live.private),
-        )
-        .await;
+        // A subagent waits for its child session's tasks first (see `RunHooks::ending`).
+        let end = RunEnd {
+            task_id: &live.task_id,
+            session_id: &live.session_id,
+            public: live.public.as_ref().map(|f| f.as_fd()),
+            canceled: CancelRequest::requested(&live.private),
+        };
+        self.hooks().ending(self, end).await;
         self.settle_and_finish(live, live.lock(), settlement);
     }
 
@@ -891,22 +701,7 @@ async fn read_report(pipe: &AsyncFd<OwnedFd>, pidfd: &AsyncFd<OwnedFd>) -> Optio
 }
 
 pub(crate) fn settlement_from_result(r: &RunResult) -> Settlement {
-    crate::metrics::violations_seen(r.violations.len());
-    Settlement {
-        state: r.state,
-        reason: r.reason,
-        exit_code: r.exit_code,
-        signal: r.signal,
-        ended_at: r.ended_at.clone(),
-        started_at: Some(r.started_at.clone()),
-        duration_ms: Some(r.duration_ms),
-        output_bytes: Some(r.output_bytes),
-        output_truncated: Some(r.output_truncated),
-        leftover_processes: Some(r.leftover_processes),
-        error: r.error.clone(),
-        delivery: Delivery::Pending,
-        violations: crate::supervisor::result::summary(&r.violations),
-    }
+    Settlement::from_result(r)
 }
 
 pub(crate) fn lost_settlement(reason: FailReason, error: String) -> Settlement {

@@ -222,7 +222,7 @@ pub struct ToolHost {
     errors: Mutex<Vec<String>>,
     /// Serialises reloads (start-up and the watcher).
     reloading: Mutex<()>,
-    watcher: Mutex<Option<watch::Watcher>>,
+    watcher: Mutex<Option<crate::dirwatch::DirWatch>>,
     /// Bumped whenever a reload changes the tools offered (names, schemas, descriptions), so
     /// listeners above (MCP's `tools/list_changed`) hear of it without polling.
     changed: tokio::sync::watch::Sender<u64>,
@@ -279,7 +279,7 @@ impl ToolHost {
             .filter(|d| d.path.is_dir())
             .map(|d| (d.path.clone(), d.shipped_only))
             .collect();
-        match watch::Watcher::start(Arc::downgrade(&host), &watched) {
+        match watch::start(Arc::downgrade(&host), &watched) {
             Ok(w) => *host.watcher.lock().unwrap_or_else(|e| e.into_inner()) = Some(w),
             Err(e) => warn!("plugin hot reload is off: cannot watch the plugin directories: {e}"),
         }

@@ -279,6 +279,15 @@ pub struct ToolListResult {
     pub plugin_errors: Vec<String>,
 }
 
+/// Whether a `tool.call` is still blocked on its task (the registry's `mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskMode {
+    Foreground,
+    #[default]
+    Background,
+}
+
 /// How the command's stdin is wired.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
@@ -714,6 +723,10 @@ pub struct DaemonStatusResult {
     pub wakes_pushed: u64,
     /// Resource limits runs hit (`timeout`, `output_cap`, `memory`, …) since the daemon started.
     pub violations: u64,
+    /// Whether the daemon-wide counters (terminal states, `wakes_pushed`, `violations`) were
+    /// given: to root, and to the user an unprivileged daemon serves; zeros to anyone else.
+    #[serde(default)]
+    pub daemon_wide_counters: bool,
 }
 
 /// A tool and the plugin file it was loaded from.

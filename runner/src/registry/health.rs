@@ -206,7 +206,7 @@ pub fn rebuild(state_dir: &Path, sessions_dir: &Path) -> Result<Rebuilt> {
         }
         use std::os::unix::fs::MetadataExt;
         let mut results = Vec::new();
-        if let Ok(runs) = std::fs::read_dir(dir.join(crate::session::dirs::BACKGROUND)) {
+        if let Ok(runs) = std::fs::read_dir(dir.join(crate::run_dir::BACKGROUND)) {
             for r in runs.flatten() {
                 let task_id = r.file_name().to_string_lossy().into_owned();
                 if !crate::ids::is_valid_task_id(&task_id) {
@@ -261,7 +261,7 @@ pub fn rebuild(state_dir: &Path, sessions_dir: &Path) -> Result<Rebuilt> {
             registry.insert_task(&row)?;
             let settlement = Settlement {
                 delivery: Delivery::Pending,
-                ..crate::executor::settlement_from_result(&res)
+                ..Settlement::from_result(&res)
             };
             // Whether it was delivered is not on disk: `pending`, so a `task.wait` can still
             // take it.

@@ -4,7 +4,9 @@ use rusqlite::Row;
 use serde_json::{Map, Value};
 
 use super::{obj, RegistryError};
-use crate::protocol::{Delivery, FailReason, SessionInfo, StdinMode, Task, TaskKind, TaskState};
+use crate::protocol::{
+    Delivery, FailReason, SessionInfo, StdinMode, Task, TaskKind, TaskMode, TaskState, WakeMode,
+};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct SessionRow {
@@ -85,7 +87,7 @@ pub struct TaskRow {
     pub kind: TaskKind,
     pub state: TaskState,
     /// `foreground` while a `tool.call` blocks on it, else `background`.
-    pub mode: String,
+    pub mode: TaskMode,
     pub reason: Option<FailReason>,
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,
@@ -108,8 +110,8 @@ pub struct TaskRow {
     pub output_truncated: Option<bool>,
     pub leftover_processes: Option<u32>,
     pub error: Option<String>,
-    /// `on_terminal` (a background completion wakes the host) or `silent`.
-    pub wake: String,
+    /// Whether a background completion wakes the host.
+    pub wake: WakeMode,
     /// For runs started by a schedule: `<schedule_id>:<occurrence>`, unique.
     pub occurrence_key: Option<String>,
     /// The session owner's group (files of the run are handed to `owner_uid:owner_gid`).
@@ -138,6 +140,8 @@ impl TaskRow {
             reason: r.get("reason")?,
             delivery: r.get("delivery")?,
             stdin: r.get("stdin")?,
+            mode: r.get("mode")?,
+            wake: r.get("wake")?,
             row: TaskRow {
                 task_id: r.get("task_id")?,
                 session_id: r.get("session_id")?,
@@ -145,7 +149,7 @@ impl TaskRow {
                 tool: r.get("tool")?,
                 kind: TaskKind::Call,
                 state: TaskState::Queued,
-                mode: r.get("mode")?,
+                mode: TaskMode::Background,
                 reason: None,
                 exit_code: r.get("exit_code")?,
                 signal: r.get("signal")?,
@@ -168,7 +172,7 @@ impl TaskRow {
                 output_truncated: r.get("output_truncated")?,
                 leftover_processes: r.get("leftover_processes")?,
                 error: r.get("error")?,
-                wake: r.get("wake")?,
+                wake: WakeMode::OnTerminal,
                 occurrence_key: r.get("occurrence_key")?,
                 owner_gid: r.get("owner_gid")?,
                 run_uid: r.get("run_uid")?,
@@ -182,9 +186,7 @@ impl TaskRow {
 
     pub fn check(raw: RawTask) -> Result<TaskRow, RegistryError> {
         let mut row = raw.row;
-        row.kind = parse_enum("kind", &raw.kind, |s| {
-            serde_json::from_value(Value::String(s.into())).ok()
-        })?;
+        row.kind = parse_enum("kind", &raw.kind, serde_enum)?;
         row.state = parse_enum("state", &raw.state, TaskState::parse)?;
         row.reason = raw
             .reason
@@ -196,9 +198,9 @@ impl TaskRow {
             .as_deref()
             .map(|s| parse_enum("delivery", s, Delivery::parse))
             .transpose()?;
-        row.stdin = parse_enum("stdin", &raw.stdin, |s| {
-            serde_json::from_value(Value::String(s.into())).ok()
-        })?;
+        row.stdin = parse_enum("stdin", &raw.stdin, serde_enum)?;
+        row.mode = parse_enum("mode", &raw.mode, serde_enum)?;
+        row.wake = parse_enum("wake", &raw.wake, serde_enum)?;
         Ok(row)
     }
 
@@ -210,7 +212,7 @@ impl TaskRow {
             ("tool", self.tool.clone().into()),
             ("kind", enum_json(&self.kind)),
             ("state", self.state.as_str().into()),
-            ("mode", self.mode.clone().into()),
+            ("mode", enum_json(&self.mode)),
             ("reason", self.reason.map(|r| r.as_str()).into()),
             ("exit_code", self.exit_code.into()),
             ("signal", self.signal.into()),
@@ -233,7 +235,7 @@ impl TaskRow {
             ("output_truncated", self.output_truncated.into()),
             ("leftover_processes", self.leftover_processes.into()),
             ("error", self.error.clone().into()),
-            ("wake", self.wake.clone().into()),
+            ("wake", enum_json(&self.wake)),
             ("occurrence_key", self.occurrence_key.clone().into()),
             ("owner_gid", self.owner_gid.into()),
             ("run_uid", self.run_uid.into()),
@@ -266,7 +268,7 @@ impl TaskRow {
             tool,
             kind,
             state,
-            mode: "background".into(),
+            mode: TaskMode::Background,
             reason: None,
             exit_code: None,
             signal: None,
@@ -288,7 +290,7 @@ impl TaskRow {
             output_truncated: None,
             leftover_processes: None,
             error: None,
-            wake: crate::protocol::WakeMode::OnTerminal.as_str().into(),
+            wake: WakeMode::OnTerminal,
             occurrence_key: None,
             owner_gid: session.owner_gid,
             run_uid: None,
@@ -345,6 +347,13 @@ pub struct RawTask {
     reason: Option<String>,
     delivery: Option<String>,
     stdin: String,
+    mode: String,
+    wake: String,
+}
+
+/// A small serde enum from its JSON string.
+fn serde_enum<T: serde::de::DeserializeOwned>(s: &str) -> Option<T> {
+    serde_json::from_value(Value::String(s.into())).ok()
 }
 
 /// A small serde enum as its JSON string.
@@ -372,6 +381,26 @@ pub struct Settlement {
 }
 
 impl Settlement {
+    /// What a run's `result.json` says, to be recorded (delivery still to be decided).
+    pub fn from_result(r: &crate::supervisor::RunResult) -> Settlement {
+        crate::metrics::violations_seen(r.violations.len());
+        Settlement {
+            state: r.state,
+            reason: r.reason,
+            exit_code: r.exit_code,
+            signal: r.signal,
+            ended_at: r.ended_at.clone(),
+            started_at: Some(r.started_at.clone()),
+            duration_ms: Some(r.duration_ms),
+            output_bytes: Some(r.output_bytes),
+            output_truncated: Some(r.output_truncated),
+            leftover_processes: Some(r.leftover_processes),
+            error: r.error.clone(),
+            delivery: Delivery::Pending,
+            violations: crate::supervisor::result::summary(&r.violations),
+        }
+    }
+
     pub fn to_patch(&self) -> Map<String, Value> {
         let mut patch = obj([
             ("state", self.state.as_str().into()),

@@ -6,15 +6,21 @@
 //! daemon's user could have written: opened by descriptor without following symlinks, the file
 //! and every directory above it checked (`sys::fs`, the same rule as plugins). A file that
 //! fails the rule, like one that does not validate, leaves the last valid version in force.
+//!
+//! The daemon owns one catalog for its life (`Executor::catalog`): it keeps the last valid
+//! version of each on-disk profile, and each file's checked layer by its text, so a call
+//! reads the files again (trust is checked every time, an edit applies at once) but parses
+//! and checks only what changed.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 
 use tracing::{info, warn};
 
+use super::layer::Layer;
 use super::profile::{self, Profile, ProfileError};
 use crate::sys::fs::{Refusal, TrustedDir};
 
@@ -69,10 +75,17 @@ pub enum CatalogError {
 }
 
 /// The profiles a daemon or `sidejob exec` can use.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub struct Catalog {
     dir: Option<PathBuf>,
+    /// The last version of each on-disk profile that validated, by path.
+    last_good: Mutex<HashMap<PathBuf, Profile>>,
+    /// Each file's parsed and checked layer, by file name and text.
+    layers: Mutex<HashMap<(String, String), Layer>>,
 }
+
+/// More distinct texts than this and the memo of layers starts again (edits pile up).
+const MAX_LAYERS: usize = 256;
 
 fn valid_name(name: &str) -> bool {
     !name.is_empty()
@@ -85,16 +98,21 @@ fn valid_name(name: &str) -> bool {
 impl Catalog {
     /// `dir`: the on-disk profile directory, if any (it need not exist).
     pub fn new(dir: Option<PathBuf>) -> Catalog {
-        Catalog { dir }
+        Catalog {
+            dir,
+            ..Catalog::default()
+        }
+    }
+
+    /// The on-disk profile directory, if any.
+    pub fn dir(&self) -> Option<&Path> {
+        self.dir.as_deref()
     }
 
     /// The profile directory used when none is configured: `$SIDEJOB_PROFILES_DIR`, else
     /// `/etc/sidejob/sandbox-profiles` for root, else
     /// `$XDG_CONFIG_HOME/sidejob/sandbox-profiles` (or `~/.config/...`).
     pub fn default_dir() -> Option<PathBuf> {
-        if let Some(dir) = CONFIGURED_DIR.get() {
-            return Some(dir.clone());
-        }
         if let Some(p) = std::env::var_os("SIDEJOB_PROFILES_DIR").filter(|p| !p.is_empty()) {
             return Some(PathBuf::from(p));
         }
@@ -124,10 +142,10 @@ impl Catalog {
             match read_trusted(dir, &format!("{name}.toml")) {
                 Ok(Some(text)) => {
                     let built = self.build(name, &path.display().to_string(), &text, chain);
-                    return keep_last_good(name, &path, built);
+                    return self.keep_last_good(name, &path, built);
                 }
                 Ok(None) => {}
-                Err(e) => return keep_last_good(name, &path, Err(e)),
+                Err(e) => return self.keep_last_good(name, &path, Err(e)),
             }
         }
         match SHIPPED.iter().find(|(n, _)| *n == name) {
@@ -147,7 +165,7 @@ impl Catalog {
         text: &str,
         chain: &mut Vec<String>,
     ) -> Result<Profile, CatalogError> {
-        let layer = profile::parse(file, text)?.layer(file, text)?;
+        let layer = self.layer(file, text)?;
         let Some((parent, line)) = layer.extends.clone() else {
             return Ok(layer.onto(Profile::empty(name), name));
         };
@@ -177,6 +195,21 @@ impl Catalog {
             other => other,
         })?;
         Ok(layer.onto(base, name))
+    }
+
+    /// The checked layer of `file` holding `text`, parsed once per distinct text.
+    fn layer(&self, file: &str, text: &str) -> Result<Layer, ProfileError> {
+        let key = (file.to_owned(), text.to_owned());
+        if let Some(l) = lock(&self.layers).get(&key) {
+            return Ok(l.clone());
+        }
+        let layer = profile::parse(file, text)?.layer(file, text)?;
+        let mut memo = lock(&self.layers);
+        if memo.len() >= MAX_LAYERS {
+            memo.clear();
+        }
+        memo.insert(key, layer.clone());
+        Ok(layer)
     }
 
     /// A profile from a file (`sidejob exec --profile ./mine.toml`); named after the file. It
@@ -219,12 +252,6 @@ impl Catalog {
         names
     }
 
-    /// Sets the profile directory for this process (the daemon's `profiles_dir`); call it
-    /// once, before profiles are looked up. Later calls are ignored.
-    pub fn configure_dir(dir: PathBuf) {
-        let _ = CONFIGURED_DIR.set(dir);
-    }
-
     /// Loads every on-disk profile now, so an edit is validated (and logged) when it is made,
     /// not when a run first needs it. Returns one line per profile.
     pub fn refresh(&self) -> Vec<String> {
@@ -246,19 +273,45 @@ impl Catalog {
         out
     }
 
+    /// An on-disk profile that did not load (refused, unreadable, or invalid — its own file or a
+    /// profile it extends): the last version that loaded stays in force, with a warning that
+    /// says why; a profile never loaded is an error. One that loads becomes the last good one.
+    fn keep_last_good(
+        &self,
+        name: &str,
+        path: &Path,
+        built: Result<Profile, CatalogError>,
+    ) -> Result<Profile, CatalogError> {
+        let mut cache = lock(&self.last_good);
+        match built {
+            Ok(p) => {
+                if cache.get(path).is_some_and(|old| old != &p) {
+                    info!(profile = name, path = %path.display(), "profile changed: the new version is in force");
+                }
+                cache.insert(path.to_path_buf(), p.clone());
+                Ok(p)
+            }
+            Err(e) => match cache.get(path) {
+                Some(previous) => {
+                    warn!(
+                        profile = name,
+                        "{e}; keeping the previous version until it is fixed"
+                    );
+                    Ok(previous.clone())
+                }
+                None => Err(e),
+            },
+        }
+    }
+
     /// The shipped profiles' names and texts (for `sidejob doctor` and tests).
     pub fn shipped() -> &'static [(&'static str, &'static str)] {
         SHIPPED
     }
 }
 
-/// The profile directory the daemon was configured with, if any.
-static CONFIGURED_DIR: OnceLock<PathBuf> = OnceLock::new();
-
-/// The last version of each on-disk profile that validated, by path.
-fn last_good() -> &'static Mutex<HashMap<PathBuf, Profile>> {
-    static LAST_GOOD: OnceLock<Mutex<HashMap<PathBuf, Profile>>> = OnceLock::new();
-    LAST_GOOD.get_or_init(Default::default)
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Reads `dir/file` by descriptor, checked like a plugin (see `sys::fs`): no symlink on the
@@ -289,36 +342,6 @@ fn read_trusted(dir: &Path, file: &str) -> Result<Option<String>, CatalogError> 
     Ok(Some(text))
 }
 
-/// An on-disk profile that did not load (refused, unreadable, or invalid — its own file or a
-/// profile it extends): the last version that loaded stays in force, with a warning that
-/// says why; a profile never loaded is an error. One that loads becomes the last good one.
-fn keep_last_good(
-    name: &str,
-    path: &Path,
-    built: Result<Profile, CatalogError>,
-) -> Result<Profile, CatalogError> {
-    let mut cache = last_good().lock().unwrap_or_else(|e| e.into_inner());
-    match built {
-        Ok(p) => {
-            if cache.get(path).is_some_and(|old| old != &p) {
-                info!(profile = name, path = %path.display(), "profile changed: the new version is in force");
-            }
-            cache.insert(path.to_path_buf(), p.clone());
-            Ok(p)
-        }
-        Err(e) => match cache.get(path) {
-            Some(previous) => {
-                warn!(
-                    profile = name,
-                    "{e}; keeping the previous version until it is fixed"
-                );
-                Ok(previous.clone())
-            }
-            None => Err(e),
-        },
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -332,6 +355,23 @@ mod tests {
         }
         assert!(matches!(c.get("nope"), Err(CatalogError::Unknown { .. })));
         assert!(matches!(c.get("../etc"), Err(CatalogError::BadName(_))));
+    }
+
+    #[test]
+    fn each_text_is_parsed_once_and_an_edit_is_parsed_again() {
+        let dir = std::env::temp_dir().join(format!("sidejob-catalog-memo-{}", crate::ids::ulid()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let c = Catalog::new(Some(dir.clone()));
+        let memo = |c: &Catalog| lock(&c.layers).len();
+        c.get("rust").unwrap();
+        let chain = memo(&c);
+        assert!(chain >= 3, "rust extends ci-net, which extends ci: {chain}");
+        c.get("rust").unwrap();
+        assert_eq!(memo(&c), chain, "the same texts are not parsed again");
+        std::fs::write(dir.join("ci.toml"), "description = \"mine\"\n").unwrap();
+        assert_eq!(c.get("ci").unwrap().description, "mine");
+        assert_eq!(memo(&c), chain + 1, "the edited file is parsed");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -240,10 +240,14 @@ pub fn check_profile(
 }
 
 /// Is profile `name` no wider than `ceiling` (both from the catalog)?
-pub fn narrows(name: &str, ceiling: &str, owner_uid: u32) -> Result<bool, CallSandboxError> {
-    let catalog = Catalog::new(Catalog::default_dir());
-    let p = check_profile(&catalog, name, owner_uid)?;
-    let c = check_profile(&catalog, ceiling, owner_uid)?;
+pub fn narrows(
+    catalog: &Catalog,
+    name: &str,
+    ceiling: &str,
+    owner_uid: u32,
+) -> Result<bool, CallSandboxError> {
+    let p = check_profile(catalog, name, owner_uid)?;
+    let c = check_profile(catalog, ceiling, owner_uid)?;
     Ok(p.name == c.name || p.check_narrows(&c).is_ok())
 }
 
@@ -264,16 +268,16 @@ pub struct CallFor<'a> {
 /// `{home}` is the session owner's home from the password database; the profile's caches are
 /// made for the user the run runs as.
 pub fn for_call(
+    catalog: &Catalog,
     session_profile: &str,
     call_profile: Option<&str>,
     run: &CallFor<'_>,
 ) -> Result<CallSandbox, CallSandboxError> {
     let owner_uid = run.owner.0;
-    let catalog = Catalog::new(Catalog::default_dir());
-    let session = check_profile(&catalog, session_profile, owner_uid)?;
+    let session = check_profile(catalog, session_profile, owner_uid)?;
     let mut profile = match call_profile {
         Some(name) if name != session.name => {
-            let p = check_profile(&catalog, name, owner_uid)?;
+            let p = check_profile(catalog, name, owner_uid)?;
             p.check_narrows(&session).map_err(|m| {
                 CallSandboxError::Invalid(format!(
                     "{m}; a call may only narrow its session's profile"

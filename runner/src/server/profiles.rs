@@ -1,82 +1,38 @@
-//! Hot reload of sandbox profiles: a `notify` watch on the profile directory. Profiles are read
-//! when a run needs them, so an edit takes effect without a restart; the watch validates each
-//! edit as it is made, so a broken one is reported at once (and keeps the previous version in
-//! force, see `sandbox::catalog`).
+//! Hot reload of sandbox profiles: a debounced watch (`dirwatch`) on the profile directory.
+//! Profiles are read when a run needs them, so an edit takes effect without a restart; the
+//! watch validates each edit as it is made, so a broken one is reported at once (and keeps the
+//! previous version in force, see `sandbox::catalog`).
 
-use std::path::PathBuf;
-use std::sync::mpsc;
-use std::time::Duration;
+use std::sync::Arc;
 
-use notify::{EventKind, RecursiveMode, Watcher as _};
 use tracing::{info, warn};
 
+use crate::dirwatch::DirWatch;
 use crate::sandbox::Catalog;
 
-const DEBOUNCE: Duration = Duration::from_millis(300);
-
-/// Keeps the watch alive; dropping it stops it.
-pub struct ProfileWatch {
-    _inner: notify::RecommendedWatcher,
-}
-
-/// Watches `dir` if it exists; `None` otherwise (the shipped profiles need no watching).
-pub fn watch(dir: PathBuf) -> Option<ProfileWatch> {
-    if !dir.is_dir() {
-        return None;
-    }
-    let catalog = Catalog::new(Some(dir.clone()));
+/// Watches the catalog's directory if it exists; `None` otherwise (the shipped profiles need
+/// no watching).
+pub fn watch(catalog: Arc<Catalog>) -> Option<DirWatch> {
+    let dir = catalog.dir().filter(|d| d.is_dir())?.to_path_buf();
     for line in catalog.refresh() {
         info!("{line}");
     }
-    let (tx, rx) = mpsc::channel::<()>();
-    let watched = dir.clone();
-    let mut inner =
-        notify::recommended_watcher(move |ev: notify::Result<notify::Event>| match ev {
-            Ok(ev) => {
-                // A profile, or the directory itself (a chmod or chown of it changes whether
-                // any profile in it is trusted).
-                let relevant = matches!(
-                    ev.kind,
-                    EventKind::Create(_) | EventKind::Modify(_) | EventKind::Remove(_)
-                ) && ev
-                    .paths
-                    .iter()
-                    .any(|p| p.extension().is_some_and(|e| e == "toml") || *p == watched);
-                if relevant {
-                    let _ = tx.send(());
+    let started = DirWatch::start(
+        "profile-reload",
+        std::slice::from_ref(&dir),
+        |p| p.extension().is_some_and(|e| e == "toml"),
+        move || {
+            for line in catalog.refresh() {
+                if line.ends_with(": ok") {
+                    info!("{line}");
+                } else {
+                    warn!("{line}");
                 }
             }
-            Err(e) => warn!("profile watch: {e}"),
-        })
+            true
+        },
+    );
+    started
         .map_err(|e| warn!("cannot watch {}: {e}", dir.display()))
-        .ok()?;
-    if let Err(e) = inner.watch(&dir, RecursiveMode::NonRecursive) {
-        warn!("cannot watch {}: {e}", dir.display());
-        return None;
-    }
-    let spawned = std::thread::Builder::new()
-        .name("profile-reload".into())
-        .spawn(move || {
-            while rx.recv().is_ok() {
-                loop {
-                    match rx.recv_timeout(DEBOUNCE) {
-                        Ok(()) => continue,
-                        Err(mpsc::RecvTimeoutError::Timeout) => break,
-                        Err(mpsc::RecvTimeoutError::Disconnected) => return,
-                    }
-                }
-                for line in catalog.refresh() {
-                    if line.ends_with(": ok") {
-                        info!("{line}");
-                    } else {
-                        warn!("{line}");
-                    }
-                }
-            }
-        });
-    if let Err(e) = spawned {
-        warn!("cannot start the profile watch: {e}");
-        return None;
-    }
-    Some(ProfileWatch { _inner: inner })
+        .ok()
 }

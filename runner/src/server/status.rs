@@ -3,12 +3,8 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use serde_json::Value;
-
-use super::dispatch::{params, to_value, Reply};
-use super::{Daemon, Peer};
-use crate::protocol::{DaemonStatusParams, DaemonStatusResult, RpcError, TaskState, ToolSource};
-use crate::sandbox::Catalog;
+use super::Daemon;
+use crate::protocol::{DaemonStatusResult, RpcError, TaskState, ToolSource};
 
 /// When and how the daemon started, for `daemon.status`.
 #[derive(Debug, Clone)]
@@ -39,11 +35,6 @@ const ALL_STATES: [TaskState; 7] = [
     TaskState::Canceled,
 ];
 
-pub fn daemon_status(d: &Daemon, peer: &Peer, p: Value) -> Result<Reply, RpcError> {
-    let _: DaemonStatusParams = params("daemon.status", p)?;
-    to_value(collect(d, peer.uid)?)
-}
-
 /// The status as `uid` may see it (root: every session).
 pub fn collect(d: &Daemon, uid: u32) -> Result<DaemonStatusResult, RpcError> {
     let cfg = d.executor.config();
@@ -60,7 +51,9 @@ pub fn collect(d: &Daemon, uid: u32) -> Result<DaemonStatusResult, RpcError> {
             name: t.name,
         })
         .collect();
-    let profile_errors = Catalog::new(Catalog::default_dir())
+    let profile_errors = d
+        .executor
+        .catalog()
         .refresh()
         .into_iter()
         .filter(|line| !line.ends_with(": ok"))
@@ -81,9 +74,9 @@ pub fn collect(d: &Daemon, uid: u32) -> Result<DaemonStatusResult, RpcError> {
     }
     // Terminal states are counted as runs settle (since this daemon started): the registry
     // keeps history, which a counter of "runs by state" should not re-count on every scrape.
-    // These counters are the whole daemon's, so only root sees them: to anyone else they
-    // would tell when other users' runs end.
-    let daemon_wide = uid == 0;
+    // These counters are the whole daemon's, so only root (or the one user of an unprivileged
+    // daemon) sees them: to anyone else they would tell when other users' runs end.
+    let daemon_wide = uid == 0 || uid == crate::sys::getuid();
     if daemon_wide {
         for (state, n) in crate::metrics::settled_counts() {
             tasks.insert(state.as_str().to_owned(), n as u32);
@@ -114,5 +107,6 @@ pub fn collect(d: &Daemon, uid: u32) -> Result<DaemonStatusResult, RpcError> {
         } else {
             0
         },
+        daemon_wide_counters: daemon_wide,
     })
 }

@@ -14,15 +14,14 @@
 //!   handed to the caller (mode 0700).
 
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::path::{Component, Path, PathBuf};
 
 use super::SessionError;
 use crate::config::Config;
 use crate::sys::dirfd::{self, Creds};
 
-/// The directory inside a session directory that holds its runs.
-pub const BACKGROUND: &str = ".background";
+pub use crate::run_dir::BACKGROUND;
 
 fn invalid(msg: String) -> SessionError {
     SessionError::InvalidParams(msg)
@@ -194,24 +193,4 @@ fn daemons_session_dir(
     }
     dirfd::ensure_subdir(fd.as_fd(), BACKGROUND, 0o700, Some(owner)).map_err(fail)?;
     Ok(sessions.join(session_id))
-}
-
-/// Opens `<session_dir>/.background` for the daemon: no symlink on the way, and the
-/// directory must still be the session owner's (a caller who controls the session directory
-/// can swap things in it, but nothing they swap in can lead the daemon elsewhere).
-pub fn open_background(session_dir: &Path, owner_uid: u32) -> io::Result<OwnedFd> {
-    let dir = dirfd::open_dir(session_dir)?;
-    let bg = dirfd::open_subdir(dir.as_fd(), Path::new(BACKGROUND))?;
-    let st = dirfd::stat_fd(bg.as_fd())?;
-    if st.st_uid != owner_uid {
-        return Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            format!(
-                "{}/{BACKGROUND} belongs to uid {}, not to the session's owner (uid {owner_uid})",
-                session_dir.display(),
-                st.st_uid
-            ),
-        ));
-    }
-    Ok(bg)
 }

@@ -6,6 +6,9 @@
 //! when it asks to (`adopt: true`), and then as that user, never as root.
 
 pub mod dirs;
+mod tree;
+
+pub use tree::{child_session_id, depth_of, open_child, root_session, with_descendants, MAX_DEPTH};
 
 use std::path::PathBuf;
 
@@ -144,23 +147,23 @@ pub fn owner_creds(row: &SessionRow, peer: Option<&Creds>) -> Creds {
 pub fn open(
     registry: &Registry,
     cfg: &Config,
+    catalog: &sandbox::Catalog,
     caller: &Creds,
     p: SessionOpenParams,
 ) -> Result<SessionOpenResult, SessionError> {
     let uid = caller.uid;
     let session_id = p
         .session_id
+        .clone()
         .unwrap_or_else(|| format!("s-{}", ids::ulid().to_ascii_lowercase()));
     check_id(&session_id)?;
-    let profile = p.profile.unwrap_or_else(|| cfg.default_profile.clone());
+    let profile = p
+        .profile
+        .clone()
+        .unwrap_or_else(|| cfg.default_profile.clone());
     // Known, valid and enforceable on this host: a session never starts with a profile its
     // runs would be refused under.
-    sandbox::check_profile(
-        &sandbox::Catalog::new(sandbox::Catalog::default_dir()),
-        &profile,
-        uid,
-    )
-    .map_err(|e| match e {
+    sandbox::check_profile(catalog, &profile, uid).map_err(|e| match e {
         sandbox::CallSandboxError::Invalid(m) => SessionError::InvalidParams(m),
         sandbox::CallSandboxError::Unavailable(m) => SessionError::SandboxUnavailable(m),
     })?;
@@ -168,43 +171,7 @@ pub fn open(
         get_for(registry, uid, parent)?;
     }
     if let Some(existing) = registry.get_session(&session_id)? {
-        get_to_work_in(registry, uid, &session_id, p.adopt.unwrap_or(false))?;
-        let workspace =
-            dirs::check_workspace(cfg, &owner_creds(&existing, Some(caller)), &p.workspace)?;
-        if existing.workspace != workspace.display().to_string() {
-            return Err(SessionError::InvalidParams(format!(
-                "session {session_id} already exists with workspace {}; open a new session for another workspace",
-                existing.workspace
-            )));
-        }
-        if let Some(asked) = p.session_dir.as_deref() {
-            if std::path::Path::new(asked) != std::path::Path::new(&existing.session_dir) {
-                return Err(SessionError::InvalidParams(format!(
-                    "session {session_id} already exists with session_dir {}; leave session_dir out (or name that one) to reopen it",
-                    existing.session_dir
-                )));
-            }
-        }
-        if existing.state == "deleted" {
-            // Its directory was removed: make it again (only the daemon's own are deleted).
-            dirs::make_session_dir(
-                cfg,
-                &owner_creds(&existing, Some(caller)),
-                &session_id,
-                None,
-                &workspace,
-            )?;
-        }
-        if !existing.is_open() {
-            registry.reopen_session(&session_id)?;
-        }
-        return Ok(SessionOpenResult {
-            session_id,
-            session_dir: existing.session_dir,
-            workspace: existing.workspace,
-            profile: existing.profile,
-            owner_uid: Some(existing.owner_uid),
-        });
+        return reopen(registry, cfg, caller, existing, &p);
     }
     if let Some(owner) = reserved_for(&session_id).filter(|o| *o != uid) {
         return Err(SessionError::PermissionDenied(format!(
@@ -251,26 +218,52 @@ pub fn open(
     })
 }
 
-/// A session and every session below it (children, grandchildren, …).
-pub fn with_descendants(
+/// `session.open` of a session that exists: the caller must be allowed to work in it, and
+/// its workspace and directory stay what they were (a deleted one's directory is made again).
+fn reopen(
     registry: &Registry,
-    session_id: &str,
-) -> Result<Vec<SessionRow>, SessionError> {
-    let all = registry.list_sessions(None)?;
-    let mut out: Vec<SessionRow> = all
-        .iter()
-        .filter(|s| s.session_id == session_id)
-        .cloned()
-        .collect();
-    let mut i = 0;
-    while i < out.len() {
-        let parent = out[i].session_id.clone();
-        out.extend(
-            all.iter()
-                .filter(|s| s.parent_session_id.as_deref() == Some(parent.as_str()))
-                .cloned(),
-        );
-        i += 1;
+    cfg: &Config,
+    caller: &Creds,
+    existing: SessionRow,
+    p: &SessionOpenParams,
+) -> Result<SessionOpenResult, SessionError> {
+    let uid = caller.uid;
+    let session_id = existing.session_id.clone();
+    get_to_work_in(registry, uid, &session_id, p.adopt.unwrap_or(false))?;
+    let workspace =
+        dirs::check_workspace(cfg, &owner_creds(&existing, Some(caller)), &p.workspace)?;
+    if existing.workspace != workspace.display().to_string() {
+        return Err(SessionError::InvalidParams(format!(
+            "session {session_id} already exists with workspace {}; open a new session for another workspace",
+            existing.workspace
+        )));
     }
-    Ok(out)
+    if let Some(asked) = p.session_dir.as_deref() {
+        if std::path::Path::new(asked) != std::path::Path::new(&existing.session_dir) {
+            return Err(SessionError::InvalidParams(format!(
+                "session {session_id} already exists with session_dir {}; leave session_dir out (or name that one) to reopen it",
+                existing.session_dir
+            )));
+        }
+    }
+    if existing.state == "deleted" {
+        // Its directory was removed: make it again (only the daemon's own are deleted).
+        dirs::make_session_dir(
+            cfg,
+            &owner_creds(&existing, Some(caller)),
+            &session_id,
+            None,
+            &workspace,
+        )?;
+    }
+    if !existing.is_open() {
+        registry.reopen_session(&session_id)?;
+    }
+    Ok(SessionOpenResult {
+        session_id,
+        session_dir: existing.session_dir,
+        workspace: existing.workspace,
+        profile: existing.profile,
+        owner_uid: Some(existing.owner_uid),
+    })
 }

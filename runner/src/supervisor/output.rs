@@ -244,18 +244,14 @@ fn read_fd(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
 mod tests {
     use super::*;
 
-    fn run(head: u64, tail: u64, chunks: &[&[u8]]) -> (String, u64, bool) {
-        let dir = std::env::temp_dir().join(format!(
-            "sidejob-capture-{}-{}",
-            std::process::id(),
-            crate::ids::ulid()
-        ));
+    /// Runs `feed` on a capture into a fresh output.log; returns the file, the count and
+    /// whether it was truncated.
+    fn capture(head: u64, tail: u64, feed: impl FnOnce(&mut Capture)) -> (Vec<u8>, u64, bool) {
+        let dir = std::env::temp_dir().join(format!("sidejob-capture-{}", crate::ids::ulid()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("output.log");
         let mut c = Capture::new(File::create(&path).unwrap(), head, tail, false);
-        for ch in chunks {
-            c.push(ch);
-        }
+        feed(&mut c);
         let Captured {
             bytes: total,
             truncated,
@@ -263,9 +259,18 @@ mod tests {
             ..
         } = c.finish();
         assert!(err.is_none());
-        let text = std::fs::read_to_string(&path).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
-        (text, total, truncated)
+        (bytes, total, truncated)
+    }
+
+    fn run(head: u64, tail: u64, chunks: &[&[u8]]) -> (String, u64, bool) {
+        let (bytes, total, truncated) = capture(head, tail, |c| {
+            for ch in chunks {
+                c.push(ch);
+            }
+        });
+        (String::from_utf8(bytes).unwrap(), total, truncated)
     }
 
     #[test]
@@ -330,15 +335,7 @@ mod tests {
                     f.write_all(ch).unwrap();
                 }
             });
-            let dir = std::env::temp_dir().join(format!(
-                "sidejob-capture-{}-{}",
-                std::process::id(),
-                crate::ids::ulid()
-            ));
-            std::fs::create_dir_all(&dir).unwrap();
-            let path = dir.join("output.log");
-            let mut c = Capture::new(File::create(&path).unwrap(), head, tail, false);
-            loop {
+            let (got, count, truncated) = capture(head, tail, |c| loop {
                 match c.fill_from(r.as_fd()) {
                     Ok(0) => break,
                     Ok(_) => {}
@@ -347,17 +344,8 @@ mod tests {
                     }
                     Err(e) => panic!("{e}"),
                 }
-            }
+            });
             writer.join().unwrap();
-            let Captured {
-                bytes: count,
-                truncated,
-                error: err,
-                ..
-            } = c.finish();
-            assert!(err.is_none());
-            let got = std::fs::read(&path).unwrap();
-            std::fs::remove_dir_all(&dir).unwrap();
             let (head, tail) = (head as usize, tail as usize);
             let mut want = data.clone();
             if total > head + tail {

@@ -127,3 +127,126 @@ print(json.dumps(res))
         "the control socket is reachable from the run: {out}"
     );
 }
+
+/// The bridge runs the control socket's RPC core: a line that is not a JSON-RPC 2.0 request
+/// with a string, number or null id is refused the same way (docs/protocol.md), and a
+/// notification gets no reply.
+#[test]
+fn the_bridge_checks_every_envelope_as_the_control_socket_does() {
+    if sidejob_tests::skip_without(&[sidejob_tests::Need::Python3]) {
+        return;
+    }
+    let d = Daemon::start();
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let script = r#"
+import json, os, socket
+def connect():
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(os.environ["SIDEJOB_BRIDGE"])
+    return s, s.makefile("rb")
+def raw(line):
+    s, f = connect()
+    s.sendall(line.encode() + b"\n")
+    reply = json.loads(f.readline())
+    s.close()
+    return {"id": reply.get("id"), "kind": reply.get("error", {}).get("data", {}).get("kind"), "ok": "result" in reply}
+out = {
+    "no_version": raw('{"id": 1, "method": "task.list", "params": {}}'),
+    "old_version": raw('{"jsonrpc": "1.0", "id": 2, "method": "task.list"}'),
+    "object_id": raw('{"jsonrpc": "2.0", "id": {"a": 1}, "method": "task.list"}'),
+    "array_id": raw('{"jsonrpc": "2.0", "id": [4], "method": "task.list"}'),
+    "batch": raw('[{"jsonrpc": "2.0", "id": 3, "method": "task.list"}]'),
+    "not_json": raw('{'),
+    "params_list": raw('{"jsonrpc": "2.0", "id": 5, "method": "task.list", "params": [1]}'),
+    "good": raw('{"jsonrpc": "2.0", "id": "x", "method": "task.list"}'),
+}
+s, f = connect()
+s.sendall(b'{"jsonrpc": "2.0", "method": "task.list"}\n{"jsonrpc": "2.0", "id": 9, "method": "task.list"}\n')
+out["after_notification"] = json.loads(f.readline()).get("id")
+print(json.dumps(out))
+"#;
+    let r = code(
+        &mut c,
+        &s,
+        "python",
+        script,
+        json!({"yield_after_ms": 60_000}),
+    );
+    assert_eq!(r["state"], "succeeded", "{r}");
+    let out: serde_json::Value =
+        serde_json::from_str(r["output"].as_str().unwrap().trim()).expect("script output");
+    let refused = |case: &str, id: serde_json::Value, kind: &str| {
+        assert_eq!(out[case]["id"], id, "{case}: {out}");
+        assert_eq!(out[case]["kind"], kind, "{case}: {out}");
+        assert_eq!(out[case]["ok"], false, "{case}: {out}");
+    };
+    refused("no_version", json!(1), "invalid_request");
+    refused("old_version", json!(2), "invalid_request");
+    refused("object_id", json!(null), "invalid_request");
+    refused("array_id", json!(null), "invalid_request");
+    refused("batch", json!(null), "invalid_request");
+    refused("not_json", json!(null), "parse_error");
+    refused("params_list", json!(5), "invalid_params");
+    assert_eq!(
+        out["good"],
+        json!({"id": "x", "kind": null, "ok": true}),
+        "{out}"
+    );
+    // The notification was served without a reply: the first line is the request's.
+    assert_eq!(out["after_notification"], 9, "{out}");
+}
+
+/// A result answered inline through the bridge whose reply cannot be written (the script
+/// shut its side for reading) is handed back, not marked delivered: the host still gets it.
+#[test]
+fn a_bridge_result_whose_reply_cannot_be_written_is_delivered_later() {
+    if sidejob_tests::skip_without(&[sidejob_tests::Need::Python3]) {
+        return;
+    }
+    let d = Daemon::start();
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let script = r#"
+import json, os, socket, time
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(os.environ["SIDEJOB_BRIDGE"])
+# The daemon's reply on this connection cannot be written (EPIPE); it can still read.
+s.shutdown(socket.SHUT_RD)
+call = {"jsonrpc": "2.0", "id": 1, "method": "tool.call",
+        "params": {"tool": "bash", "args": {"command": "echo lost-reply"}, "yield_after_ms": 60000}}
+s.sendall(json.dumps(call).encode() + b"\n")
+deadline = time.monotonic() + 30
+job = None
+while time.monotonic() < deadline:
+    job = next((t for t in tools.jobs.list() if t["tool"] == "bash"), None)
+    if job and job["state"] == "succeeded" and job.get("delivery") != "inline":
+        break
+    time.sleep(0.02)
+s.close()
+print(json.dumps({"task_id": job and job["task_id"], "state": job and job["state"], "delivery": job and job.get("delivery")}))
+"#;
+    let r = code(
+        &mut c,
+        &s,
+        "python",
+        script,
+        json!({"yield_after_ms": 60_000}),
+    );
+    assert_eq!(r["state"], "succeeded", "{r}\n{}", d.log());
+    let out: serde_json::Value =
+        serde_json::from_str(r["output"].as_str().unwrap().trim()).expect("script output");
+    assert_eq!(out["state"], "succeeded", "{out}");
+    assert_eq!(
+        out["delivery"], "pending",
+        "the unwritten reply left the result marked delivered: {out}"
+    );
+    // Delivered later: the host's wait takes it.
+    let job = out["task_id"].as_str().unwrap();
+    let waited = c.ok("task.wait", json!({"task_id": job, "timeout_ms": 5_000}));
+    assert_eq!(waited["delivery"], "wait", "{waited}");
+    assert!(c.ok("task.output", json!({"task_id": job}))["data"]
+        .as_str()
+        .unwrap()
+        .contains("lost-reply"));
+}

@@ -1,7 +1,7 @@
 //! Isolation between users (docs/protocol.md): `SO_PEERCRED`; a uid sees and touches only its own
 //! sessions. Needs root (to connect as another uid); skipped otherwise.
 
-use std::os::unix::fs::{chown, PermissionsExt};
+use std::os::unix::fs::chown;
 
 use serde_json::{json, Value};
 use sidejob_tests::{skip_without, Daemon, Need};
@@ -10,20 +10,7 @@ pub(crate) const NOBODY: u32 = 65534;
 
 /// Lets uid `NOBODY` reach the socket (the daemon makes it 0660, root-owned).
 pub(crate) fn open_socket_to_everyone(d: &Daemon) {
-    let mut dir = d.socket.parent();
-    while let Some(p) = dir {
-        let mode = std::fs::metadata(p).expect("stat").permissions().mode();
-        if mode & 0o001 == 0 {
-            std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode | 0o011))
-                .expect("chmod dir");
-        }
-        if p == std::env::temp_dir() || p.parent().is_none() {
-            break;
-        }
-        dir = p.parent();
-    }
-    std::fs::set_permissions(&d.socket, std::fs::Permissions::from_mode(0o666))
-        .expect("chmod socket");
+    d.let_everyone_connect();
 }
 
 /// Runs `sidejob rpc METHOD PARAMS` as `NOBODY`: `Ok(result)` or `Err(stderr)`.
@@ -175,4 +162,28 @@ fn another_users_requests_get_permission_denied_as_a_json_rpc_error() {
     }
     assert_eq!(c.task(&id)["state"], "running", "root's task is untouched");
     c.ok("task.cancel", json!({"task_id": id, "grace_ms": 100}));
+}
+
+#[test]
+fn daemon_wide_counters_are_roots_and_say_so_to_anyone_else() {
+    if skip_without(&[Need::Root]) {
+        return;
+    }
+    let d = Daemon::start();
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let r = c.bash(&s, "exit 3", json!({"background": true}));
+    let id = r["task_id"].as_str().expect("id").to_owned();
+    c.wait_settled(&id);
+
+    let root = c.ok("daemon.status", json!({}));
+    assert_eq!(root["daemon_wide_counters"], true, "{root}");
+    assert!(root["tasks"]["failed"].as_u64().unwrap_or(0) >= 1, "{root}");
+
+    open_socket_to_everyone(&d);
+    let other = rpc_as_nobody(&d, "daemon.status", json!({})).expect("daemon.status as nobody");
+    assert_eq!(other["daemon_wide_counters"], false, "{other}");
+    assert_eq!(other["tasks"]["failed"].as_u64().unwrap_or(0), 0, "{other}");
+    assert_eq!(other["wakes_pushed"], 0, "{other}");
+    assert_eq!(other["violations"], 0, "{other}");
 }

@@ -1,0 +1,152 @@
+//! The delivery decision in the settle path, with a real registry and no run at all: a task
+//! is recorded, made live without spawning anything, and settled the way the supervisor's
+//! watcher settles it; each case checks what the registry recorded (the delivery, the wake
+//! notification) and who heard the result.
+
+use super::*;
+use crate::registry::SessionRow;
+use crate::run_dir::PrivateDir;
+
+struct Fixture {
+    root: PathBuf,
+    ex: Arc<Executor>,
+    session: SessionRow,
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+fn fixture() -> Fixture {
+    let root = std::env::temp_dir().join(format!("sidejob-settle-{}", ids::ulid()));
+    std::fs::create_dir_all(&root).expect("temp dir");
+    let cfg = Arc::new(Config {
+        state_dir: root.join("state"),
+        shipped_plugins: false,
+        ..Config::default()
+    });
+    std::fs::create_dir_all(&cfg.state_dir).expect("state dir");
+    let registry = Arc::new(Registry::open(&cfg.state_dir).expect("registry"));
+    let session = SessionRow {
+        session_id: "s1".into(),
+        owner_uid: crate::sys::getuid(),
+        owner_gid: crate::sys::getgid(),
+        workspace: root.display().to_string(),
+        session_dir: root.join("session").display().to_string(),
+        profile: "workspace-write".into(),
+        proactive_wake: true,
+        parent_session_id: None,
+        state: "open".into(),
+        created_at: ids::now_rfc3339(),
+        closed_at: None,
+    };
+    registry.insert_session(&session).expect("session");
+    let tools = ToolHost::start(&cfg);
+    let ex = Executor::new(cfg, registry, tools, PathBuf::from("/nonexistent"));
+    Fixture { root, ex, session }
+}
+
+impl Fixture {
+    /// A task recorded and live, as if its supervisor ran.
+    fn live_task(&self, wake: WakeMode) -> Arc<Live> {
+        let mut row = TaskRow::new(
+            ids::ulid(),
+            &self.session,
+            "bash".into(),
+            TaskKind::Call,
+            "true".into(),
+            "{}".into(),
+        );
+        row.wake = wake;
+        self.ex.registry.insert_task(&row).expect("task");
+        let private = PrivateDir::new(&self.ex.cfg.runs_dir(), &row.task_id);
+        Live::new(&row, private, None)
+    }
+
+    fn settle(&self, live: &Arc<Live>) -> TaskRow {
+        let s = Settlement {
+            state: TaskState::Succeeded,
+            exit_code: Some(0),
+            ..lost_settlement(FailReason::Lost, String::new())
+        };
+        let mut st = live.lock();
+        self.ex
+            .attempt_settle(live, &mut st, &Settlement { reason: None, ..s })
+            .expect("recorded");
+        assert!(st.settled);
+        drop(st);
+        self.ex
+            .registry
+            .get_task(&live.task_id)
+            .expect("read")
+            .expect("task")
+    }
+
+    fn wakes(&self, task_id: &str) -> usize {
+        self.ex
+            .registry
+            .list_notifications(Some(&self.session.session_id), None, false)
+            .expect("inbox")
+            .iter()
+            .filter(|n| n.task_id.as_deref() == Some(task_id) && n.kind == "wake")
+            .count()
+    }
+}
+
+#[test]
+fn a_call_still_waiting_in_the_foreground_gets_the_result_inline_and_nothing_wakes() {
+    let f = fixture();
+    let live = f.live_task(WakeMode::OnTerminal);
+    let (tx, mut rx) = oneshot::channel();
+    live.lock().fg = Some(tx);
+    let row = f.settle(&live);
+    assert_eq!(row.delivery, Some(Delivery::Inline));
+    assert_eq!(row.state, TaskState::Succeeded);
+    assert!(matches!(rx.try_recv(), Ok(FgEvent::Settled(r)) if r.task_id == live.task_id));
+    assert_eq!(f.wakes(&live.task_id), 0);
+}
+
+#[test]
+fn a_foreground_call_that_went_away_leaves_the_result_to_a_wake() {
+    let f = fixture();
+    let live = f.live_task(WakeMode::OnTerminal);
+    let (tx, rx) = oneshot::channel();
+    live.lock().fg = Some(tx);
+    drop(rx);
+    let row = f.settle(&live);
+    assert_eq!(row.delivery, Some(Delivery::Wake));
+    assert_eq!(f.wakes(&live.task_id), 1);
+}
+
+#[test]
+fn a_task_wait_claims_the_result_before_a_wake_would() {
+    let f = fixture();
+    let live = f.live_task(WakeMode::OnTerminal);
+    let (gone, gone_rx) = oneshot::channel();
+    drop(gone_rx);
+    let (tx, mut rx) = oneshot::channel();
+    live.lock().waiters = vec![gone, tx];
+    let row = f.settle(&live);
+    assert_eq!(row.delivery, Some(Delivery::Wait));
+    assert_eq!(
+        rx.try_recv().expect("the waiter heard").task_id,
+        live.task_id
+    );
+    assert_eq!(f.wakes(&live.task_id), 0);
+}
+
+#[test]
+fn a_background_result_wakes_once_unless_the_call_asked_for_silence() {
+    let f = fixture();
+    let loud = f.live_task(WakeMode::OnTerminal);
+    assert_eq!(f.settle(&loud).delivery, Some(Delivery::Wake));
+    // Settling again (a retry racing the first) decides nothing new.
+    f.settle(&loud);
+    assert_eq!(f.wakes(&loud.task_id), 1);
+
+    let quiet = f.live_task(WakeMode::Silent);
+    assert_eq!(f.settle(&quiet).delivery, Some(Delivery::Pending));
+    assert_eq!(f.wakes(&quiet.task_id), 0);
+}

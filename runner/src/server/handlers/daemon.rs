@@ -1,0 +1,30 @@
+//! `initialize` and `daemon.status` (docs/protocol.md).
+
+use super::super::rpc::{to_value, Reply};
+use super::super::{status, Daemon, Peer};
+use crate::protocol::{
+    DaemonStatusParams, ErrorKind, InitializeParams, InitializeResult, RpcError, ServerInfo,
+    METHODS, PROTOCOL_VERSION,
+};
+
+pub(super) fn initialize(peer: &Peer, p: InitializeParams) -> Result<Reply, RpcError> {
+    if let Some(v) = p.protocol_version.filter(|v| *v != PROTOCOL_VERSION) {
+        return Err(RpcError::new(
+            ErrorKind::InvalidParams,
+            format!("unsupported protocol_version {v}; this server speaks {PROTOCOL_VERSION}"),
+        ));
+    }
+    to_value(InitializeResult {
+        protocol_version: PROTOCOL_VERSION,
+        server: ServerInfo {
+            name: "sidejob".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+        },
+        uid: peer.uid,
+        methods: METHODS.iter().map(|m| m.to_string()).collect(),
+    })
+}
+
+pub(super) fn status(d: &Daemon, peer: &Peer, _: DaemonStatusParams) -> Result<Reply, RpcError> {
+    to_value(status::collect(d, peer.uid)?)
+}
