@@ -331,15 +331,7 @@ fn hot_reload_swaps_a_plugin_without_touching_a_running_task() {
     assert_eq!(c.task(&old)["state"], "running");
     let sleeps = sidejob_tests::pids_running(&sleep_cmd);
     assert_eq!(sleeps.len(), 1, "{sleep_cmd}: {sleeps:?}");
-    // The wait is sent before the run is released (and a round trip on another connection
-    // lets the daemon take it first): a run that settles at once still goes to the wait.
-    c.send_value(
-        &json!({"jsonrpc": "2.0", "id": "the-wait", "method": "task.wait",
-        "params": {"task_id": old, "timeout_ms": 60_000}}),
-    );
-    assert_eq!(d.client().task(&old)["state"], "running");
-    sidejob_tests::signal(sleeps[0], libc::SIGTERM);
-    let t = c.reply_to(json!("the-wait")).expect("task.wait");
+    let t = c.wait_then(&d, &old, || sidejob_tests::signal(sleeps[0], libc::SIGTERM));
     assert_eq!(t["state"], "succeeded", "{t}");
     assert_eq!(t["delivery"], "wait", "{t}");
     // (The shell reports the killed sleep first.)
