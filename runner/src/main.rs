@@ -6,6 +6,11 @@ fn main() {
         if cmd == "supervise" {
             std::process::exit(sidejob::supervisor::main(std::path::Path::new(&run_dir)));
         }
+        if cmd == "spawner" {
+            std::process::exit(sidejob::supervisor::spawner::main(std::path::Path::new(
+                &run_dir,
+            )));
+        }
     }
     std::process::exit(sidejob::cli::main());
 }

@@ -33,6 +33,13 @@ pub const BACKGROUND: &str = ".background";
 /// to the directory's path since can send them elsewhere.
 pub const SUPERVISOR_PUBLIC_FD: std::os::fd::RawFd = 3;
 
+/// The supervisor's descriptor 4, when open: the write end of a pipe the daemon that
+/// started it reads. The supervisor sends its result there as soon as `output.log` and
+/// `result.json` are complete (`RunResult::send`), so the daemon settles the run without
+/// waiting for the supervisor's exit. A daemon restarted since has no pipe and reads
+/// `result.json` once the supervisor is gone.
+pub const SUPERVISOR_REPORT_FD: std::os::fd::RawFd = 4;
+
 /// The largest `result.json` the daemon reads back (a real one is about 1 KiB).
 const MAX_RESULT_BYTES: u64 = 256 * 1024;
 
@@ -64,7 +71,9 @@ impl PrivateDir {
         self.0.join("cancel.json")
     }
 
-    /// `pid start_time` of the supervisor, for a daemon that restarts before it recorded them.
+    /// `pid start_time` of the supervisor, for a daemon that restarts before it recorded them:
+    /// written by the spawner before the daemon hears the pid (or, started directly, by the
+    /// supervisor first thing).
     pub fn pid_file(&self) -> PathBuf {
         self.0.join("supervisor.pid")
     }

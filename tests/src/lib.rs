@@ -304,6 +304,19 @@ impl Client {
         }
     }
 
+    /// Sends a `task.wait` for `task_id`, lets the daemon take it (a round trip on another
+    /// connection of `d`), then runs `release` (what lets the run end) and returns the wait's
+    /// answer: a run that settles at once still goes to this wait, not to a wake.
+    pub fn wait_then(&mut self, d: &Daemon, task_id: &str, release: impl FnOnce()) -> Value {
+        let id = json!(format!("wait-{}", self.next_id));
+        self.next_id += 1;
+        self.send_value(&json!({"jsonrpc": "2.0", "id": id, "method": "task.wait",
+            "params": {"task_id": task_id, "timeout_ms": 600_000}}));
+        assert_eq!(d.client().task(task_id)["state"], "running");
+        release();
+        self.reply_to(id).expect("task.wait")
+    }
+
     /// Calls a method that must fail; returns `(code, data.kind)`.
     pub fn err(&mut self, method: &str, params: Value) -> (i64, String) {
         match self.call(method, params.clone()) {

@@ -154,12 +154,12 @@ impl Executor {
                     grace_ms,
                     message,
                 };
-                let path = live.private.cancel();
-                if let Err(e) = serde_json::to_vec(&req)
-                    .map_err(std::io::Error::other)
-                    .and_then(|b| std::fs::write(&path, b))
-                {
-                    warn!(task_id, "cannot write {}: {e}", path.display());
+                if let Err(e) = req.write(&live.private) {
+                    warn!(
+                        task_id,
+                        "cannot write {}: {e}",
+                        live.private.cancel().display()
+                    );
                 }
                 if let Err(e) = sys::pidfd_send_signal(pidfd.get_ref(), libc::SIGTERM) {
                     // ESRCH: the supervisor is already gone; its watcher settles the task.

@@ -113,10 +113,10 @@ impl Executor {
         stdin: Option<OwnedFd>,
         permits: Slots,
     ) {
-        if let Some((child, pidfd)) = self.start(&live, stdin) {
+        if let Some(watched) = self.start(&live, stdin) {
             let this = self.clone();
             tokio::spawn(async move {
-                this.watch(live, pidfd, Some(child)).await;
+                this.watch(live, watched).await;
                 drop(permits);
             });
         }

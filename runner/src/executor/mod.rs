@@ -195,9 +195,9 @@ pub struct Executor {
     cfg: Arc<Config>,
     registry: Arc<Registry>,
     tools: Arc<ToolHost>,
+    spawner: spawn::Spawner,
     /// The sandbox profiles, for the daemon's life (`profiles_dir`, else the default).
     catalog: Arc<sandbox::Catalog>,
-    exe: PathBuf,
     live: Mutex<HashMap<String, Arc<Live>>>,
     global: Arc<Semaphore>,
     per_session: Mutex<HashMap<String, Lane>>,
@@ -224,11 +224,11 @@ impl Executor {
         Arc::new_cyclic(|me| Executor {
             me: me.clone(),
             global: Arc::new(Semaphore::new(cfg.max_running.max(1))),
+            spawner: spawn::Spawner::new(exe, cfg.runs_dir()),
             catalog: Arc::new(sandbox::Catalog::new(profiles_dir)),
             cfg,
             registry,
             tools,
-            exe,
             live: Mutex::new(HashMap::new()),
             per_session: Mutex::new(HashMap::new()),
             per_user: Mutex::new(HashMap::new()),
@@ -332,16 +332,12 @@ impl Executor {
 
     /// Starts the supervisor (unless the task was canceled meanwhile) and records it; a
     /// supervisor that cannot start settles the task as `spawn_error`.
-    fn start(
-        &self,
-        live: &Arc<Live>,
-        stdin_pipe: Option<OwnedFd>,
-    ) -> Option<(i32, Arc<AsyncFd<OwnedFd>>)> {
+    fn start(&self, live: &Arc<Live>, stdin_pipe: Option<OwnedFd>) -> Option<Watched> {
         let mut st = live.lock();
         if st.settled {
             return None; // canceled while queued
         }
-        let (pid, pidfd) = match self.start_supervisor(live, stdin_pipe, &mut st) {
+        let watched = match self.start_supervisor(live, stdin_pipe, &mut st) {
             Ok(started) => started,
             Err(e) => {
                 let s = lost_settlement(
@@ -352,6 +348,7 @@ impl Executor {
                 return None;
             }
         };
+        let pid = watched.child.unwrap_or(0);
         let start_time = sys::process_start_time(pid).unwrap_or(0);
         if let Err(e) = self.registry.mark_started(
             &live.task_id,
@@ -362,7 +359,7 @@ impl Executor {
         ) {
             warn!(task_id = %live.task_id, "cannot record the run's start: {e}");
         }
-        Some((pid, pidfd))
+        Some(watched)
     }
 
     fn start_supervisor(
@@ -370,7 +367,7 @@ impl Executor {
         live: &Live,
         stdin_pipe: Option<OwnedFd>,
         st: &mut LiveState,
-    ) -> std::io::Result<(i32, Arc<AsyncFd<OwnedFd>>)> {
+    ) -> std::io::Result<Watched> {
         let public = live.public.as_ref().ok_or_else(|| {
             std::io::Error::new(
                 std::io::ErrorKind::NotFound,
@@ -384,28 +381,58 @@ impl Executor {
                 .ok()
                 .map(OwnedFd::from),
         };
-        let pid = spawn::spawn_supervisor(&self.exe, &live.private, public.as_fd(), stdin_read)?;
+        let (report_r, report_w) = sys::pipe()?;
+        let pid =
+            self.spawner
+                .spawn_supervisor(&live.private, public.as_fd(), stdin_read, report_w)?;
         // The child is ours and unreaped, so its pid cannot have been reused yet.
         let pidfd = Arc::new(sys::async_fd(sys::pidfd_open(pid)?)?);
+        sys::set_nonblocking(&report_r, true)?;
+        let report = sys::async_fd(report_r)?;
         st.supervisor = Some(pidfd.clone());
-        Ok((pid, pidfd))
+        Ok(Watched {
+            pidfd,
+            child: Some(pid),
+            report: Some(report),
+        })
     }
 
-    /// Waits (without polling) for the supervisor to exit, then settles from result.json.
-    /// `child` is the supervisor's pid when this daemon started it (and so must reap it).
-    async fn watch(&self, live: Arc<Live>, pidfd: Arc<AsyncFd<OwnedFd>>, child: Option<i32>) {
-        if let Err(e) = pidfd.readable().await {
+    /// Settles the run as soon as its supervisor reports (or, with no report, once it is
+    /// gone), then reaps the supervisor if it is this daemon's child.
+    async fn watch(&self, live: Arc<Live>, w: Watched) {
+        // The supervisor's own word, sent once output.log and result.json are complete; it
+        // names this task or it is no report.
+        let reported = match &w.report {
+            Some(pipe) => read_report(pipe, &w.pidfd)
+                .await
+                .filter(|r| r.task_id == live.task_id && r.session_id == live.session_id),
+            None => None,
+        };
+        if let Some(result) = reported {
+            self.settle_run(&live, settlement_from_result(&result))
+                .await;
+            // Making its files durable and exiting is the supervisor's last step; the slot
+            // it holds is given back once it is gone.
+            if let Err(e) = w.pidfd.readable().await {
+                warn!(task_id = %live.task_id, "cannot watch the supervisor: {e}");
+            }
+            if let Some(pid) = w.child {
+                let _ = sys::waitpid(pid, false);
+            }
+            return;
+        }
+        if let Err(e) = w.pidfd.readable().await {
             warn!(task_id = %live.task_id, "cannot watch the supervisor: {e}");
         }
-        let status = child.and_then(|pid| sys::waitpid(pid, false).ok().flatten());
+        let status = w
+            .child
+            .and_then(|pid| sys::waitpid(pid, false).ok().flatten());
         let settlement = match live.read_result() {
             Ok(Some(result)) => settlement_from_result(&result),
-            Ok(None) | Err(_) if live.private.cancel().exists() => {
+            Ok(None) | Err(_) if CancelRequest::requested(&live.private) => {
                 // Stopped before it had set up its signal handling, so before the command
                 // started: settle as the stop asked.
-                let req: Option<CancelRequest> = std::fs::read(live.private.cancel())
-                    .ok()
-                    .and_then(|b| serde_json::from_slice(&b).ok());
+                let req = CancelRequest::read(&live.private);
                 let mut s = lost_settlement(FailReason::Timeout, String::new());
                 match req.as_ref().map(|r| r.reason) {
                     Some(StopReason::Timeout) => s.error = req.and_then(|r| r.message),
@@ -444,15 +471,20 @@ impl Executor {
                 }
             }
         };
+        self.settle_run(&live, settlement).await;
+    }
+
+    /// Settles a run whose outcome is known.
+    async fn settle_run(&self, live: &Arc<Live>, settlement: Settlement) {
         // A subagent waits for its child session's tasks first (see `RunHooks::ending`).
         let end = RunEnd {
             task_id: &live.task_id,
             session_id: &live.session_id,
             public: live.public.as_ref().map(|f| f.as_fd()),
-            canceled: live.private.cancel().exists(),
+            canceled: CancelRequest::requested(&live.private),
         };
         self.hooks().ending(self, end).await;
-        self.settle_and_finish(&live, live.lock(), settlement);
+        self.settle_and_finish(live, live.lock(), settlement);
     }
 
     /// Records the terminal state and decides delivery. Must be called with the task's lock
@@ -613,6 +645,58 @@ impl Executor {
     /// Re-attaches to the runs of a previous daemon (see `recover.rs`).
     pub fn recover(self: &Arc<Self>) -> Result<recover::Recovered, ExecError> {
         recover::recover(self)
+    }
+}
+
+/// A started supervisor, as its watcher sees it.
+struct Watched {
+    pidfd: Arc<AsyncFd<OwnedFd>>,
+    /// Its pid when this daemon started it (and so must reap it).
+    child: Option<i32>,
+    /// The read end of its report pipe (`run_dir::SUPERVISOR_REPORT_FD`), when this daemon
+    /// started it.
+    report: Option<AsyncFd<OwnedFd>>,
+}
+
+/// Reads the supervisor's report (`RunResult::send`); `None` when it exits without a whole
+/// one (it failed before it had a result, or the report did not fit).
+async fn read_report(pipe: &AsyncFd<OwnedFd>, pidfd: &AsyncFd<OwnedFd>) -> Option<RunResult> {
+    /// A real report is about 1 KiB; the supervisor never sends more than the pipe holds.
+    const MAX_REPORT: usize = 1 << 20;
+    let mut received = Vec::new();
+    let mut buf = [0u8; 8192];
+    let mut read_some = |received: &mut Vec<u8>| -> std::io::Result<usize> {
+        let n = sys::read_fd(pipe.get_ref(), &mut buf)?;
+        received.extend_from_slice(&buf[..n]);
+        Ok(n)
+    };
+    loop {
+        tokio::select! {
+            ready = pipe.readable() => {
+                let mut guard = ready.ok()?;
+                match guard.try_io(|_| read_some(&mut received)) {
+                    Ok(Ok(0)) | Ok(Err(_)) => return RunResult::from_report(&received),
+                    Ok(Ok(_)) => {
+                        if let Some(r) = RunResult::from_report(&received) {
+                            return Some(r);
+                        }
+                        if received.len() > MAX_REPORT {
+                            return None;
+                        }
+                    }
+                    Err(_would_block) => {}
+                }
+            }
+            _ = pidfd.readable() => {
+                // Gone: whatever it wrote is in the pipe already.
+                while let Ok(n) = read_some(&mut received) {
+                    if n == 0 || received.len() > MAX_REPORT {
+                        break;
+                    }
+                }
+                return RunResult::from_report(&received);
+            }
+        }
     }
 }
 

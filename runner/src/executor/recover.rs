@@ -80,7 +80,12 @@ pub fn recover(ex: &Arc<Executor>) -> Result<Recovered, ExecError> {
                     // A re-attached run counts against the concurrency bounds like any other.
                     let permits = ex.try_slots(&row.session_id, row.owner_uid);
                     tokio::spawn(async move {
-                        ex2.watch(live, pidfd, None).await;
+                        let watched = super::Watched {
+                            pidfd,
+                            child: None,
+                            report: None,
+                        };
+                        ex2.watch(live, watched).await;
                         drop(permits);
                     });
                     out.reattached += 1;

@@ -1,45 +1,196 @@
-//! The one function that starts processes: the supervisor of a run.
+//! The one place that starts processes: the supervisor of a run.
+//!
+//! Every supervisor is started with the same rules, whichever way it is started:
+//!
+//! - it is this daemon's child (the daemon reaps it and watches its pidfd);
+//! - its own process group, so a terminal's signals to the daemon never reach the run;
+//! - no parent-death signal: the supervisor must outlive a daemon that dies;
+//! - an empty environment (the plan carries the command's environment);
+//! - exactly five descriptors: stdin (the read end of the run's stdin pipe, or /dev/null),
+//!   stdout (/dev/null), stderr (`supervisor.log` in the private directory),
+//!   [`run_dir::SUPERVISOR_PUBLIC_FD`] (the run's public directory) and
+//!   [`run_dir::SUPERVISOR_REPORT_FD`] (the write end of the daemon's report pipe); nothing
+//!   else is inherited.
+//!
+//! Normally the spawner forks it (`supervisor/spawner.rs`: a process started once that has
+//! paid for loading the binary, whose forks are made the daemon's children). When the
+//! spawner cannot be started or fails, `sidejob supervise <private_dir>` is started with
+//! `posix_spawn` instead, and the spawner is started again for the next run.
 
 use std::ffi::OsStr;
 use std::fs::File;
+use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tracing::warn;
 
 use crate::run_dir::{self, PrivateDir};
-use crate::sys;
+use crate::supervisor::spawner;
+use crate::sys::{self, fdpass};
 
-/// Starts `sidejob supervise <private_dir>` and returns its pid (the caller reaps it):
-///
-/// - its own process group, so a terminal's signals to the daemon never reach the run;
-/// - no parent-death signal: the supervisor must outlive a daemon that dies;
-/// - an empty environment (the plan carries the command's environment);
-/// - exactly four descriptors: stdin (the read end of the run's stdin pipe, or /dev/null),
-///   stdout (/dev/null), stderr (`supervisor.log` in the private directory) and
-///   [`run_dir::SUPERVISOR_PUBLIC_FD`], the run's public directory; nothing else is
-///   inherited.
-pub fn spawn_supervisor(
-    exe: &Path,
-    private: &PrivateDir,
-    public: BorrowedFd<'_>,
-    stdin: Option<OwnedFd>,
-) -> std::io::Result<i32> {
-    let log = File::options()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(private.log())?;
-    let null = File::options().read(true).write(true).open("/dev/null")?;
-    let stdin = match &stdin {
-        Some(fd) => fd.as_fd(),
-        None => null.as_fd(),
-    };
-    let fds = [stdin, null.as_fd(), log.as_fd(), public];
-    debug_assert_eq!(fds.len() - 1, run_dir::SUPERVISOR_PUBLIC_FD as usize);
-    sys::spawn::spawn(
-        exe,
-        &[OsStr::new("supervise"), private.path().as_os_str()],
-        &fds,
-    )
+/// How long the daemon waits for the spawner's reply before it gives up on it.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Starts supervisors (see the module's documentation).
+pub struct Spawner {
+    exe: PathBuf,
+    runs_dir: PathBuf,
+    /// The spawner process, once started; `None` after it failed, until the next run.
+    zygote: Mutex<Option<Zygote>>,
+}
+
+struct Zygote {
+    sock: OwnedFd,
+    pid: i32,
+}
+
+impl Spawner {
+    pub fn new(exe: PathBuf, runs_dir: PathBuf) -> Spawner {
+        Spawner {
+            exe,
+            runs_dir,
+            zygote: Mutex::new(None),
+        }
+    }
+
+    /// Starts the supervisor of the run whose private directory is `private` and returns
+    /// its pid (the caller reaps it).
+    pub fn spawn_supervisor(
+        &self,
+        private: &PrivateDir,
+        public: BorrowedFd<'_>,
+        stdin: Option<OwnedFd>,
+        report: OwnedFd,
+    ) -> io::Result<i32> {
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(private.log())?;
+        let null = File::options().read(true).write(true).open("/dev/null")?;
+        let stdin = match &stdin {
+            Some(fd) => fd.as_fd(),
+            None => null.as_fd(),
+        };
+        let fds = [stdin, null.as_fd(), log.as_fd(), public, report.as_fd()];
+        debug_assert_eq!(fds.len(), spawner::FDS);
+        debug_assert_eq!(run_dir::SUPERVISOR_PUBLIC_FD, 3);
+        debug_assert_eq!(run_dir::SUPERVISOR_REPORT_FD, 4);
+
+        {
+            let mut zygote = self.zygote.lock().unwrap_or_else(|e| e.into_inner());
+            if zygote.is_none() {
+                match self.start_zygote() {
+                    Ok(z) => *zygote = Some(z),
+                    Err(e) => {
+                        warn!("cannot start the spawner ({e}); starting the supervisor directly")
+                    }
+                }
+            }
+            if let Some(z) = zygote.as_ref() {
+                match z.fork(private.path(), &fds) {
+                    Ok(pid) => return Ok(pid),
+                    // It said no before forking: nothing was started.
+                    Err(Failed::Refused(e)) => return Err(e),
+                    // Nothing was started either: start it directly, and the spawner again
+                    // for the next run.
+                    Err(Failed::Unsent(e)) => {
+                        warn!("the spawner is gone ({e}); starting the supervisor directly");
+                        if let Some(z) = zygote.take() {
+                            z.stop();
+                        }
+                    }
+                    // A supervisor may have been forked: starting another could give the run
+                    // two. The run fails (`spawn_error`), and the spawner is started again.
+                    Err(Failed::NoReply(e)) => {
+                        if let Some(z) = zygote.take() {
+                            z.stop();
+                        }
+                        return Err(io::Error::new(
+                            e.kind(),
+                            format!("the spawner did not answer: {e}"),
+                        ));
+                    }
+                }
+            }
+        }
+        sys::spawn::spawn(
+            &self.exe,
+            &[OsStr::new("supervise"), private.path().as_os_str()],
+            &fds,
+        )
+    }
+
+    /// `sidejob spawner <runs_dir>`, started with the rules above (its stderr is the
+    /// daemon's), holding its end of a socket pair at descriptor 3.
+    fn start_zygote(&self) -> io::Result<Zygote> {
+        use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+        let (ours, theirs) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )?;
+        nix::sys::socket::setsockopt(
+            &ours,
+            nix::sys::socket::sockopt::ReceiveTimeout,
+            &nix::sys::time::TimeVal::new(REPLY_TIMEOUT.as_secs() as i64, 0),
+        )?;
+        let null = File::options().read(true).write(true).open("/dev/null")?;
+        let stderr = std::io::stderr();
+        let pid = sys::spawn::spawn(
+            &self.exe,
+            &[OsStr::new("spawner"), self.runs_dir.as_os_str()],
+            &[null.as_fd(), null.as_fd(), stderr.as_fd(), theirs.as_fd()],
+        )?;
+        Ok(Zygote { sock: ours, pid })
+    }
+}
+
+/// Why the spawner did not start a supervisor.
+enum Failed {
+    /// The request could not be sent (the spawner is gone): nothing was forked.
+    Unsent(io::Error),
+    /// The spawner answered with an error: nothing was forked.
+    Refused(io::Error),
+    /// No answer (or a malformed one): a supervisor may or may not have been forked.
+    NoReply(io::Error),
+}
+
+impl Zygote {
+    /// One request, one reply (see `supervisor/spawner.rs`).
+    fn fork(&self, private_dir: &Path, fds: &[BorrowedFd<'_>]) -> Result<i32, Failed> {
+        let request = spawner::encode_request(private_dir);
+        fdpass::send_with_fds(self.sock.as_fd(), &request, fds).map_err(Failed::Unsent)?;
+        let mut reply = [0u8; 8];
+        let n = nix::sys::socket::recv(
+            std::os::fd::AsRawFd::as_raw_fd(&self.sock),
+            &mut reply,
+            nix::sys::socket::MsgFlags::empty(),
+        )
+        .map_err(|e| Failed::NoReply(e.into()))?;
+        if n == 0 {
+            return Err(Failed::NoReply(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the spawner is gone",
+            )));
+        }
+        match spawner::decode_reply(&reply[..n]) {
+            Ok(pid) => Ok(pid),
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => Err(Failed::NoReply(e)),
+            Err(e) => Err(Failed::Refused(e)),
+        }
+    }
+
+    /// Stops and reaps it (it is this daemon's child).
+    fn stop(self) {
+        let _ = sys::kill(self.pid, libc::SIGKILL);
+        drop(self.sock);
+        let _ = sys::waitpid(self.pid, false);
+    }
 }

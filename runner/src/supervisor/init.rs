@@ -5,8 +5,9 @@
 
 use std::os::fd::{AsFd, OwnedFd};
 
+use super::report::InitReport;
 use crate::sandbox::linux::{self, Command, Prepared};
-use crate::sys::{self, Exit, SigSet, Signal};
+use crate::sys::{self, SigSet, Signal};
 
 /// Descriptors the init and the command inherit from the supervisor.
 pub struct Pipes {
@@ -38,10 +39,8 @@ pub fn run(cmd: &Command, sandbox: &Prepared, pipes: Pipes) -> ! {
     }
     // kill(-1) below must only ever reach this namespace: refuse to go on unless we are its init.
     if sys::getpid() != 1 {
-        sys::write_all_fd(
-            &pipes.status,
-            b"error init is not pid 1 of a new pid namespace",
-        );
+        let report = InitReport::Failed("init is not pid 1 of a new pid namespace".into());
+        sys::write_all_fd(&pipes.status, &report.encode());
         sys::exit_now(1);
     }
     // The kernel drops signals to a namespace init that has no handler, even blocked ones
@@ -59,7 +58,8 @@ pub fn run(cmd: &Command, sandbox: &Prepared, pipes: Pipes) -> ! {
     ) {
         Ok(pid) => pid,
         Err(e) => {
-            sys::write_all_fd(&pipes.status, format!("error sandbox: {e}").as_bytes());
+            let report = InitReport::Failed(format!("sandbox: {e}"));
+            sys::write_all_fd(&pipes.status, &report.encode());
             sys::exit_now(1);
         }
     };
@@ -108,17 +108,17 @@ pub fn run(cmd: &Command, sandbox: &Prepared, pipes: Pipes) -> ! {
             Err(_) => break, // ECHILD: nobody left
         }
     }
-    let mut report = match ended {
-        Exit::Code(c) => format!("exit {c} {leftovers}"),
-        Exit::Signal(s) => format!("signal {s} {leftovers}"),
-    };
     // A repository the run made on the `.git` stand-in (it stays in the run's tmpfs).
-    if let Some((shadow, _)) = &sandbox.git_shadow {
-        if std::fs::read_dir(shadow).is_ok_and(|mut d| d.next().is_some()) {
-            report.push_str(" git_repository");
-        }
-    }
-    sys::write_all_fd(&status, report.as_bytes());
+    let git_repository = sandbox
+        .git_shadow
+        .as_ref()
+        .is_some_and(|(shadow, _)| std::fs::read_dir(shadow).is_ok_and(|mut d| d.next().is_some()));
+    let report = InitReport::Ended {
+        exit: ended,
+        leftovers,
+        git_repository,
+    };
+    sys::write_all_fd(&status, &report.encode());
     // Closing the pipe now tells the supervisor the run is over; left to exit, the close
     // would wait for the teardown of this process's memory and namespaces.
     drop(status);

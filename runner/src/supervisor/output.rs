@@ -130,10 +130,9 @@ impl Capture {
         self.tail.push(data);
     }
 
-    /// Writes the kept tail (after a marker if bytes were dropped) and makes the file
-    /// durable. Returns the total bytes the command wrote, whether some were left out, and
-    /// why writing stopped if it did.
-    pub fn finish(mut self) -> (u64, bool, Option<io::Error>) {
+    /// Writes the kept tail (after a marker if bytes were dropped). The file is handed back
+    /// complete, for the caller to make durable once the run's outcome has been reported.
+    pub fn finish(mut self) -> Captured {
         let truncated = self.truncated();
         if self.tail.len() > 0 {
             if truncated {
@@ -147,13 +146,25 @@ impl Capture {
             self.write(older);
             self.write(newer);
         }
-        if self.write_error.is_none() {
-            if let Err(e) = self.file.sync_data() {
-                self.write_error = Some(e);
-            }
+        Captured {
+            bytes: self.total,
+            truncated,
+            error: self.write_error,
+            file: self.file,
         }
-        (self.total, truncated, self.write_error)
     }
+}
+
+/// What a finished [`Capture`] hands back.
+pub struct Captured {
+    /// Every byte the command wrote, kept or not.
+    pub bytes: u64,
+    /// Whether some were left out (the marker says how many).
+    pub truncated: bool,
+    /// Why writing `output.log` stopped, if it did.
+    pub error: Option<io::Error>,
+    /// `output.log`, complete.
+    pub file: File,
 }
 
 /// The last `cap` bytes seen, in a buffer allocated the first time one is kept.
@@ -241,7 +252,12 @@ mod tests {
         let path = dir.join("output.log");
         let mut c = Capture::new(File::create(&path).unwrap(), head, tail, false);
         feed(&mut c);
-        let (total, truncated, err) = c.finish();
+        let Captured {
+            bytes: total,
+            truncated,
+            error: err,
+            ..
+        } = c.finish();
         assert!(err.is_none());
         let bytes = std::fs::read(&path).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();

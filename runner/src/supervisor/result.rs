@@ -1,6 +1,6 @@
 //! `result.json` (docs/protocol.md): written once, atomically, by the supervisor.
 
-use std::os::fd::BorrowedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 
 use serde::{Deserialize, Serialize};
 
@@ -116,9 +116,63 @@ impl RunResult {
         dir: BorrowedFd<'_>,
         owner: Option<(u32, u32)>,
     ) -> std::io::Result<()> {
-        let mut bytes = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
+        crate::sys::dirfd::write_atomically_at(
+            dir,
+            crate::run_dir::RESULT,
+            &self.to_json(),
+            0o600,
+            owner,
+        )
+    }
+
+    /// [`RunResult::write_atomically`] up to the rename: every reader sees no result or the
+    /// whole of it, and the caller makes it durable (the file's `sync_all`, then the
+    /// directory's fsync) after reporting it.
+    pub fn write_visible(
+        &self,
+        dir: BorrowedFd<'_>,
+        owner: Option<(u32, u32)>,
+    ) -> std::io::Result<std::fs::File> {
+        crate::sys::dirfd::write_visible_at(
+            dir,
+            crate::run_dir::RESULT,
+            &self.to_json(),
+            0o600,
+            owner,
+        )
+    }
+
+    fn to_json(&self) -> Vec<u8> {
+        // Infallible: every field serialises (strings, numbers, and JSON values).
+        let mut bytes = serde_json::to_vec_pretty(self).unwrap_or_default();
         bytes.push(b'\n');
-        crate::sys::dirfd::write_atomically_at(dir, crate::run_dir::RESULT, &bytes, 0o600, owner)
+        bytes
+    }
+
+    /// Sends the result to the daemon on its report pipe (`run_dir::SUPERVISOR_REPORT_FD`):
+    /// one line of JSON. Never blocks: a daemon that is gone (`EPIPE`) or not reading (a
+    /// full pipe) gets no report, or half of one, and settles from `result.json` once this
+    /// supervisor has exited, as a restarted daemon does.
+    pub fn send(&self, pipe: &OwnedFd) -> std::io::Result<()> {
+        let mut line = serde_json::to_vec(self).map_err(std::io::Error::other)?;
+        line.push(b'\n');
+        crate::sys::set_nonblocking(pipe, true)?;
+        let mut sent = 0;
+        while sent < line.len() {
+            match nix::unistd::write(pipe, &line[sent..]) {
+                Ok(n) => sent += n,
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// The result a supervisor sent ([`RunResult::send`]): `Some` once `received` holds a
+    /// whole line, `None` while it does not (or if the line is not a result).
+    pub fn from_report(received: &[u8]) -> Option<RunResult> {
+        let end = received.iter().position(|b| *b == b'\n')?;
+        serde_json::from_slice(&received[..end]).ok()
     }
 }
 

@@ -222,8 +222,41 @@ pub fn write_atomically_at(
     mode: u32,
     owner: Option<(u32, u32)>,
 ) -> io::Result<()> {
+    let f = write_temporary_at(dir, name, data, mode, owner)?;
+    f.sync_all()?;
+    rename_at(dir, &temporary_name(name), name)?;
+    fsync_dir(dir)
+}
+
+/// [`write_atomically_at`] without waiting for the disk: every reader sees no file or the
+/// whole of it at once, and the caller makes it durable later (`sync_all` on the returned
+/// file, then [`fsync_dir`]) — after telling someone it is there, say.
+pub fn write_visible_at(
+    dir: BorrowedFd<'_>,
+    name: &str,
+    data: &[u8],
+    mode: u32,
+    owner: Option<(u32, u32)>,
+) -> io::Result<std::fs::File> {
+    let f = write_temporary_at(dir, name, data, mode, owner)?;
+    rename_at(dir, &temporary_name(name), name)?;
+    Ok(f)
+}
+
+fn temporary_name(name: &str) -> String {
+    format!(".{name}.tmp")
+}
+
+/// The temporary file of [`write_atomically_at`], written.
+fn write_temporary_at(
+    dir: BorrowedFd<'_>,
+    name: &str,
+    data: &[u8],
+    mode: u32,
+    owner: Option<(u32, u32)>,
+) -> io::Result<std::fs::File> {
     use std::io::Write;
-    let tmp = format!(".{name}.tmp");
+    let tmp = temporary_name(name);
     // A leftover (ours from a crash, or planted) is removed first; if something is put back
     // before the create, the create fails rather than write through it.
     match unlink_at(dir, &tmp) {
@@ -237,9 +270,7 @@ pub fn write_atomically_at(
     }
     let mut f = std::fs::File::from(fd);
     f.write_all(data)?;
-    f.sync_all()?;
-    rename_at(dir, &tmp, name)?;
-    fsync_dir(dir)
+    Ok(f)
 }
 
 /// Runs `f` with `creds` as the filesystem credentials.

@@ -10,7 +10,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use nix::sys::socket::{self, ControlMessage, ControlMessageOwned, MsgFlags, UnixAddr};
 
 /// The most descriptors one message may carry; more are closed by the kernel (`MSG_CTRUNC`).
-pub const MAX_FDS: usize = 4;
+pub const MAX_FDS: usize = 8;
 
 /// Sends `data` with `fd` attached. Returns how many bytes of `data` were sent.
 pub fn send_with_fd(sock: BorrowedFd<'_>, data: &[u8], fd: BorrowedFd<'_>) -> io::Result<usize> {
@@ -24,6 +24,29 @@ pub fn send_with_fd(sock: BorrowedFd<'_>, data: &[u8], fd: BorrowedFd<'_>) -> io
         None,
     )
     .map_err(io::Error::from)
+}
+
+/// Sends `data` with every one of `fds` attached (at most [`MAX_FDS`]).
+pub fn send_with_fds(
+    sock: BorrowedFd<'_>,
+    data: &[u8],
+    fds: &[BorrowedFd<'_>],
+) -> io::Result<usize> {
+    let raw: Vec<RawFd> = fds.iter().map(|fd| fd.as_raw_fd()).collect();
+    let cmsg = [ControlMessage::ScmRights(&raw)];
+    socket::sendmsg::<UnixAddr>(
+        sock.as_raw_fd(),
+        &[IoSlice::new(data)],
+        &cmsg,
+        MsgFlags::MSG_NOSIGNAL,
+        None,
+    )
+    .map_err(io::Error::from)
+}
+
+/// Sends `data` alone.
+pub fn send(sock: BorrowedFd<'_>, data: &[u8]) -> io::Result<usize> {
+    socket::send(sock.as_raw_fd(), data, MsgFlags::MSG_NOSIGNAL).map_err(io::Error::from)
 }
 
 /// Receives into `buf`, with any descriptors that came along (close-on-exec). `Ok((0, _))`

@@ -165,17 +165,23 @@ fn thread_count() -> io::Result<u64> {
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "malformed /proc/self/stat"))
 }
 
-/// `fork(2)`, refused unless this process has exactly one thread: a child forked from a
-/// multi-threaded process could inherit a lock another thread held (in the allocator, say)
-/// and deadlock. The supervisor and the run's init are single-threaded by design; this check
-/// makes that a verified fact rather than a promise.
-pub fn fork() -> io::Result<Fork> {
+/// Refuses to go on unless this process has exactly one thread.
+fn single_threaded() -> io::Result<()> {
     let threads = thread_count()?;
     if threads != 1 {
         return Err(io::Error::other(format!(
             "refusing to fork a process with {threads} threads"
         )));
     }
+    Ok(())
+}
+
+/// `fork(2)`, refused unless this process has exactly one thread: a child forked from a
+/// multi-threaded process could inherit a lock another thread held (in the allocator, say)
+/// and deadlock. The supervisor and the run's init are single-threaded by design; this check
+/// makes that a verified fact rather than a promise.
+pub fn fork() -> io::Result<Fork> {
+    single_threaded()?;
     // SAFETY: the process has one thread (checked just above, and nothing here starts one),
     // so the child's memory holds no lock owned by a thread that does not exist in it.
     Ok(match unsafe { unistd::fork() }? {

@@ -1,9 +1,10 @@
-//! Starting a process from the (multi-threaded) daemon: `posix_spawn`, which never runs our
-//! code in the child, with exactly the descriptors we name at exactly the numbers we name.
+//! Starting processes: from the (multi-threaded) daemon, `posix_spawn`, which never runs our
+//! code in the child, with exactly the descriptors we name at exactly the numbers we name;
+//! from the (single-threaded) spawner, [`fork_sibling`], a fork whose child is the daemon's.
 
 use std::ffi::{CString, OsStr};
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -21,7 +22,7 @@ fn cstring(s: &OsStr) -> io::Result<CString> {
 ///
 /// Raw (the ownership only): nix's `fcntl` returns `F_DUPFD_CLOEXEC`'s descriptor as a
 /// number.
-fn dup_at_least(fd: BorrowedFd<'_>, min: RawFd) -> io::Result<OwnedFd> {
+pub fn dup_at_least(fd: BorrowedFd<'_>, min: RawFd) -> io::Result<OwnedFd> {
     let new = fcntl(fd, FcntlArg::F_DUPFD_CLOEXEC(min))?;
     // SAFETY: fcntl just returned this new descriptor; nothing else owns it.
     Ok(unsafe { OwnedFd::from_raw_fd(new) })
@@ -66,4 +67,76 @@ pub fn spawn(program: &Path, args: &[&OsStr], fds: &[BorrowedFd<'_>]) -> io::Res
     let pid = posix_spawn(prog.as_c_str(), &actions, &attr, &argv, &envp)?;
     drop(high);
     Ok(pid.as_raw())
+}
+
+/// `fork(2)` with `CLONE_PARENT`: the child is a child of this process's *parent*, as if the
+/// parent had forked it — it reports its exit to the parent, which reaps it and may
+/// `pidfd_open` it with no chance of a reused pid. The spawner uses it so that the daemon
+/// owns every supervisor exactly as if it had started it itself. Refused unless this process
+/// has exactly one thread (see [`super::fork`]).
+///
+/// Raw: neither libc nor nix wraps `clone` without a new stack.
+pub fn fork_sibling() -> io::Result<super::Fork> {
+    super::single_threaded()?;
+    // SAFETY: clone with no new stack and no shared memory is fork: the child runs on a
+    // copy of this process's memory from this very instruction. The process has one thread
+    // (checked above), so the copy holds no lock another thread owned. glibc's fork wrapper
+    // is not used, so glibc's per-thread record in the child keeps the parent's thread id:
+    // nothing the child runs (the supervisor: single-threaded, no pthread mutexes, and a
+    // glibc whose raise() asks the kernel for the thread id) reads it, and the child's own
+    // forks (glibc's) set it right for their children. The pointer arguments are null.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (libc::CLONE_PARENT | libc::SIGCHLD) as libc::c_ulong,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        )
+    };
+    match ret {
+        -1 => Err(io::Error::last_os_error()),
+        0 => Ok(super::Fork::Child),
+        pid => Ok(super::Fork::Parent(pid as i32)),
+    }
+}
+
+/// Puts `fds[i]` at descriptor `i` (close-on-exec cleared there), whatever numbers they
+/// have now, and closes the originals. For the spawner's forked child, before it becomes
+/// the supervisor: the caller must own nothing at `0..fds.len()` besides stdio (which is
+/// replaced).
+pub fn place_fds(fds: Vec<OwnedFd>) -> io::Result<()> {
+    // Each is copied above every target first, so one dup2 never clobbers a source another
+    // still needs; the originals are closed before anything lands on their numbers.
+    let high: Vec<OwnedFd> = fds
+        .iter()
+        .map(|fd| dup_at_least(fd.as_fd(), fds.len() as RawFd + 3))
+        .collect::<io::Result<_>>()?;
+    drop(fds);
+    for (target, fd) in high.iter().enumerate() {
+        // SAFETY: dup2 onto a number nothing in this process owns (the caller's contract,
+        // and the originals were just closed) or onto stdio, which std does not close; the
+        // new descriptor is left for the process to claim by its number
+        // (`take_inherited_fd`).
+        if unsafe { libc::dup2(fd.as_raw_fd(), target as RawFd) } == -1 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Makes the calling process the leader of a process group of its own (as
+/// `POSIX_SPAWN_SETPGROUP` does for [`spawn`]).
+pub fn own_process_group() -> io::Result<()> {
+    nix::unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0))?;
+    Ok(())
+}
+
+/// Names the calling thread (`comm` in `/proc`, what `ps -o comm` and `top` show): a
+/// supervisor forked by the spawner keeps the spawner's command line, so its name tells
+/// them apart.
+pub fn set_name(name: &std::ffi::CStr) -> io::Result<()> {
+    nix::sys::prctl::set_name(name)?;
+    Ok(())
 }

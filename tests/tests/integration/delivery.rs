@@ -186,14 +186,7 @@ fn task_wait_returns_the_task_when_it_settles() {
     let id = r["task_id"].as_str().expect("id");
     // The wait's own timeout is far beyond the client's 120 s read timeout: the answer can
     // only come from the settle, which comes only once the gate is open.
-    c.send_value(
-        &json!({"jsonrpc": "2.0", "id": "the-wait", "method": "task.wait",
-        "params": {"task_id": id, "timeout_ms": 600_000}}),
-    );
-    let mut other = d.client();
-    assert_eq!(other.task(id)["state"], "running");
-    gate.open();
-    let t = c.reply_to(json!("the-wait")).expect("task.wait");
+    let t = c.wait_then(&d, id, || gate.open());
     assert_eq!(t["state"], "failed", "{t}");
     assert_eq!(t["reason"], "exit_code");
     assert_eq!(t["exit_code"], 4);

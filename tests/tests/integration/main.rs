@@ -45,6 +45,7 @@ mod serve;
 mod sessions;
 mod shares;
 mod smoke;
+mod spawner;
 mod stdin;
 mod subagent;
 mod subagent_net;

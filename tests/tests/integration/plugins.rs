@@ -331,8 +331,7 @@ fn hot_reload_swaps_a_plugin_without_touching_a_running_task() {
     assert_eq!(c.task(&old)["state"], "running");
     let sleeps = sidejob_tests::pids_running(&sleep_cmd);
     assert_eq!(sleeps.len(), 1, "{sleep_cmd}: {sleeps:?}");
-    sidejob_tests::signal(sleeps[0], libc::SIGTERM);
-    let t = c.wait_settled(&old);
+    let t = c.wait_then(&d, &old, || sidejob_tests::signal(sleeps[0], libc::SIGTERM));
     assert_eq!(t["state"], "succeeded", "{t}");
     assert_eq!(t["delivery"], "wait", "{t}");
     // (The shell reports the killed sleep first.)

@@ -259,10 +259,7 @@ fn a_yielded_call_whose_daemon_died_can_still_be_waited_on() {
     d.restart();
     let mut c = d.client();
     assert_eq!(c.task(&id)["state"], "running");
-    c.send_value(&json!({"jsonrpc": "2.0", "id": "w", "method": "task.wait",
-        "params": {"task_id": id, "timeout_ms": 60_000}}));
-    gate.open();
-    let t = c.reply_to(json!("w")).expect("task.wait");
+    let t = c.wait_then(&d, &id, || gate.open());
     assert_eq!(t["state"], "succeeded", "{t}");
     assert_eq!(t["delivery"], "wait", "{t}");
     assert_eq!(c.output(&id), "waited\n");

@@ -67,8 +67,7 @@ fn a_slow_call_yields_running_and_keeps_going() {
     assert!(Path::new(out_path).exists());
     assert_eq!(c.task(&id)["state"], "running");
 
-    gate.open();
-    let t = c.wait_settled(&id);
+    let t = c.wait_then(&d, &id, || gate.open());
     assert_eq!(t["state"], "succeeded", "nothing is killed on yield: {t}");
     assert_eq!(t["exit_code"], 0);
     assert_eq!(t["delivery"], "wait");

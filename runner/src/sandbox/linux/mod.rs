@@ -22,6 +22,7 @@ use serde::Serialize;
 
 use crate::sandbox::profile::Network;
 use crate::sandbox::{LaunchPlan, SandboxPlan};
+use crate::supervisor::report::StartFailure;
 use crate::sys::{self, sandbox as ssys, SigSet};
 
 /// A step of [`launch`] that failed: which step, on which path, and the OS error.
@@ -686,7 +687,7 @@ pub fn launch(
 /// returns; a failure is written to the exec-error pipe.
 fn confine_and_exec(p: &Prepared, cmd: &Command, output: &OwnedFd, exec_error: &OwnedFd) -> ! {
     let fail_with = |e: &dyn std::fmt::Display| -> ! {
-        sys::write_all_fd(exec_error, format!("sandbox {e}").as_bytes());
+        sys::write_all_fd(exec_error, &StartFailure::Sandbox(e.to_string()).encode());
         sys::exit_now(127)
     };
     let fail = |what: &str, e: &dyn std::fmt::Display| -> ! { fail_with(&format!("{what}: {e}")) };
@@ -756,14 +757,11 @@ fn confine_and_exec(p: &Prepared, cmd: &Command, output: &OwnedFd, exec_error: &
         fail("close inherited descriptors", &e);
     }
     let err = sys::execve(&cmd.program, &cmd.argv, &cmd.envp);
-    sys::write_all_fd(
-        exec_error,
-        format!(
-            "exec {}: {err}",
-            OsStr::from_bytes(cmd.program.as_bytes()).to_string_lossy()
-        )
-        .as_bytes(),
-    );
+    let failure = StartFailure::Exec(format!(
+        "{}: {err}",
+        OsStr::from_bytes(cmd.program.as_bytes()).to_string_lossy()
+    ));
+    sys::write_all_fd(exec_error, &failure.encode());
     sys::exit_now(if err.kind() == io::ErrorKind::NotFound {
         127
     } else {

@@ -1,0 +1,93 @@
+//! `cancel.json` in the run's private directory: why the daemon asked the run to stop. The
+//! daemon writes it before it signals the supervisor; the supervisor (on SIGTERM) and the
+//! daemon (settling a run stopped before it started) read it, here and nowhere else.
+
+use serde::{Deserialize, Serialize};
+
+use crate::run_dir::PrivateDir;
+
+/// Why a run is being stopped early.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    Canceled,
+    Timeout,
+}
+
+/// The contents of `cancel.json` (`run_dir::PrivateDir::cancel`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CancelRequest {
+    pub reason: StopReason,
+    pub grace_ms: u64,
+    /// Shown as the result's `error`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+impl CancelRequest {
+    /// Records the request, before the signal that makes the supervisor read it.
+    pub fn write(&self, private: &PrivateDir) -> std::io::Result<()> {
+        let bytes = serde_json::to_vec(self).map_err(std::io::Error::other)?;
+        std::fs::write(private.cancel(), bytes)
+    }
+
+    /// The request, if one was written and can be read.
+    pub fn read(private: &PrivateDir) -> Option<CancelRequest> {
+        std::fs::read(private.cancel())
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+    }
+
+    /// What a stop signal means: the request written before it, or (none readable) a plain
+    /// cancel with the run's own grace.
+    pub fn read_or_cancel(private: &PrivateDir, default_grace_ms: u64) -> CancelRequest {
+        CancelRequest::read(private).unwrap_or(CancelRequest {
+            reason: StopReason::Canceled,
+            grace_ms: default_grace_ms,
+            message: None,
+        })
+    }
+
+    /// Whether a stop was asked for (whatever the file says).
+    pub fn requested(private: &PrivateDir) -> bool {
+        private.cancel().exists()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn a_request_reads_back_and_a_missing_one_is_a_plain_cancel() {
+        let dir = std::env::temp_dir().join(format!("sidejob-cancel-{}", std::process::id()));
+        let private = PrivateDir::at(dir.clone());
+        private.create().unwrap();
+        assert!(!CancelRequest::requested(&private));
+        assert_eq!(CancelRequest::read(&private), None);
+        assert_eq!(
+            CancelRequest::read_or_cancel(&private, 1234),
+            CancelRequest {
+                reason: StopReason::Canceled,
+                grace_ms: 1234,
+                message: None
+            }
+        );
+        let req = CancelRequest {
+            reason: StopReason::Timeout,
+            grace_ms: 50,
+            message: Some("the schedule's cap".into()),
+        };
+        req.write(&private).unwrap();
+        assert!(CancelRequest::requested(&private));
+        assert_eq!(CancelRequest::read(&private), Some(req.clone()));
+        assert_eq!(CancelRequest::read_or_cancel(&private, 1), req);
+        // A damaged file is a stop nonetheless, of the plain kind.
+        std::fs::write(private.cancel(), b"{").unwrap();
+        assert!(CancelRequest::requested(&private));
+        assert_eq!(CancelRequest::read_or_cancel(&private, 9).grace_ms, 9);
+        private.remove();
+        assert!(!dir.exists());
+    }
+}

@@ -1,0 +1,129 @@
+//! The spawner (ARCHITECTURE.md): supervisors are forked by a process the daemon started
+//! once, yet each is the daemon's own child, and a spawner that dies loses no run.
+
+use std::time::Duration;
+
+use serde_json::json;
+use sidejob_tests::{pids_mentioning, signal, wait_until, Daemon, Gate};
+
+/// Field `n` (1-based, as in proc(5)) of `/proc/<pid>/stat`.
+fn stat_field(pid: i32, n: usize) -> i64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let after = stat.rsplit_once(')').expect("comm").1;
+    after
+        .split_whitespace()
+        .nth(n - 3)
+        .and_then(|f| f.parse().ok())
+        .expect("a number")
+}
+
+fn comm(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .unwrap_or_default()
+        .trim()
+        .to_owned()
+}
+
+/// The live spawner of a daemon: its command line names the daemon's runs directory (as
+/// do the supervisors it forked, which are named `sidejob-run`).
+fn spawners(d: &Daemon) -> Vec<i32> {
+    let needle = format!("spawner {}", d.state_dir.join("runs").display());
+    pids_mentioning(&needle)
+        .into_iter()
+        .filter(|p| stat_field(*p, 4) == d.pid() as i64 && comm(*p) == "sidejob")
+        .collect()
+}
+
+fn supervisor_of(d: &Daemon, task_id: &str) -> i32 {
+    let file = d.private_dir(task_id).join("supervisor.pid");
+    assert!(
+        wait_until(Duration::from_secs(10), || std::fs::read_to_string(&file)
+            .is_ok_and(|s| s.ends_with('\n'))),
+        "no supervisor.pid for {task_id}"
+    );
+    std::fs::read_to_string(&file)
+        .expect("supervisor.pid")
+        .split_whitespace()
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("a pid")
+}
+
+#[test]
+fn a_supervisor_is_the_daemons_child_in_a_process_group_of_its_own() {
+    let d = Daemon::start();
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let gate = Gate::new(&d.workspace, "held");
+    let r = c.bash(&s, &gate.wait_cmd(), json!({"background": true}));
+    let id = r["task_id"].as_str().expect("id").to_owned();
+    let sup = supervisor_of(&d, &id);
+    // Forked by the spawner, yet the daemon's child: it reaps it and watches its pidfd.
+    // It keeps the spawner's command line, and is named for what it is (first thing: the
+    // spawner writes its pid down as soon as it is forked).
+    assert!(
+        wait_until(Duration::from_secs(10), || comm(sup) == "sidejob-run"),
+        "supervisor {sup} is named {:?}",
+        comm(sup)
+    );
+    assert_eq!(spawners(&d).len(), 1, "one spawner");
+    assert_eq!(
+        stat_field(sup, 4),
+        d.pid() as i64,
+        "parent of supervisor {sup}"
+    );
+    assert_eq!(
+        stat_field(sup, 5),
+        sup as i64,
+        "process group of supervisor {sup}"
+    );
+    // Its descriptors are the five it is given and its own: nothing of the spawner's.
+    let spawner_socket = std::fs::read_link(format!("/proc/{}/fd/16", spawners(&d)[0]))
+        .expect("the spawner's socket");
+    for fd in std::fs::read_dir(format!("/proc/{sup}/fd"))
+        .expect("fds")
+        .flatten()
+    {
+        let target = std::fs::read_link(fd.path()).unwrap_or_default();
+        assert_ne!(
+            target, spawner_socket,
+            "supervisor {sup} holds the spawner's socket"
+        );
+    }
+    gate.open();
+    let t = c.wait_settled(&id);
+    assert_eq!(t["state"], "succeeded", "{t}");
+    // Reaped by the daemon, not left a zombie.
+    assert!(
+        wait_until(Duration::from_secs(10), || !std::path::Path::new(&format!(
+            "/proc/{sup}"
+        ))
+        .exists()),
+        "supervisor {sup} was not reaped"
+    );
+}
+
+#[test]
+fn a_spawner_that_dies_loses_no_run_and_is_started_again() {
+    let d = Daemon::start();
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let r = c.bash(&s, "echo one", json!({}));
+    assert_eq!(r["output"], "one\n", "{r}");
+    let first = spawners(&d);
+    assert_eq!(first.len(), 1, "{first:?}");
+    signal(first[0], libc::SIGKILL);
+    assert!(wait_until(Duration::from_secs(10), || spawners(&d)
+        .iter()
+        .all(|p| !first.contains(p))));
+    // The next run's supervisor is started directly, and the one after through a new
+    // spawner; every run goes through as if nothing had happened.
+    for word in ["two", "three", "four"] {
+        let r = c.bash(&s, &format!("echo {word}"), json!({}));
+        assert_eq!(r["state"], "succeeded", "{r}");
+        assert_eq!(r["output"], format!("{word}\n"), "{r}");
+    }
+    let now = spawners(&d);
+    assert_eq!(now.len(), 1, "{now:?}");
+    assert_ne!(now, first);
+}
