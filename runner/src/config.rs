@@ -10,7 +10,7 @@ use crate::sys;
 /// needs no file at all.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct Config {
+pub(crate) struct Config {
     /// The control socket.
     pub socket: PathBuf,
     /// The group the control socket is handed to (mode 0660), so that its members — and
@@ -68,7 +68,7 @@ pub struct Config {
 /// refused with `limit_exceeded` naming the limit (runs past `running` wait as `queued`).
 #[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct PerUser {
+pub(crate) struct PerUser {
     /// Runs at once; more wait as `queued`. Keep it below `max_running`, so that one user
     /// cannot take every slot.
     pub running: usize,
@@ -143,7 +143,7 @@ impl Default for Config {
 /// whose ceiling is the agent's profile without them.
 #[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct SubagentConfig {
+pub(crate) struct SubagentConfig {
     /// The agent's argv. Empty: the tool refuses calls.
     pub command: Vec<String>,
     /// How the prompt reaches the agent (it is in `AGENT_PROMPT` in every case).
@@ -180,7 +180,7 @@ impl Default for SubagentConfig {
 
 impl SubagentConfig {
     /// The grants as a profile fragment, checked like one (`[subagent]` as the file).
-    pub fn grants(&self) -> Result<crate::sandbox::Grants, String> {
+    pub(crate) fn grants(&self) -> Result<crate::sandbox::Grants, String> {
         let mut toml = String::new();
         let list = |v: &[String]| serde_json::to_string(v).unwrap_or_default();
         toml.push_str(&format!(
@@ -220,7 +220,7 @@ impl SubagentConfig {
 /// `[subagent] prompt`: where the agent finds the prompt.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum PromptVia {
+pub(crate) enum PromptVia {
     /// Appended after `--`, as the last argument, so a prompt that starts with `-` is never
     /// read as an option.
     #[default]
@@ -232,7 +232,7 @@ pub enum PromptVia {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
+pub(crate) enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
     Read {
         path: PathBuf,
@@ -244,7 +244,7 @@ pub enum ConfigError {
 
 impl Config {
     /// Reads a TOML config file; fields it leaves out keep their defaults.
-    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    pub(crate) fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.into(),
             source,
@@ -262,11 +262,7 @@ impl Config {
         Ok(cfg)
     }
 
-    pub fn db_path(&self) -> PathBuf {
-        self.state_dir.join("sidejob.db")
-    }
-
-    pub fn sessions_dir(&self) -> PathBuf {
+    pub(crate) fn sessions_dir(&self) -> PathBuf {
         self.sessions_dir
             .clone()
             .unwrap_or_else(|| self.state_dir.join("sessions"))
@@ -274,13 +270,13 @@ impl Config {
 
     /// The private halves of run directories (`<state_dir>/runs/<task_id>`): the launch plan,
     /// cancel requests, the supervisor's pid and log. Nothing a caller can write.
-    pub fn runs_dir(&self) -> PathBuf {
+    pub(crate) fn runs_dir(&self) -> PathBuf {
         self.state_dir.join("runs")
     }
 
     /// The directories only the daemon may use, each with what it is: a workspace that is,
     /// holds or lies inside one of them is refused (a run would see or change them).
-    pub fn daemon_dirs(&self) -> Vec<(&'static str, PathBuf)> {
+    pub(crate) fn daemon_dirs(&self) -> Vec<(&'static str, PathBuf)> {
         let mut dirs = vec![
             ("the daemon's state directory", self.state_dir.clone()),
             ("the directory of sessions", self.sessions_dir()),
@@ -293,10 +289,10 @@ impl Config {
     }
 }
 
-pub use crate::run_dir::default_bridge_dir;
+pub(crate) use crate::run_dir::default_bridge_dir;
 
 /// Formats a TOML error as `line N: message`.
-pub fn describe_toml_error(text: &str, e: &toml::de::Error) -> String {
+pub(crate) fn describe_toml_error(text: &str, e: &toml::de::Error) -> String {
     match e.span() {
         Some(span) => {
             let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
@@ -309,7 +305,7 @@ pub fn describe_toml_error(text: &str, e: &toml::de::Error) -> String {
 /// The socket path used when none is given: `/run/sidejob/sidejob.sock` for root, else
 /// `$XDG_RUNTIME_DIR/sidejob/sidejob.sock`, else `/tmp/sidejob-<uid>/sidejob.sock`.
 /// `SIDEJOB_SOCKET` overrides all of them.
-pub fn default_socket_path() -> PathBuf {
+pub(crate) fn default_socket_path() -> PathBuf {
     if let Some(p) = std::env::var_os("SIDEJOB_SOCKET") {
         return PathBuf::from(p);
     }
@@ -326,7 +322,7 @@ pub fn default_socket_path() -> PathBuf {
 /// The state directory used when none is given: `/var/lib/sidejob` for root, else
 /// `$XDG_STATE_HOME/sidejob`, else `$HOME/.local/state/sidejob`. `SIDEJOB_STATE_DIR`
 /// overrides all of them.
-pub fn default_state_dir() -> PathBuf {
+pub(crate) fn default_state_dir() -> PathBuf {
     if let Some(p) = std::env::var_os("SIDEJOB_STATE_DIR") {
         return PathBuf::from(p);
     }

@@ -13,7 +13,7 @@ use tracing::warn;
 const DEBOUNCE: Duration = Duration::from_millis(300);
 
 /// Keeps the watch alive; dropping it stops it (the thread ends at its next event).
-pub struct DirWatch {
+pub(crate) struct DirWatch {
     _inner: notify::RecommendedWatcher,
 }
 
@@ -22,7 +22,7 @@ impl DirWatch {
     /// (a watched directory itself changing counts: its mode or owner decides what in it is
     /// trusted) makes `on_change` run once things are quiet; `on_change` returns false to stop.
     /// `name` names the thread and the log lines.
-    pub fn start(
+    pub(crate) fn start(
         name: &str,
         dirs: &[PathBuf],
         relevant: impl Fn(&Path) -> bool + Send + 'static,

@@ -6,7 +6,7 @@ const CROCKFORD: &[u8; 32] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
 
 /// A new ULID: 48 bits of milliseconds since the epoch, then 80 random bits, in Crockford
 /// base 32 (26 characters, sortable by creation time).
-pub fn ulid() -> String {
+pub(crate) fn ulid() -> String {
     let millis = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis())
@@ -35,22 +35,22 @@ pub fn ulid() -> String {
 }
 
 /// Now, as RFC 3339 UTC with milliseconds.
-pub fn now_rfc3339() -> String {
+pub(crate) fn now_rfc3339() -> String {
     rfc3339(SystemTime::now())
 }
 
-pub fn rfc3339(t: SystemTime) -> String {
+pub(crate) fn rfc3339(t: SystemTime) -> String {
     humantime::format_rfc3339_millis(t).to_string()
 }
 
 /// Parses an RFC 3339 timestamp back into a `SystemTime`.
-pub fn parse_rfc3339(s: &str) -> Option<SystemTime> {
+pub(crate) fn parse_rfc3339(s: &str) -> Option<SystemTime> {
     humantime::parse_rfc3339(s).ok()
 }
 
 /// Is `id` a valid session id (`[A-Za-z0-9_-]{1,64}`)? This is also what keeps session ids
 /// from naming paths outside the state directory.
-pub fn is_valid_session_id(id: &str) -> bool {
+pub(crate) fn is_valid_session_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= 64
         && id
@@ -59,7 +59,7 @@ pub fn is_valid_session_id(id: &str) -> bool {
 }
 
 /// Is `id` shaped like a ULID? Task ids name directories, so anything else is refused early.
-pub fn is_valid_task_id(id: &str) -> bool {
+pub(crate) fn is_valid_task_id(id: &str) -> bool {
     id.len() == 26
         && id
             .bytes()

@@ -1,24 +1,29 @@
 //! sidejob: a privileged process-runner sidecar. See `ARCHITECTURE.md` for the map.
+//!
+//! The library exists for the `sidejob` binary (and its benches): it exposes the command
+//! line ([`cli::main`], [`cli::Client`]) and the supervisor's entry points; everything else is
+//! the crate's own, so the compiler reports what nothing uses.
+#![warn(unreachable_pub)]
 
-pub mod bridge;
+mod bridge;
 pub mod cli;
-pub mod config;
-pub mod dirwatch;
-pub mod egress;
-pub mod executor;
-pub mod ids;
-pub mod metrics;
-pub mod plugin_host;
-pub mod protocol;
-pub mod registry;
-pub mod run_dir;
-pub mod sandbox;
-pub mod schedule;
-pub mod server;
-pub mod session;
+mod config;
+mod dirwatch;
+mod egress;
+mod executor;
+mod ids;
+mod metrics;
+mod plugin_host;
+mod protocol;
+mod registry;
+mod run_dir;
+mod sandbox;
+mod schedule;
+mod server;
+mod session;
 pub mod supervisor;
-pub mod sys;
-pub mod wake;
+mod sys;
+mod wake;
 
 #[cfg(test)]
 mod layers;

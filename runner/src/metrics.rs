@@ -14,7 +14,7 @@ static VIOLATIONS: AtomicU64 = AtomicU64::new(0);
 static SETTLED: [AtomicU64; 3] = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
 
 /// Counts a run's terminal state (live states are counted from the registry instead).
-pub fn settled(state: TaskState) {
+pub(crate) fn settled(state: TaskState) {
     let i = match state {
         TaskState::Succeeded => 0,
         TaskState::Failed => 1,
@@ -28,7 +28,7 @@ pub fn settled(state: TaskState) {
 }
 
 /// `(succeeded, failed, canceled)` since the daemon started.
-pub fn settled_counts() -> [(TaskState, u64); 3] {
+pub(crate) fn settled_counts() -> [(TaskState, u64); 3] {
     [
         (TaskState::Succeeded, SETTLED[0].load(Ordering::Relaxed)),
         (TaskState::Failed, SETTLED[1].load(Ordering::Relaxed)),
@@ -36,18 +36,18 @@ pub fn settled_counts() -> [(TaskState, u64); 3] {
     ]
 }
 
-pub fn wake_pushed() {
+pub(crate) fn wake_pushed() {
     WAKES_PUSHED.fetch_add(1, Ordering::Relaxed);
 }
 
-pub fn violations_seen(n: usize) {
+pub(crate) fn violations_seen(n: usize) {
     VIOLATIONS.fetch_add(n as u64, Ordering::Relaxed);
 }
 
-pub fn wakes_pushed() -> u64 {
+pub(crate) fn wakes_pushed() -> u64 {
     WAKES_PUSHED.load(Ordering::Relaxed)
 }
 
-pub fn violations() -> u64 {
+pub(crate) fn violations() -> u64 {
     VIOLATIONS.load(Ordering::Relaxed)
 }

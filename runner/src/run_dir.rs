@@ -20,81 +20,81 @@ use crate::supervisor::RunResult;
 use crate::sys::dirfd;
 
 /// The command's output, in the public half.
-pub const OUTPUT: &str = "output.log";
+pub(crate) const OUTPUT: &str = "output.log";
 /// The run's result, in the public half.
-pub const RESULT: &str = "result.json";
+pub(crate) const RESULT: &str = "result.json";
 /// What a subagent handed over to its parent session, in the public half.
-pub const HANDOVER: &str = "handover.json";
+pub(crate) const HANDOVER: &str = "handover.json";
 /// The directory inside a session directory that holds its runs' public halves.
-pub const BACKGROUND: &str = ".background";
+pub(crate) const BACKGROUND: &str = ".background";
 
 /// The supervisor's descriptor 3: the run's public directory, opened by the daemon when it
 /// made it. The supervisor creates `output.log` and `result.json` through it, so nothing done
 /// to the directory's path since can send them elsewhere.
-pub const SUPERVISOR_PUBLIC_FD: std::os::fd::RawFd = 3;
+pub(crate) const SUPERVISOR_PUBLIC_FD: std::os::fd::RawFd = 3;
 
 /// The supervisor's descriptor 4, when open: the write end of a pipe the daemon that
 /// started it reads. The supervisor sends its result there as soon as `output.log` and
 /// `result.json` are complete (`RunResult::send`), so the daemon settles the run without
 /// waiting for the supervisor's exit. A daemon restarted since has no pipe and reads
 /// `result.json` once the supervisor is gone.
-pub const SUPERVISOR_REPORT_FD: std::os::fd::RawFd = 4;
+pub(crate) const SUPERVISOR_REPORT_FD: std::os::fd::RawFd = 4;
 
 /// The largest `result.json` the daemon reads back (a real one is about 1 KiB).
 const MAX_RESULT_BYTES: u64 = 256 * 1024;
 
 /// `<state_dir>/runs/<task_id>/`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PrivateDir(PathBuf);
+pub(crate) struct PrivateDir(PathBuf);
 
 impl PrivateDir {
-    pub fn new(runs_dir: &Path, task_id: &str) -> PrivateDir {
+    pub(crate) fn new(runs_dir: &Path, task_id: &str) -> PrivateDir {
         PrivateDir(runs_dir.join(task_id))
     }
 
     /// A private directory at a given path (`sidejob exec` keeps one in `/dev/shm`).
-    pub fn at(path: PathBuf) -> PrivateDir {
+    pub(crate) fn at(path: PathBuf) -> PrivateDir {
         PrivateDir(path)
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.0
     }
 
     /// The launch plan (`LaunchPlan` as JSON), written by the daemon before the run starts.
-    pub fn plan(&self) -> PathBuf {
+    pub(crate) fn plan(&self) -> PathBuf {
         self.0.join("plan.json")
     }
 
     /// Why the daemon asked the run to stop (`CancelRequest`), written before its SIGTERM.
-    pub fn cancel(&self) -> PathBuf {
+    pub(crate) fn cancel(&self) -> PathBuf {
         self.0.join("cancel.json")
     }
 
     /// `pid start_time` of the supervisor, for a daemon that restarts before it recorded them:
     /// written by the spawner before the daemon hears the pid (or, started directly, by the
     /// supervisor first thing).
-    pub fn pid_file(&self) -> PathBuf {
+    pub(crate) fn pid_file(&self) -> PathBuf {
         self.0.join("supervisor.pid")
     }
 
     /// The supervisor's stderr.
-    pub fn log(&self) -> PathBuf {
+    pub(crate) fn log(&self) -> PathBuf {
         self.0.join("supervisor.log")
     }
 
     /// A plan's fixed stdin.
-    pub fn stdin(&self) -> PathBuf {
+    pub(crate) fn stdin(&self) -> PathBuf {
         self.0.join("stdin")
     }
 
     /// A plan's files; mounted read-only in the run's view at this same path.
-    pub fn files(&self) -> PathBuf {
+    pub(crate) fn files(&self) -> PathBuf {
         self.0.join("files")
     }
 
     /// Makes the directory (and `runs_dir`), private to the daemon.
-    pub fn create(&self) -> io::Result<()> {
+    pub(crate) fn create(&self) -> io::Result<()> {
         use std::os::unix::fs::DirBuilderExt;
         if let Some(parent) = self.0.parent() {
             std::fs::DirBuilder::new()
@@ -106,19 +106,23 @@ impl PrivateDir {
     }
 
     /// Removes it and everything in it (nothing in it is needed once the task settled).
-    pub fn remove(&self) {
+    pub(crate) fn remove(&self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
 /// The public half's path (as shown to hosts: `output_path`, `result_path`).
-pub fn public_path(session_dir: &str, task_id: &str) -> String {
+pub(crate) fn public_path(session_dir: &str, task_id: &str) -> String {
     format!("{session_dir}/{BACKGROUND}/{task_id}")
 }
 
 /// Makes `<session_dir>/.background/<task_id>/` for a new run, handed to the session's
 /// owner, and opens it.
-pub fn create_public(session_dir: &Path, owner: (u32, u32), task_id: &str) -> io::Result<OwnedFd> {
+pub(crate) fn create_public(
+    session_dir: &Path,
+    owner: (u32, u32),
+    task_id: &str,
+) -> io::Result<OwnedFd> {
     let bg = open_background(session_dir, owner.0)?;
     dirfd::mkdir_at(bg.as_fd(), task_id, 0o700)?;
     let fd = dirfd::open_subdir(bg.as_fd(), Path::new(task_id))?;
@@ -127,14 +131,18 @@ pub fn create_public(session_dir: &Path, owner: (u32, u32), task_id: &str) -> io
 }
 
 /// Opens an existing run's public half (after a daemon restart, or to read its output).
-pub fn open_public(session_dir: &Path, owner_uid: u32, task_id: &str) -> io::Result<OwnedFd> {
+pub(crate) fn open_public(
+    session_dir: &Path,
+    owner_uid: u32,
+    task_id: &str,
+) -> io::Result<OwnedFd> {
     let bg = open_background(session_dir, owner_uid)?;
     dirfd::open_subdir(bg.as_fd(), Path::new(task_id))
 }
 
 /// Creates a file of the run in its public half: never one that exists (a planted symlink or
 /// link makes this fail), handed to the session's owner, mode 0600.
-pub fn create_file(
+pub(crate) fn create_file(
     dir: BorrowedFd<'_>,
     name: &str,
     owner: Option<(u32, u32)>,
@@ -149,7 +157,11 @@ pub fn create_file(
 /// Opens a file of the run for reading: a regular file, not a symlink, and one the session's
 /// owner owns (the supervisor hands every file it makes to them) — a hard link to someone
 /// else's file, swapped in by whoever controls the directory, is refused.
-pub fn open_file(dir: BorrowedFd<'_>, name: &str, owner_uid: u32) -> io::Result<std::fs::File> {
+pub(crate) fn open_file(
+    dir: BorrowedFd<'_>,
+    name: &str,
+    owner_uid: u32,
+) -> io::Result<std::fs::File> {
     let fd = dirfd::open_at(dir, Path::new(name), OFlag::O_RDONLY, 0)?;
     let st = dirfd::stat_fd(fd.as_fd())?;
     if !dirfd::is_file(&st) {
@@ -172,7 +184,7 @@ pub fn open_file(dir: BorrowedFd<'_>, name: &str, owner_uid: u32) -> io::Result<
 
 /// Reads `result.json` from a public half; `Ok(None)` if there is none (yet). What it says is
 /// data about the run, never authority: the caller checks it names the task it expects.
-pub fn read_result(dir: BorrowedFd<'_>, owner_uid: u32) -> io::Result<Option<RunResult>> {
+pub(crate) fn read_result(dir: BorrowedFd<'_>, owner_uid: u32) -> io::Result<Option<RunResult>> {
     use std::io::Read;
     let f = match open_file(dir, RESULT, owner_uid) {
         Ok(f) => f,
@@ -195,7 +207,7 @@ pub fn read_result(dir: BorrowedFd<'_>, owner_uid: u32) -> io::Result<Option<Run
 /// A run's socket directory, `<bridge dir>/<name>` (its bridge's is the task id, its egress
 /// proxy's `<task_id>.egress`): not in the run directory, whose path can exceed the 108
 /// bytes a socket address holds.
-pub fn socket_dir(name: &str) -> io::Result<PathBuf> {
+pub(crate) fn socket_dir(name: &str) -> io::Result<PathBuf> {
     Ok(bridge_dir()?.join(name))
 }
 
@@ -222,7 +234,7 @@ fn bridge_dir() -> io::Result<PathBuf> {
 
 /// Where runs' bridge sockets live: `/run/sidejob-bridge` for root, else
 /// `$XDG_RUNTIME_DIR/sidejob-bridge`, else `/tmp/sidejob-bridge-<uid>`.
-pub fn default_bridge_dir() -> PathBuf {
+pub(crate) fn default_bridge_dir() -> PathBuf {
     let uid = crate::sys::getuid();
     if uid == 0 {
         return PathBuf::from("/run/sidejob-bridge");
@@ -236,7 +248,7 @@ pub fn default_bridge_dir() -> PathBuf {
 /// Opens `<session_dir>/.background` for the daemon: no symlink on the way, and the
 /// directory must still be the session owner's (a caller who controls the session directory
 /// can swap things in it, but nothing they swap in can lead the daemon elsewhere).
-pub fn open_background(session_dir: &Path, owner_uid: u32) -> io::Result<OwnedFd> {
+pub(crate) fn open_background(session_dir: &Path, owner_uid: u32) -> io::Result<OwnedFd> {
     let dir = dirfd::open_dir(session_dir)?;
     let bg = dirfd::open_subdir(dir.as_fd(), Path::new(BACKGROUND))?;
     let st = dirfd::stat_fd(bg.as_fd())?;

@@ -9,14 +9,16 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::sync::oneshot;
 use tracing::{info, warn};
 
 use super::Scope;
 use crate::executor::Executor;
 use crate::ids;
-use crate::protocol::{ErrorKind, RpcError, TaskRequestInputParams, TaskState};
+use crate::protocol::{
+    ErrorKind, RpcError, TaskRequestInputParams, TaskRequestInputResult, TaskState,
+};
 use crate::registry::NotificationRow;
 
 struct Pending {
@@ -26,7 +28,7 @@ struct Pending {
 
 /// Open questions, by the asking task's id (at most one per task).
 #[derive(Default)]
-pub struct Questions(Mutex<HashMap<String, Pending>>);
+pub(crate) struct Questions(Mutex<HashMap<String, Pending>>);
 
 impl Questions {
     fn pending(&self) -> MutexGuard<'_, HashMap<String, Pending>> {
@@ -34,7 +36,7 @@ impl Questions {
     }
 
     /// Serves a run's `task.request_input`: blocks (this request only) until the host answers.
-    pub async fn request(
+    pub(crate) async fn request(
         &self,
         exec: &Executor,
         scope: &Scope,
@@ -94,7 +96,8 @@ impl Questions {
         }
         tokio::select! {
             answer = rx => match answer {
-                Ok(answer) => Ok(json!({ "answer": answer })),
+                Ok(answer) => serde_json::to_value(TaskRequestInputResult { answer })
+                    .map_err(|e| RpcError::new(ErrorKind::Internal, e.to_string())),
                 Err(_) => Err(RpcError::new(ErrorKind::InvalidState, "the question was abandoned")),
             },
             _ = closed => {
@@ -110,7 +113,7 @@ impl Questions {
     }
 
     /// `task.answer`: hands `answer` to the run that asked, and the task is `running` again.
-    pub fn answer(
+    pub(crate) fn answer(
         &self,
         exec: &Executor,
         task_id: &str,

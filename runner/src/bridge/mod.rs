@@ -15,7 +15,7 @@
 mod input;
 mod subagent;
 
-pub use input::Questions;
+pub(crate) use input::Questions;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
@@ -32,7 +32,7 @@ use crate::session::{self, SessionError};
 /// from a file a run or its caller could write), so a restarted daemon serves it again with
 /// exactly the authority it had.
 #[derive(Debug, Clone)]
-pub struct Scope {
+pub(crate) struct Scope {
     /// The session whose tasks the bridge may see and start.
     pub session_id: String,
     /// The task whose run holds the bridge (parent of the tasks it starts).
@@ -49,7 +49,7 @@ pub struct Scope {
 
 impl Scope {
     /// The scope of a task's bridge, if it has one.
-    pub fn of_task(row: &TaskRow) -> Option<Scope> {
+    pub(crate) fn of_task(row: &TaskRow) -> Option<Scope> {
         Some(Scope {
             session_id: row.bridge_session_id.clone()?,
             caller_task_id: row.task_id.clone(),
@@ -61,17 +61,17 @@ impl Scope {
     }
 
     /// The bridge of a subagent's run serves the subagent's child session.
-    pub fn is_subagent(&self) -> bool {
+    pub(crate) fn is_subagent(&self) -> bool {
         self.session_id != self.caller_session_id
     }
 }
 
 /// Serves one connection to a bridge, with the bridge's scope (the daemon's RPC core).
-pub type Serve = Arc<dyn Fn(Arc<Scope>, UnixStream) + Send + Sync>;
+pub(crate) type Serve = Arc<dyn Fn(Arc<Scope>, UnixStream) + Send + Sync>;
 
 /// The daemon's bridges: the executor's [`RunHooks`], and what the handlers of
 /// `task.request_input` and `task.answer` need.
-pub struct Bridges {
+pub(crate) struct Bridges {
     me: Weak<Bridges>,
     serve: Serve,
     questions: input::Questions,
@@ -79,7 +79,7 @@ pub struct Bridges {
 
 impl Bridges {
     /// `serve` answers each connection to any bridge.
-    pub fn new(serve: Serve) -> Arc<Bridges> {
+    pub(crate) fn new(serve: Serve) -> Arc<Bridges> {
         Arc::new_cyclic(|me| Bridges {
             me: me.clone(),
             serve,
@@ -89,7 +89,7 @@ impl Bridges {
 
     /// The questions runs ask through their bridges (`task.request_input`), which the host
     /// answers (`task.answer`).
-    pub fn questions(&self) -> &Questions {
+    pub(crate) fn questions(&self) -> &Questions {
         &self.questions
     }
 
@@ -98,7 +98,7 @@ impl Bridges {
     /// served again. The sandbox mounted each run's bridge directory, so a socket bound there
     /// again is the one the run sees; who it acts for comes from the task's registry row.
     /// Connections open at the restart are gone (their calls raise an error).
-    pub fn after_restart(&self, exec: &Arc<Executor>) {
+    pub(crate) fn after_restart(&self, exec: &Arc<Executor>) {
         input::abandon_after_restart(exec);
         let Ok(live) = exec.registry().tasks_in_states(&[
             TaskState::Queued,

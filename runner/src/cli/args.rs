@@ -23,7 +23,7 @@ use super::schedule::ScheduleCommand;
                   sidejob logs -f $T                 follow a task's output (any unique prefix of its id)\n  \
                   sidejob status                     what the daemon runs and has loaded"
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(flatten)]
     pub conn: Conn,
     #[command(subcommand)]
@@ -32,7 +32,7 @@ pub struct Cli {
 
 /// How a client command reaches the daemon.
 #[derive(Args, Clone, Default)]
-pub struct Conn {
+pub(crate) struct Conn {
     /// The daemon's control socket [default: /run/sidejob/sidejob.sock for root, else
     /// $XDG_RUNTIME_DIR/sidejob/sidejob.sock]
     #[arg(long, env = "SIDEJOB_SOCKET", value_name = "PATH")]
@@ -40,7 +40,7 @@ pub struct Conn {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
+pub(crate) enum LogFormat {
     /// Human-readable lines (colored on a terminal)
     Text,
     /// One JSON object per line (tracing-subscriber's JSON format)
@@ -48,14 +48,14 @@ pub enum LogFormat {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
-pub enum Shell {
+pub(crate) enum Shell {
     Bash,
     Zsh,
     Fish,
 }
 
 #[derive(Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Start the daemon (zero configuration; SIGTERM stops it and leaves runs running)
     Serve {
         #[command(flatten)]
@@ -316,7 +316,7 @@ pub enum Command {
 }
 
 #[derive(Args)]
-pub struct CallArgs {
+pub(crate) struct CallArgs {
     #[command(flatten)]
     pub conn: Conn,
     /// Session id [default: cli-<uid>-<hash of the current directory>]
@@ -365,7 +365,7 @@ pub struct CallArgs {
 }
 
 #[derive(Subcommand)]
-pub enum RegistryAction {
+pub(crate) enum RegistryAction {
     /// Check the file (SQLite's quick_check) and that its event log rebuilds its rows;
     /// exits non-zero on damage
     Check,

@@ -23,14 +23,14 @@ use crate::protocol::{CompletedCall, FailReason, Task, TaskState, ToolCallResult
 const EXIT_INTERRUPTED: i32 = 130;
 /// Exit code when `--yield-after` left the run in the background (EX_TEMPFAIL): it has not
 /// succeeded (yet), so `sidejob call ... && next` does not go on.
-pub const EXIT_YIELDED: i32 = 75;
+pub(super) const EXIT_YIELDED: i32 = 75;
 /// The longest `task.wait` the daemon honours.
 const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
 
 /// The session a CLI call uses when none is named: one per user and working directory,
 /// `cli-<uid>-<hash>`. The uid is part of it so that root never lands in another user's
 /// session by accident.
-pub fn default_session(uid: u32, cwd: &Path) -> String {
+pub(super) fn default_session(uid: u32, cwd: &Path) -> String {
     // FNV-1a: stable across runs and versions, unlike std's hasher.
     let mut h: u64 = 0xcbf29ce484222325;
     for b in cwd.as_os_str().as_encoded_bytes() {
@@ -53,7 +53,7 @@ fn shell_quote(arg: &str) -> String {
 }
 
 /// The exit code a settled task maps to: its own, 128+signal, 124 on timeout, else 1.
-pub fn exit_code_of(
+pub(super) fn exit_code_of(
     task_state: TaskState,
     exit_code: Option<i32>,
     signal: Option<i32>,
@@ -133,7 +133,7 @@ enum Event {
     Interrupt,
 }
 
-pub fn call(socket: &Path, a: CallArgs) -> Result<i32> {
+pub(super) fn call(socket: &Path, a: CallArgs) -> Result<i32> {
     let (tool, args) = tool_and_args(&a)?;
     let cwd = std::env::current_dir().context("cannot read the current directory")?;
     let session = a

@@ -14,7 +14,7 @@ use super::Client;
 use crate::config::Config;
 use crate::protocol::{DaemonStatusResult, Task, TaskState};
 
-pub fn serve(
+pub(super) fn serve(
     socket: Option<PathBuf>,
     state_dir: Option<PathBuf>,
     config: Option<PathBuf>,
@@ -60,7 +60,7 @@ pub fn serve(
     Ok(0)
 }
 
-pub struct TasksArgs {
+pub(super) struct TasksArgs {
     pub session: Option<String>,
     pub all: bool,
     pub states: Vec<String>,
@@ -70,7 +70,7 @@ pub struct TasksArgs {
 /// Finished tasks shown without `--all`.
 const RECENT_FINISHED: usize = 10;
 
-pub fn tasks(socket: &Path, a: TasksArgs) -> Result<i32> {
+pub(super) fn tasks(socket: &Path, a: TasksArgs) -> Result<i32> {
     let mut states = Vec::new();
     for s in &a.states {
         states.push(TaskState::parse(s).with_context(|| {
@@ -141,7 +141,7 @@ pub fn tasks(socket: &Path, a: TasksArgs) -> Result<i32> {
     Ok(0)
 }
 
-pub fn logs(socket: &Path, task: &str, follow: bool, tail: Option<usize>) -> Result<i32> {
+pub(super) fn logs(socket: &Path, task: &str, follow: bool, tail: Option<usize>) -> Result<i32> {
     let mut client = Client::connect(socket)?;
     let task = client.resolve_task(task)?;
     let mut out = std::io::stdout();
@@ -192,7 +192,12 @@ pub fn logs(socket: &Path, task: &str, follow: bool, tail: Option<usize>) -> Res
     }
 }
 
-pub fn wait(socket: &Path, task: &str, timeout: Option<Duration>, json_out: bool) -> Result<i32> {
+pub(super) fn wait(
+    socket: &Path,
+    task: &str,
+    timeout: Option<Duration>,
+    json_out: bool,
+) -> Result<i32> {
     let mut client = Client::connect(socket)?;
     let task = client.resolve_task(task)?;
     let started = Instant::now();
@@ -243,7 +248,7 @@ pub fn wait(socket: &Path, task: &str, timeout: Option<Duration>, json_out: bool
     ))
 }
 
-pub fn cancel(
+pub(super) fn cancel(
     socket: &Path,
     tasks: &[String],
     grace: Option<Duration>,
@@ -294,7 +299,7 @@ pub fn cancel(
     Ok(code)
 }
 
-pub fn status(socket: &Path, json_out: bool) -> Result<i32> {
+pub(super) fn status(socket: &Path, json_out: bool) -> Result<i32> {
     let mut client = Client::connect(socket)?;
     let v = client.call("daemon.status", json!({}))?;
     if json_out {
@@ -359,7 +364,7 @@ pub fn status(socket: &Path, json_out: bool) -> Result<i32> {
     Ok(0)
 }
 
-pub fn replay(state_dir: Option<PathBuf>) -> Result<i32> {
+pub(super) fn replay(state_dir: Option<PathBuf>) -> Result<i32> {
     let state_dir = state_dir.unwrap_or_else(crate::config::default_state_dir);
     let db = state_dir.join("sidejob.db");
     if !db.exists() {
@@ -387,7 +392,7 @@ fn state_dir_or_default(state_dir: Option<PathBuf>) -> PathBuf {
 }
 
 /// `sidejob registry check`.
-pub fn registry_check(state_dir: Option<PathBuf>) -> Result<i32> {
+pub(super) fn registry_check(state_dir: Option<PathBuf>) -> Result<i32> {
     let state_dir = state_dir_or_default(state_dir);
     let db = state_dir.join("sidejob.db");
     if !db.exists() {
@@ -399,7 +404,7 @@ pub fn registry_check(state_dir: Option<PathBuf>) -> Result<i32> {
 }
 
 /// `sidejob registry backup`.
-pub fn registry_backup(state_dir: Option<PathBuf>) -> Result<i32> {
+pub(super) fn registry_backup(state_dir: Option<PathBuf>) -> Result<i32> {
     let state_dir = state_dir_or_default(state_dir);
     let to = crate::registry::health::backup(&state_dir)?;
     println!("backed up to {}", to.display());
@@ -413,7 +418,7 @@ fn stopped_daemon(state_dir: &Path) -> Result<std::fs::File> {
 }
 
 /// `sidejob registry restore`.
-pub fn registry_restore(state_dir: Option<PathBuf>) -> Result<i32> {
+pub(super) fn registry_restore(state_dir: Option<PathBuf>) -> Result<i32> {
     let state_dir = state_dir_or_default(state_dir);
     let _lock = stopped_daemon(&state_dir)?;
     let aside = crate::registry::health::restore(&state_dir)?;
@@ -429,7 +434,10 @@ pub fn registry_restore(state_dir: Option<PathBuf>) -> Result<i32> {
 }
 
 /// `sidejob registry rebuild`.
-pub fn registry_rebuild(state_dir: Option<PathBuf>, sessions_dir: Option<PathBuf>) -> Result<i32> {
+pub(super) fn registry_rebuild(
+    state_dir: Option<PathBuf>,
+    sessions_dir: Option<PathBuf>,
+) -> Result<i32> {
     let state_dir = state_dir_or_default(state_dir);
     let sessions_dir = sessions_dir.unwrap_or_else(|| state_dir.join("sessions"));
     let _lock = stopped_daemon(&state_dir)?;
@@ -447,7 +455,7 @@ pub fn registry_rebuild(state_dir: Option<PathBuf>, sessions_dir: Option<PathBuf
     Ok(0)
 }
 
-pub fn rpc(socket: &Path, method: &str, params: &str) -> Result<i32> {
+pub(super) fn rpc(socket: &Path, method: &str, params: &str) -> Result<i32> {
     let params: Value = serde_json::from_str(params).with_context(|| {
         format!("params must be a JSON object, e.g. '{{\"session_id\": \"s\"}}', not {params}")
     })?;
@@ -458,7 +466,7 @@ pub fn rpc(socket: &Path, method: &str, params: &str) -> Result<i32> {
 }
 
 /// `sidejob completions SHELL`: the completion script, from the same definitions as --help.
-pub fn completions(shell: Shell) -> Result<i32> {
+pub(super) fn completions(shell: Shell) -> Result<i32> {
     let mut cmd = <Cli as clap::CommandFactory>::command();
     let shell = match shell {
         Shell::Bash => clap_complete::Shell::Bash,
@@ -470,7 +478,7 @@ pub fn completions(shell: Shell) -> Result<i32> {
 }
 
 /// `sidejob man`: sidejob.1 on stdout, or one page per command into a directory.
-pub fn man(dir: Option<PathBuf>) -> Result<i32> {
+pub(super) fn man(dir: Option<PathBuf>) -> Result<i32> {
     let cmd = <Cli as clap::CommandFactory>::command();
     match dir {
         None => {

@@ -12,7 +12,7 @@ use crate::sandbox::resolve::{self, Context};
 use crate::sandbox::{Catalog, LaunchPlan};
 
 /// Runs `sidejob doctor`; returns 0 when every layer the default profile needs is here.
-pub fn doctor(json_out: bool) -> i32 {
+pub(super) fn doctor(json_out: bool) -> i32 {
     let a = Availability::probe();
     let layers = a.report();
     let catalog = Catalog::new(Catalog::default_dir());
@@ -245,7 +245,7 @@ fn human_bytes(n: u64) -> String {
 
 /// `sidejob cache`: the persistent caches of profiles (`[caches]`).
 #[derive(Debug, clap::Subcommand)]
-pub enum CacheCommand {
+pub(crate) enum CacheCommand {
     /// List the caches kept under the state directory, with their sizes
     List {
         #[arg(long, env = "SIDEJOB_STATE_DIR")]
@@ -266,7 +266,7 @@ pub enum CacheCommand {
 }
 
 /// Runs `sidejob cache ...`; returns the exit code.
-pub fn cache(cmd: CacheCommand) -> i32 {
+pub(super) fn cache(cmd: CacheCommand) -> i32 {
     use crate::sandbox::caches;
     match cmd {
         CacheCommand::List { state_dir, json } => {

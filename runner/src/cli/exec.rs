@@ -15,10 +15,10 @@ use crate::sandbox::{Catalog, LaunchPlan, Network, Profile, RunAs};
 use crate::supervisor::{self, RunResult};
 
 /// Exit code when the sandbox cannot be built (as `env`, `timeout` and container runtimes use).
-pub const EXIT_SANDBOX: i32 = 125;
-pub const EXIT_TIMEOUT: i32 = 124;
+pub(super) const EXIT_SANDBOX: i32 = 125;
+pub(super) const EXIT_TIMEOUT: i32 = 124;
 
-pub struct ExecArgs {
+pub(super) struct ExecArgs {
     pub profile: Option<String>,
     pub workspace: Option<PathBuf>,
     pub timeout: Option<Duration>,
@@ -216,7 +216,7 @@ fn not_on_sandbox_path(
 }
 
 /// Runs `sidejob exec`; returns the process exit code.
-pub fn exec(a: ExecArgs) -> i32 {
+pub(super) fn exec(a: ExecArgs) -> i32 {
     let catalog = Catalog::new(Catalog::default_dir());
     let mut profile = match catalog.get_or_file(a.profile.as_deref().unwrap_or("workspace-write")) {
         Ok(p) => p,
@@ -498,7 +498,7 @@ fn command_stdin(want: bool) -> std::io::Result<Option<i32>> {
 }
 
 /// The exit code `sidejob exec` passes through for a result.
-pub fn exit_code(r: &RunResult) -> i32 {
+pub(super) fn exit_code(r: &RunResult) -> i32 {
     match (r.state, r.reason) {
         (TaskState::Succeeded, _) => 0,
         (_, Some(FailReason::Timeout)) => EXIT_TIMEOUT,

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 /// A human duration: `500ms`, `90s`, `10m`, `1h30m`, `2d`. A bare number is refused rather
 /// than guessed (milliseconds or seconds?).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(super) fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
     if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
         return Err(format!(
@@ -18,7 +18,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 /// `1h30m`, `2m05s`, `4.2s`, `350ms`.
-pub fn format_duration(d: Duration) -> String {
+pub(super) fn format_duration(d: Duration) -> String {
     let ms = d.as_millis() as u64;
     let s = ms / 1000;
     match s {
@@ -31,13 +31,13 @@ pub fn format_duration(d: Duration) -> String {
 }
 
 /// A duration given in milliseconds on the wire.
-pub fn format_ms(ms: u64) -> String {
+pub(super) fn format_ms(ms: u64) -> String {
     format_duration(Duration::from_millis(ms))
 }
 
 /// The shortest prefix of each id (at least 12 characters, as docker shows) that tells it
 /// apart from every other id listed.
-pub fn short_ids(ids: &[&str]) -> Vec<String> {
+pub(super) fn short_ids(ids: &[&str]) -> Vec<String> {
     const MIN: usize = 12;
     ids.iter()
         .map(|id| {
@@ -55,7 +55,7 @@ pub fn short_ids(ids: &[&str]) -> Vec<String> {
 }
 
 /// Prints a left-aligned table; the last column is not padded.
-pub fn print_table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) {
+pub(super) fn print_table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) {
     let mut widths = header.map(|h| h.chars().count());
     for r in rows {
         for (i, c) in r.iter().enumerate() {
@@ -80,13 +80,13 @@ pub fn print_table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) {
 }
 
 /// Elapsed time on stderr while the CLI waits, when stderr is a terminal.
-pub struct Spinner {
+pub(super) struct Spinner {
     stop: Option<std::sync::mpsc::Sender<()>>,
     handle: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Spinner {
-    pub fn start(enabled: bool, what: &str) -> Spinner {
+    pub(super) fn start(enabled: bool, what: &str) -> Spinner {
         if !enabled || !std::io::stderr().is_terminal() {
             return Spinner {
                 stop: None,

@@ -6,12 +6,12 @@ mod call;
 mod client;
 mod commands;
 mod doctor;
-pub mod exec;
+mod exec;
 mod format;
 mod mcp;
 mod schedule;
 
-pub use args::Cli;
+pub(crate) use args::Cli;
 pub use client::{Client, ClientError};
 
 use std::path::PathBuf;

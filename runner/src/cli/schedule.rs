@@ -14,7 +14,7 @@ use super::Client;
 use crate::protocol::Notification;
 
 #[derive(Subcommand)]
-pub enum ScheduleCommand {
+pub(crate) enum ScheduleCommand {
     /// Arm a schedule: a prompt delivered as a wake, or a command started on time
     #[command(
         after_help = "Examples:\n  sidejob schedule add --every 10m --prompt 'check the nightly build'\n  \
@@ -102,7 +102,7 @@ fn describe_trigger(t: &Value) -> String {
     }
 }
 
-pub fn run(socket: &Path, cmd: ScheduleCommand) -> Result<i32> {
+pub(super) fn run(socket: &Path, cmd: ScheduleCommand) -> Result<i32> {
     let mut client = Client::connect(socket)?;
     match cmd {
         ScheduleCommand::Add {
@@ -238,7 +238,7 @@ pub fn run(socket: &Path, cmd: ScheduleCommand) -> Result<i32> {
     Ok(0)
 }
 
-pub fn events(
+pub(super) fn events(
     socket: &Path,
     sessions: Vec<String>,
     since: Option<i64>,
@@ -296,7 +296,7 @@ pub fn events(
     }
 }
 
-pub struct InboxArgs {
+pub(super) struct InboxArgs {
     pub session: Option<String>,
     pub unread: bool,
     pub ack: bool,
@@ -319,7 +319,7 @@ fn indent(text: &str) -> String {
     text.trim_end().replace('\n', "\n    ")
 }
 
-pub fn inbox(socket: &Path, a: InboxArgs) -> Result<i32> {
+pub(super) fn inbox(socket: &Path, a: InboxArgs) -> Result<i32> {
     let mut client = Client::connect(socket)?;
     let mut p = json!({ "unread_only": a.unread });
     if let Some(s) = &a.session {

@@ -20,7 +20,7 @@ use super::record::Via;
 use super::Run;
 
 /// The largest message accepted or sent.
-pub const MAX_MESSAGE: usize = 4096;
+pub(crate) const MAX_MESSAGE: usize = 4096;
 /// Time to live of the answers: short, so a changed address is seen soon.
 const TTL: u32 = 30;
 /// Answers per response (enough for any service; keeps UDP replies small).
@@ -29,13 +29,13 @@ const MAX_ANSWERS: usize = 8;
 const TCP_IDLE: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Transport {
+pub(crate) enum Transport {
     Udp,
     Tcp,
 }
 
 /// The response to one query, or `None` when the bytes are not a DNS query at all.
-pub async fn answer(run: &Run, query: &[u8], transport: Transport) -> Option<Vec<u8>> {
+pub(crate) async fn answer(run: &Run, query: &[u8], transport: Transport) -> Option<Vec<u8>> {
     if query.len() > MAX_MESSAGE {
         return None;
     }
@@ -127,7 +127,7 @@ async fn lookup(run: &Run, q: &hickory_proto::op::Query, resp: &mut Message) -> 
 }
 
 /// DNS over TCP: two-byte lengths before each message, until the client stops.
-pub async fn serve_tcp(mut stream: TcpStream, run: Arc<Run>) -> io::Result<()> {
+pub(crate) async fn serve_tcp(mut stream: TcpStream, run: Arc<Run>) -> io::Result<()> {
     loop {
         let mut len = [0u8; 2];
         match tokio::time::timeout(TCP_IDLE, stream.read_exact(&mut len)).await {

@@ -5,13 +5,13 @@
 //! server), hop-by-hop headers removed and `Connection: close`. Sans-I/O.
 
 /// The largest request head accepted (request line and headers).
-pub const MAX_HEAD: usize = 64 * 1024;
+pub(crate) const MAX_HEAD: usize = 64 * 1024;
 /// Headers beyond this many are refused.
 const MAX_HEADERS: usize = 100;
 
 /// What a client asked the proxy for.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ProxyRequest {
+pub(crate) enum ProxyRequest {
     /// `CONNECT host:port`: the host (as written) and the port.
     Connect { host: String, port: u16 },
     /// An absolute-form `http://` request: where to, and the head to send there.
@@ -29,7 +29,7 @@ pub enum ProxyRequest {
 
 /// Why a request head is refused, with the status line to answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HttpError {
+pub(crate) enum HttpError {
     /// The head is longer than [`MAX_HEAD`] or has too many headers.
     TooLarge,
     /// Not HTTP/1.x the parser accepts.
@@ -45,7 +45,7 @@ pub enum HttpError {
 }
 
 impl HttpError {
-    pub fn status(&self) -> &'static str {
+    pub(crate) fn status(&self) -> &'static str {
         match self {
             HttpError::TooLarge => "431 Request Header Fields Too Large",
             HttpError::Malformed(_)
@@ -56,7 +56,7 @@ impl HttpError {
         }
     }
 
-    pub fn message(&self) -> String {
+    pub(crate) fn message(&self) -> String {
         match self {
             HttpError::TooLarge => {
                 format!("the request head is over {MAX_HEAD} bytes or {MAX_HEADERS} headers")
@@ -89,7 +89,7 @@ const HOP_BY_HOP: &[&str] = &[
 
 /// Parses a request head. `Ok(None)`: more bytes are needed; `Ok(Some((req, n)))`: the head
 /// was the first `n` bytes (what follows is the body, forwarded as it is).
-pub fn parse(buf: &[u8]) -> Result<Option<(ProxyRequest, usize)>, HttpError> {
+pub(crate) fn parse(buf: &[u8]) -> Result<Option<(ProxyRequest, usize)>, HttpError> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     let n = match req.parse(buf) {
@@ -170,7 +170,7 @@ fn authority(a: &str) -> Result<(String, Option<u16>), HttpError> {
 
 impl ProxyRequest {
     /// The head to send upstream for a forwarded request, with `Host` set to `host_header`.
-    pub fn upstream_head(&self, host_header: &str) -> Option<Vec<u8>> {
+    pub(crate) fn upstream_head(&self, host_header: &str) -> Option<Vec<u8>> {
         let ProxyRequest::Forward {
             method,
             path,
@@ -195,7 +195,7 @@ impl ProxyRequest {
 }
 
 /// A complete response with a one-line plain-text body.
-pub fn response(status: &str, reason_code: Option<&str>, body: &str) -> Vec<u8> {
+pub(crate) fn response(status: &str, reason_code: Option<&str>, body: &str) -> Vec<u8> {
     let body = format!("{body}\n");
     let mut head = format!(
         "HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n",
@@ -210,7 +210,7 @@ pub fn response(status: &str, reason_code: Option<&str>, body: &str) -> Vec<u8> 
 }
 
 /// The answer to a `CONNECT` that was allowed and connected.
-pub const CONNECTED: &[u8] = b"HTTP/1.1 200 Connection established\r\n\r\n";
+pub(crate) const CONNECTED: &[u8] = b"HTTP/1.1 200 Connection established\r\n\r\n";
 
 #[cfg(test)]
 mod tests {

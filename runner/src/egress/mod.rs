@@ -14,14 +14,14 @@
 //! The relay reads nothing a client sends and decides nothing; everything is decided here, so
 //! a relay the command builds for itself, in front of the loopback ports, gains nothing.
 
-pub mod dns;
-pub mod http;
-pub mod policy;
-pub mod proxy;
-pub mod record;
-pub mod socks;
-pub mod splice;
-pub mod standalone;
+pub(crate) mod dns;
+pub(crate) mod http;
+pub(crate) mod policy;
+pub(crate) mod proxy;
+pub(crate) mod record;
+pub(crate) mod socks;
+pub(crate) mod splice;
+pub(crate) mod standalone;
 
 use std::collections::HashMap;
 use std::io;
@@ -37,26 +37,26 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Semaphore;
 use tracing::{debug, info};
 
-pub use policy::Policy;
+pub(crate) use policy::Policy;
 use policy::Refusal;
 use record::{NetworkViolation, Recorder, Via};
 
 /// The proxy's port on the run's loopback (HTTP `CONNECT`, absolute-form HTTP and SOCKS5).
-pub const PROXY_PORT: u16 = 3128;
+pub(crate) const PROXY_PORT: u16 = 3128;
 /// The DNS responder's port on the run's loopback (UDP and TCP).
-pub const DNS_PORT: u16 = 53;
+pub(crate) const DNS_PORT: u16 = 53;
 /// The socket's name in the egress directory.
-pub const SOCKET: &str = "sock";
+pub(crate) const SOCKET: &str = "sock";
 
 /// The first byte of each connection from the relay says what the passed socket is.
-pub mod kind {
+pub(crate) mod kind {
     /// A TCP connection to the proxy port.
-    pub const PROXY: u8 = b'P';
+    pub(crate) const PROXY: u8 = b'P';
     /// A TCP connection to the DNS port (length-prefixed messages).
-    pub const DNS_TCP: u8 = b'T';
+    pub(crate) const DNS_TCP: u8 = b'T';
     /// One UDP query: the relay's UDP socket is passed, followed by the client's address
     /// (family 4 or 6, the address, the port) and the query.
-    pub const DNS_UDP: u8 = b'U';
+    pub(crate) const DNS_UDP: u8 = b'U';
 }
 
 /// Connections one run may have open through the proxy at once; more are closed at once.
@@ -73,7 +73,7 @@ const MAX_ANSWERED: usize = 4096;
 /// host (the supervisor relays to it; the run's view does not hold it).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct EgressPlan {
+pub(crate) struct EgressPlan {
     pub policy: Policy,
     /// The host directory holding the socket; filled in by whoever serves the proxy (the
     /// daemon, or `sidejob exec`) before the plan is written.
@@ -82,7 +82,7 @@ pub struct EgressPlan {
 
 /// The proxy settings a run with an allow-list gets, in both cases (tools read one or the
 /// other), overriding anything the caller passed.
-pub fn proxy_env() -> Vec<(String, String)> {
+pub(crate) fn proxy_env() -> Vec<(String, String)> {
     let http = format!("http://127.0.0.1:{PROXY_PORT}");
     let socks = format!("socks5h://127.0.0.1:{PROXY_PORT}");
     let no_proxy = "localhost,127.0.0.1,::1".to_owned();
@@ -100,11 +100,11 @@ pub fn proxy_env() -> Vec<(String, String)> {
 }
 
 /// The resolver configuration in the run's view.
-pub const RESOLV_CONF: &str = "# sidejob: the run's DNS responder answers the names its network.allow list allows\nnameserver 127.0.0.1\noptions timeout:2 attempts:2\n";
+pub(crate) const RESOLV_CONF: &str = "# sidejob: the run's DNS responder answers the names its network.allow list allows\nnameserver 127.0.0.1\noptions timeout:2 attempts:2\n";
 
 /// One run's proxy state: its policy, its refusals and the addresses its DNS responder gave
 /// out. Each run has its own, so a daemon serving many runs keeps their decisions apart.
-pub struct Run {
+pub(crate) struct Run {
     pub task_id: String,
     pub policy: Policy,
     recorder: Recorder,
@@ -114,14 +114,18 @@ pub struct Run {
 
 /// Why a connection was not made.
 #[derive(Debug)]
-pub enum Refused {
+pub(crate) enum Refused {
     Policy(Refusal),
     Connect(io::Error),
 }
 
 impl Run {
     /// `record_path`: the run's `network.jsonl` in its private directory.
-    pub fn new(task_id: &str, policy: Policy, record_path: &std::path::Path) -> io::Result<Run> {
+    pub(crate) fn new(
+        task_id: &str,
+        policy: Policy,
+        record_path: &std::path::Path,
+    ) -> io::Result<Run> {
         Ok(Run {
             task_id: task_id.to_owned(),
             policy,
@@ -133,7 +137,7 @@ impl Run {
 
     /// Logs a refusal and, when it breaks the policy, records it as a violation. Called before
     /// the client is answered.
-    pub fn refuse(&self, host: &str, port: Option<u16>, refusal: Refusal, via: Via) {
+    pub(crate) fn refuse(&self, host: &str, port: Option<u16>, refusal: Refusal, via: Via) {
         info!(task_id = %self.task_id, host, port, reason = refusal.code(), ?via, "egress refused");
         if refusal.is_violation() {
             self.recorder
@@ -144,7 +148,7 @@ impl Run {
     /// Remembers that the DNS responder answered `name` with `ip`, so a client that resolved
     /// first and then asks the proxy for the address (SOCKS5 without remote names, `CONNECT
     /// 1.2.3.4:443`) is decided on the name.
-    pub fn remember(&self, ip: IpAddr, name: &str) {
+    pub(crate) fn remember(&self, ip: IpAddr, name: &str) {
         let mut map = self.answered.lock().unwrap_or_else(|e| e.into_inner());
         if map.len() >= MAX_ANSWERED && !map.contains_key(&ip) {
             return;
@@ -164,7 +168,7 @@ impl Run {
     /// (static `hosts` first), every address checked, and the first allowed one that answers
     /// is used — the address that was checked is the one connected to. Returns the
     /// connection and the host as normalised. A policy refusal is recorded here.
-    pub async fn open(
+    pub(crate) async fn open(
         &self,
         raw_host: &str,
         port: u16,
@@ -232,7 +236,7 @@ impl Run {
 
     /// The addresses of an allowed name: the profile's static `hosts`, else the host's
     /// resolver. Only ever called for names the policy allows, so nothing else is looked up.
-    pub async fn resolve(&self, name: &str) -> io::Result<Vec<IpAddr>> {
+    pub(crate) async fn resolve(&self, name: &str) -> io::Result<Vec<IpAddr>> {
         if let Some(ip) = self.policy.static_host(name) {
             return Ok(vec![policy::canonical(ip)]);
         }
@@ -252,7 +256,7 @@ impl Run {
 
 /// Serves a run's socket until `stop` resolves: every connection from the relay is handled
 /// on its own task, within the run's share of connections.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: UnixListener,
     run: Arc<Run>,
     stop: impl std::future::Future<Output = ()>,

@@ -22,7 +22,7 @@ const MAX_NAME: usize = 253;
 
 /// A host as a client named it, normalised.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Host {
+pub(crate) enum Host {
     /// Lower-case ASCII, no trailing dot, every label checked.
     Name(String),
     Ip(IpAddr),
@@ -40,7 +40,7 @@ impl fmt::Display for Host {
 
 /// Where an address lies. Everything but `Public` needs an address rule of its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AddrClass {
+pub(crate) enum AddrClass {
     Public,
     Loopback,
     Private,
@@ -57,32 +57,31 @@ pub enum AddrClass {
 /// [`Refusal::text`] into the reply; both come from the constants below, so the two always
 /// say the same thing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     Denied,
     NotAllowed,
     IpLiteral,
     Address(AddrClass),
     BadName,
     Unresolved,
-    Unsupported,
 }
 
-pub const DENIED: &str = "on the profile's network.deny list";
-pub const NOT_ALLOWED: &str = "not on the profile's network.allow list";
-pub const IP_LITERAL: &str = "an address given directly must itself be on network.allow";
-pub const LOOPBACK: &str = "resolves to a loopback address that is not on network.allow";
-pub const PRIVATE: &str = "resolves to a private address that is not on network.allow";
-pub const LINK_LOCAL: &str = "resolves to a link-local address that is not on network.allow";
-pub const METADATA: &str = "resolves to a cloud metadata address that is not on network.allow";
-pub const UNSPECIFIED: &str = "resolves to an unspecified address (0.0.0.0 or ::)";
-pub const RESERVED: &str = "resolves to a multicast or reserved address";
-pub const BAD_NAME: &str = "not a valid host name";
-pub const UNRESOLVED: &str = "the name does not resolve on the host";
-pub const UNSUPPORTED: &str = "the proxy does not support this request";
+pub(crate) const DENIED: &str = "on the profile's network.deny list";
+pub(crate) const NOT_ALLOWED: &str = "not on the profile's network.allow list";
+pub(crate) const IP_LITERAL: &str = "an address given directly must itself be on network.allow";
+pub(crate) const LOOPBACK: &str = "resolves to a loopback address that is not on network.allow";
+pub(crate) const PRIVATE: &str = "resolves to a private address that is not on network.allow";
+pub(crate) const LINK_LOCAL: &str = "resolves to a link-local address that is not on network.allow";
+pub(crate) const METADATA: &str =
+    "resolves to a cloud metadata address that is not on network.allow";
+pub(crate) const UNSPECIFIED: &str = "resolves to an unspecified address (0.0.0.0 or ::)";
+pub(crate) const RESERVED: &str = "resolves to a multicast or reserved address";
+pub(crate) const BAD_NAME: &str = "not a valid host name";
+pub(crate) const UNRESOLVED: &str = "the name does not resolve on the host";
 
 impl Refusal {
     /// A short, stable name (`result.json` `violations[].reason`).
-    pub fn code(self) -> &'static str {
+    pub(crate) fn code(self) -> &'static str {
         match self {
             Refusal::Denied => "denied",
             Refusal::NotAllowed => "not_allowed",
@@ -96,12 +95,11 @@ impl Refusal {
             Refusal::Address(AddrClass::Public) => "public_address",
             Refusal::BadName => "bad_name",
             Refusal::Unresolved => "unresolved",
-            Refusal::Unsupported => "unsupported",
         }
     }
 
     /// One line for the client.
-    pub fn text(self) -> &'static str {
+    pub(crate) fn text(self) -> &'static str {
         match self {
             Refusal::Denied => DENIED,
             Refusal::NotAllowed => NOT_ALLOWED,
@@ -114,20 +112,19 @@ impl Refusal {
             Refusal::Address(AddrClass::Reserved | AddrClass::Public) => RESERVED,
             Refusal::BadName => BAD_NAME,
             Refusal::Unresolved => UNRESOLVED,
-            Refusal::Unsupported => UNSUPPORTED,
         }
     }
 
     /// Whether the run broke its policy (recorded as a violation), as opposed to asking for
     /// something that does not exist or that the proxy cannot do.
-    pub fn is_violation(self) -> bool {
+    pub(crate) fn is_violation(self) -> bool {
         match self {
             Refusal::Denied
             | Refusal::NotAllowed
             | Refusal::IpLiteral
             | Refusal::Address(_)
             | Refusal::BadName => true,
-            Refusal::Unresolved | Refusal::Unsupported => false,
+            Refusal::Unresolved => false,
         }
     }
 }
@@ -332,7 +329,7 @@ impl From<Rule> for String {
 }
 
 /// `host`, `host:port`, `[v6]`, `[v6]:port`, or a bare IPv6 address.
-pub fn split_host_port(s: &str) -> Result<(&str, Option<u16>), String> {
+pub(crate) fn split_host_port(s: &str) -> Result<(&str, Option<u16>), String> {
     let parse_port = |p: &str| -> Result<Option<u16>, String> {
         p.parse::<u16>()
             .ok()
@@ -365,7 +362,7 @@ pub fn split_host_port(s: &str) -> Result<(&str, Option<u16>), String> {
 /// a name made lower-case without its trailing dot, whose labels are 1 to 63 characters of
 /// letters, digits, `-` and `_`. A name whose last label is numeric (`2130706433`, `127.1`,
 /// `0x7f.1`) is refused: resolvers read those as addresses.
-pub fn normalize(raw: &str) -> Result<Host, Refusal> {
+pub(crate) fn normalize(raw: &str) -> Result<Host, Refusal> {
     let s = raw
         .strip_prefix('[')
         .and_then(|r| r.strip_suffix(']'))
@@ -401,7 +398,7 @@ pub fn normalize(raw: &str) -> Result<Host, Refusal> {
 }
 
 /// An IPv4-mapped IPv6 address (`::ffff:a.b.c.d`) is the IPv4 address it carries.
-pub fn canonical(ip: IpAddr) -> IpAddr {
+pub(crate) fn canonical(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
             Some(v4) => IpAddr::V4(v4),
@@ -413,7 +410,7 @@ pub fn canonical(ip: IpAddr) -> IpAddr {
 
 /// Where `ip` lies. IPv6 forms that carry an IPv4 address (mapped, compatible, NAT64, 6to4)
 /// are classified by the address they carry, so `::ffff:127.0.0.1` is loopback.
-pub fn classify(ip: IpAddr) -> AddrClass {
+pub(crate) fn classify(ip: IpAddr) -> AddrClass {
     match canonical(ip) {
         IpAddr::V4(v4) => classify_v4(v4),
         IpAddr::V6(v6) => classify_v6(v6),
@@ -487,7 +484,7 @@ fn classify_v6(ip: Ipv6Addr) -> AddrClass {
 /// A run's network policy: the profile's `[network]` table.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Policy {
+pub(crate) struct Policy {
     pub allow: Vec<Rule>,
     #[serde(default)]
     pub deny: Vec<Rule>,
@@ -500,7 +497,7 @@ impl Policy {
     /// May a client connect to `host` on `port`? A name is decided on the name itself (it is
     /// resolved and its addresses checked with [`Policy::check_addr`] afterwards); an address
     /// given directly must be on the allow list.
-    pub fn check_target(&self, host: &Host, port: u16) -> Result<(), Refusal> {
+    pub(crate) fn check_target(&self, host: &Host, port: u16) -> Result<(), Refusal> {
         match host {
             Host::Name(name) => self.check_name(name, Some(port)),
             Host::Ip(ip) => {
@@ -516,7 +513,7 @@ impl Policy {
     }
 
     /// May `name` be used (on `port`, or on some port when `None`, as for a DNS lookup)?
-    pub fn check_name(&self, name: &str, port: Option<u16>) -> Result<(), Refusal> {
+    pub(crate) fn check_name(&self, name: &str, port: Option<u16>) -> Result<(), Refusal> {
         // A deny rule with a port only denies that port; for a lookup (no port yet) only a
         // deny rule without a port refuses the name.
         let denied = self.deny.iter().any(|r| match port {
@@ -536,7 +533,7 @@ impl Policy {
     /// addresses may, unless denied; loopback, private, link-local, metadata and other special
     /// addresses only when an address rule allows them. This is what stops DNS rebinding and
     /// metadata access through an allowed name.
-    pub fn check_addr(&self, ip: IpAddr, port: Option<u16>) -> Result<(), Refusal> {
+    pub(crate) fn check_addr(&self, ip: IpAddr, port: Option<u16>) -> Result<(), Refusal> {
         let deny_port = |r: &Rule| port.is_some() || r.port().is_none();
         if self
             .deny
@@ -554,7 +551,7 @@ impl Policy {
 
     /// The addresses of `addrs` that may be used (on `port`, or on some port), in order; with
     /// none, the first refusal (`None` when there was no address at all).
-    pub fn usable_addrs(
+    pub(crate) fn usable_addrs(
         &self,
         addrs: impl IntoIterator<Item = IpAddr>,
         port: Option<u16>,
@@ -578,13 +575,13 @@ impl Policy {
     }
 
     /// The static address of `name`, if the profile gives one.
-    pub fn static_host(&self, name: &str) -> Option<IpAddr> {
+    pub(crate) fn static_host(&self, name: &str) -> Option<IpAddr> {
         self.hosts.get(name).copied()
     }
 
     /// Adds `other`'s rules (a profile that extends another, or the `[subagent]` grants);
     /// `other`'s static names win.
-    pub fn extend(&mut self, other: &Policy) {
+    pub(crate) fn extend(&mut self, other: &Policy) {
         for r in &other.allow {
             if !self.allow.contains(r) {
                 self.allow.push(r.clone());
@@ -603,7 +600,7 @@ impl Policy {
     /// Is this policy no wider than `session`'s? Every allowed name or address must be
     /// allowed there too, every deny rule there must be here, and a static name must map to
     /// the same address.
-    pub fn check_narrows(&self, session: &Policy) -> Result<(), String> {
+    pub(crate) fn check_narrows(&self, session: &Policy) -> Result<(), String> {
         for r in &self.allow {
             if !session.allow.iter().any(|s| r.covered_by(s)) {
                 return Err(format!("network.allow {r} is not allowed by the session"));
@@ -818,7 +815,6 @@ mod tests {
             Refusal::Address(AddrClass::Reserved),
             Refusal::BadName,
             Refusal::Unresolved,
-            Refusal::Unsupported,
         ];
         let codes: std::collections::BTreeSet<_> = all.iter().map(|r| r.code()).collect();
         let texts: std::collections::BTreeSet<_> = all.iter().map(|r| r.text()).collect();

@@ -14,7 +14,7 @@ use super::record::Via;
 use super::socks::{self, SocksError};
 use super::{Refused, Run, HEAD_TIMEOUT};
 
-pub async fn handle(mut client: TcpStream, run: Arc<Run>) -> io::Result<()> {
+pub(crate) async fn handle(mut client: TcpStream, run: Arc<Run>) -> io::Result<()> {
     let _ = client.set_nodelay(true);
     let mut buf = Vec::with_capacity(4096);
     if read_more(&mut client, &mut buf).await? == 0 {
@@ -59,7 +59,6 @@ async fn http_request(mut client: TcpStream, mut buf: Vec<u8>, run: &Run) -> io:
         Err(Refused::Policy(r)) => {
             let status = match r {
                 Refusal::Unresolved => "502 Bad Gateway",
-                Refusal::Unsupported => "400 Bad Request",
                 _ => "403 Forbidden",
             };
             let body = format!("sidejob: {host}:{port}: {}", r.text());
@@ -132,7 +131,6 @@ async fn socks5(mut client: TcpStream, mut buf: Vec<u8>, run: &Run) -> io::Resul
         Err(Refused::Policy(r)) => {
             let code = match r {
                 Refusal::Unresolved => socks::rep::HOST_UNREACHABLE,
-                Refusal::Unsupported => socks::rep::GENERAL_FAILURE,
                 _ => socks::rep::NOT_ALLOWED,
             };
             return write_close(&mut client, &socks::reply(code)).await;

@@ -15,10 +15,10 @@ use serde::{Deserialize, Serialize};
 use super::policy::Refusal;
 
 /// The file name in the run's private directory.
-pub const FILE: &str = "network.jsonl";
+pub(crate) const FILE: &str = "network.jsonl";
 
 /// Lines one run may add; a run that keeps knocking is counted, not logged without end.
-pub const MAX_LINES: u32 = 1000;
+pub(crate) const MAX_LINES: u32 = 1000;
 
 /// The largest file the supervisor reads back.
 const MAX_BYTES: u64 = 1 << 20;
@@ -26,14 +26,14 @@ const MAX_BYTES: u64 = 1 << 20;
 /// `kind` of a network violation; always `"network"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum NetworkKind {
+pub(crate) enum NetworkKind {
     Network,
 }
 
 /// How the run asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Via {
+pub(crate) enum Via {
     /// HTTP `CONNECT`.
     Connect,
     /// An absolute-form HTTP request (`GET http://host/...`).
@@ -45,7 +45,7 @@ pub enum Via {
 
 /// One refused connection or lookup, as `result.json` lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NetworkViolation {
+pub(crate) struct NetworkViolation {
     pub kind: NetworkKind,
     /// The host as the client named it (normalised when it could be).
     pub host: String,
@@ -66,7 +66,12 @@ fn one() -> u32 {
 }
 
 impl NetworkViolation {
-    pub fn new(host: &str, port: Option<u16>, refusal: Refusal, via: Via) -> NetworkViolation {
+    pub(crate) fn new(
+        host: &str,
+        port: Option<u16>,
+        refusal: Refusal,
+        via: Via,
+    ) -> NetworkViolation {
         NetworkViolation {
             kind: NetworkKind::Network,
             host: host.chars().take(255).collect(),
@@ -79,7 +84,7 @@ impl NetworkViolation {
     }
 
     /// `host:port` (or the host alone for a lookup).
-    pub fn target(&self) -> String {
+    pub(crate) fn target(&self) -> String {
         match self.port {
             Some(p) => format!("{}:{p}", self.host),
             None => self.host.clone(),
@@ -89,7 +94,7 @@ impl NetworkViolation {
 
 /// Appends a run's refusals to its `network.jsonl`.
 #[derive(Debug)]
-pub struct Recorder {
+pub(crate) struct Recorder {
     path: PathBuf,
     state: Mutex<(Option<File>, u32)>,
 }
@@ -97,7 +102,7 @@ pub struct Recorder {
 impl Recorder {
     /// A recorder for `path`; the file is made (0600) with the first refusal, so a run
     /// without one costs nothing. A restarted daemon appends to what is there.
-    pub fn open(path: &Path) -> std::io::Result<Recorder> {
+    pub(crate) fn open(path: &Path) -> std::io::Result<Recorder> {
         let lines = match std::fs::read(path) {
             Ok(b) => b.iter().filter(|c| **c == b'\n').count() as u32,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
@@ -119,13 +124,9 @@ impl Recorder {
             .open(path)
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// Writes one refusal (up to [`MAX_LINES`] per run). Errors are logged, never raised:
     /// the refusal itself stands either way.
-    pub fn record(&self, v: &NetworkViolation) {
+    pub(crate) fn record(&self, v: &NetworkViolation) {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if st.1 >= MAX_LINES {
             return;
@@ -151,7 +152,7 @@ impl Recorder {
 
 /// Reads a run's refusals, merged by host, port, reason and way (first time, count). A
 /// missing file is no refusal.
-pub fn read(path: &Path) -> Vec<NetworkViolation> {
+pub(crate) fn read(path: &Path) -> Vec<NetworkViolation> {
     let Ok(f) = File::open(path) else {
         return Vec::new();
     };

@@ -5,7 +5,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-pub const VERSION: u8 = 5;
+pub(crate) const VERSION: u8 = 5;
 const NO_AUTH: u8 = 0x00;
 const CMD_CONNECT: u8 = 0x01;
 const ATYP_V4: u8 = 0x01;
@@ -13,40 +13,40 @@ const ATYP_NAME: u8 = 0x03;
 const ATYP_V6: u8 = 0x04;
 
 /// Reply codes (RFC 1928 §6).
-pub mod rep {
-    pub const SUCCEEDED: u8 = 0x00;
-    pub const GENERAL_FAILURE: u8 = 0x01;
-    pub const NOT_ALLOWED: u8 = 0x02;
-    pub const HOST_UNREACHABLE: u8 = 0x04;
-    pub const CONNECTION_REFUSED: u8 = 0x05;
-    pub const COMMAND_NOT_SUPPORTED: u8 = 0x07;
-    pub const ADDRESS_TYPE_NOT_SUPPORTED: u8 = 0x08;
+pub(crate) mod rep {
+    pub(crate) const SUCCEEDED: u8 = 0x00;
+    pub(crate) const GENERAL_FAILURE: u8 = 0x01;
+    pub(crate) const NOT_ALLOWED: u8 = 0x02;
+    pub(crate) const HOST_UNREACHABLE: u8 = 0x04;
+    pub(crate) const CONNECTION_REFUSED: u8 = 0x05;
+    pub(crate) const COMMAND_NOT_SUPPORTED: u8 = 0x07;
+    pub(crate) const ADDRESS_TYPE_NOT_SUPPORTED: u8 = 0x08;
 }
 
 /// The answer to a greeting that offers no method we accept.
-pub const NO_ACCEPTABLE_METHOD: [u8; 2] = [VERSION, 0xff];
+pub(crate) const NO_ACCEPTABLE_METHOD: [u8; 2] = [VERSION, 0xff];
 /// The answer to a greeting that offers "no authentication".
-pub const METHOD_NO_AUTH: [u8; 2] = [VERSION, NO_AUTH];
+pub(crate) const METHOD_NO_AUTH: [u8; 2] = [VERSION, NO_AUTH];
 /// A SOCKS4 "request rejected" reply, for SOCKS4 clients.
-pub const SOCKS4_REJECTED: [u8; 8] = [0, 0x5b, 0, 0, 0, 0, 0, 0];
+pub(crate) const SOCKS4_REJECTED: [u8; 8] = [0, 0x5b, 0, 0, 0, 0, 0, 0];
 
 /// What a client may ask to reach.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Dest {
+pub(crate) enum Dest {
     Ip(IpAddr),
     /// As the client sent it (checked by the policy's `normalize`, not here).
     Name(String),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Request {
+pub(crate) struct Request {
     pub dest: Dest,
     pub port: u16,
 }
 
 /// Why a handshake is refused; [`SocksError::reply`] is what the client is told.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SocksError {
+pub(crate) enum SocksError {
     /// Not SOCKS5 (a SOCKS4 client gets a SOCKS4 rejection).
     Version(u8),
     /// The greeting lists no methods, or not "no authentication".
@@ -64,7 +64,7 @@ pub enum SocksError {
 
 impl SocksError {
     /// The bytes to send back before closing.
-    pub fn reply(self) -> Vec<u8> {
+    pub(crate) fn reply(self) -> Vec<u8> {
         match self {
             SocksError::Version(4) => SOCKS4_REJECTED.to_vec(),
             SocksError::Version(_) => Vec::new(),
@@ -78,13 +78,13 @@ impl SocksError {
 }
 
 /// A reply to a request (the bound address is not meaningful here: 0.0.0.0:0).
-pub fn reply(code: u8) -> [u8; 10] {
+pub(crate) fn reply(code: u8) -> [u8; 10] {
     [VERSION, code, 0, ATYP_V4, 0, 0, 0, 0, 0, 0]
 }
 
 /// Parses the greeting. `Ok(None)`: more bytes are needed; `Ok(Some(n))`: it was `n` bytes
 /// and offers "no authentication".
-pub fn greeting(buf: &[u8]) -> Result<Option<usize>, SocksError> {
+pub(crate) fn greeting(buf: &[u8]) -> Result<Option<usize>, SocksError> {
     let Some(&ver) = buf.first() else {
         return Ok(None);
     };
@@ -109,7 +109,7 @@ pub fn greeting(buf: &[u8]) -> Result<Option<usize>, SocksError> {
 }
 
 /// Parses the request that follows the greeting. `Ok(None)`: more bytes are needed.
-pub fn request(buf: &[u8]) -> Result<Option<(Request, usize)>, SocksError> {
+pub(crate) fn request(buf: &[u8]) -> Result<Option<(Request, usize)>, SocksError> {
     if buf.len() < 4 {
         // Check what is there already, so a wrong first byte fails at once.
         if let Some(&v) = buf.first() {

@@ -14,7 +14,7 @@ use tokio::net::TcpStream;
 const CHUNK: usize = 1 << 20;
 
 /// Moves bytes both ways until both sides are done (or one fails).
-pub async fn tunnel(a: &TcpStream, b: &TcpStream) -> io::Result<()> {
+pub(crate) async fn tunnel(a: &TcpStream, b: &TcpStream) -> io::Result<()> {
     tokio::try_join!(pump(a, b), pump(b, a)).map(drop)
 }
 

@@ -12,7 +12,7 @@ use crate::sys::{self, Fork};
 use super::Run;
 
 /// Forks the proxy process serving `listener` for `run`; returns its pid.
-pub fn spawn(listener: std::os::unix::net::UnixListener, run: Run) -> io::Result<i32> {
+pub(crate) fn spawn(listener: std::os::unix::net::UnixListener, run: Run) -> io::Result<i32> {
     match sys::fork()? {
         Fork::Parent(pid) => Ok(pid),
         Fork::Child => {

@@ -6,7 +6,7 @@ impl Executor {
     /// Runs a `tool.call` to its answer: inline if the run settles before `yield_after_ms`,
     /// else `running`. `closed` resolves if the caller's connection goes away, in which case
     /// the task moves to the background so its result is not lost.
-    pub async fn call(
+    pub(crate) async fn call(
         self: &Arc<Self>,
         req: CallRequest,
         closed: impl std::future::Future<Output = ()>,

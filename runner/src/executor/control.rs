@@ -6,7 +6,7 @@ use crate::protocol::TaskListResult;
 impl Executor {
     /// `task.list`: a session's live tasks and its most recent terminal ones (docs/protocol.md),
     /// optionally only those in `states`.
-    pub fn task_list(
+    pub(crate) fn task_list(
         &self,
         session_id: &str,
         states: Option<&[TaskState]>,
@@ -24,7 +24,7 @@ impl Executor {
 
     /// Moves a foreground task to the background if a call still holds it. Returns false if
     /// it already settled (its result is then on its way to the call) or was not foreground.
-    pub fn try_yield(&self, task_id: &str) -> bool {
+    pub(crate) fn try_yield(&self, task_id: &str) -> bool {
         let Some(live) = self.get_live(task_id) else {
             return false;
         };
@@ -39,7 +39,7 @@ impl Executor {
     }
 
     /// `task.background`: tells the blocked call to return `running` now.
-    pub fn background(&self, task_id: &str) -> bool {
+    pub(crate) fn background(&self, task_id: &str) -> bool {
         let Some(live) = self.get_live(task_id) else {
             return false;
         };
@@ -54,7 +54,7 @@ impl Executor {
 
     /// The result of an inline answer could not be written to the caller: hand it back so a
     /// wait or a wake can deliver it.
-    pub fn undeliver(&self, task_id: &str) {
+    pub(crate) fn undeliver(&self, task_id: &str) {
         match self
             .registry
             .claim_delivery(task_id, Delivery::Inline, Delivery::Pending)
@@ -70,7 +70,7 @@ impl Executor {
 
     /// `task.wait`: the task as it is when it settles or when `timeout` passes. A terminal
     /// result nobody has received yet is delivered to this wait.
-    pub async fn wait(
+    pub(crate) async fn wait(
         &self,
         task_id: &str,
         timeout: Duration,
@@ -114,12 +114,12 @@ impl Executor {
 
     /// Asks a run to stop without waiting for it (see [`Executor::stop`]). False if it had
     /// already settled.
-    pub fn request_cancel(&self, task_id: &str, why: Option<String>) -> bool {
+    pub(crate) fn request_cancel(&self, task_id: &str, why: Option<String>) -> bool {
         self.stop(task_id, StopReason::Canceled, self.cfg.cancel_grace_ms, why)
     }
 
     /// Waits up to `timeout` for a task to settle; true if it has.
-    pub async fn settled_within(&self, task_id: &str, timeout: Duration) -> bool {
+    pub(crate) async fn settled_within(&self, task_id: &str, timeout: Duration) -> bool {
         let Some(live) = self.get_live(task_id) else {
             return true;
         };
@@ -178,7 +178,7 @@ impl Executor {
     }
 
     /// `task.cancel`.
-    pub async fn cancel(
+    pub(crate) async fn cancel(
         &self,
         task_id: &str,
         grace_ms: Option<u64>,
@@ -204,7 +204,7 @@ impl Executor {
     }
 
     /// Cancels every live task of a session (session close). Returns their ids.
-    pub fn cancel_session(&self, session_id: &str) -> Result<Vec<String>, ExecError> {
+    pub(crate) fn cancel_session(&self, session_id: &str) -> Result<Vec<String>, ExecError> {
         let ids: Vec<String> = self
             .registry
             .live_tasks_of_session(session_id)?
@@ -223,7 +223,7 @@ impl Executor {
     }
 
     /// `task.message`: queue bytes for the task's stdin (never blocks).
-    pub fn message(&self, task_id: &str, data: &[u8], eof: bool) -> Result<u64, ExecError> {
+    pub(crate) fn message(&self, task_id: &str, data: &[u8], eof: bool) -> Result<u64, ExecError> {
         let live = self
             .get_live(task_id)
             .ok_or_else(|| ExecError::InvalidState(format!("task {task_id} has settled")))?;

@@ -8,19 +8,19 @@ use serde_json::Value;
 
 use crate::protocol::ToolCallResult;
 
-pub const POLL_HINT: &str = "this looks like waiting on an external event (CI, a deploy, a rollout); \
+pub(super) const POLL_HINT: &str = "this looks like waiting on an external event (CI, a deploy, a rollout); \
     run it once with background: true (or yield_after_ms: 0) and end the turn: you get a wake when it \
     finishes, instead of polling";
 
 /// Counts consecutive waiting-like foreground calls per session.
 #[derive(Default)]
-pub struct Polling {
+pub(super) struct Polling {
     streak: Mutex<HashMap<String, u32>>,
 }
 
 impl Polling {
     /// Forgets a closed session's streak.
-    pub fn forget(&self, session_id: &str) {
+    pub(super) fn forget(&self, session_id: &str) {
         self.streak
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -29,7 +29,7 @@ impl Polling {
 
     /// Records one call; returns the hint if this is the second waiting-like foreground call
     /// in a row in the session.
-    pub fn observe(&self, session_id: &str, args: &Value, detached: bool) -> Option<String> {
+    pub(super) fn observe(&self, session_id: &str, args: &Value, detached: bool) -> Option<String> {
         let command = args.get("command").and_then(Value::as_str).unwrap_or("");
         let waiting = !detached && looks_like_waiting(command);
         let mut map = self.streak.lock().unwrap_or_else(|e| e.into_inner());
@@ -45,7 +45,7 @@ impl Polling {
 }
 
 /// Does a shell command look like it waits for something outside the sandbox?
-pub fn looks_like_waiting(command: &str) -> bool {
+pub(super) fn looks_like_waiting(command: &str) -> bool {
     let c = command.trim();
     let words: Vec<&str> = c
         .split(|ch: char| ch.is_whitespace() || ch == ';' || ch == '&' || ch == '|')
@@ -70,7 +70,7 @@ pub fn looks_like_waiting(command: &str) -> bool {
 }
 
 /// Adds a hint to a `tool.call` result (after any hint it already has).
-pub fn with_hint(mut result: ToolCallResult, hint: Option<String>) -> ToolCallResult {
+pub(super) fn with_hint(mut result: ToolCallResult, hint: Option<String>) -> ToolCallResult {
     let Some(hint) = hint else { return result };
     let slot = match &mut result {
         ToolCallResult::Completed(c) => &mut c.hint,

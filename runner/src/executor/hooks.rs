@@ -16,7 +16,7 @@ use crate::registry::SessionRow;
 
 /// A run about to be launched: its plan is checked, its directories exist, its task is not
 /// recorded yet.
-pub struct RunStart<'a> {
+pub(crate) struct RunStart<'a> {
     pub task_id: &'a str,
     pub session: &'a SessionRow,
     /// The run's effective profile: a child session gets it, and it bounds every call made
@@ -29,7 +29,7 @@ pub struct RunStart<'a> {
 
 /// What the hooks add to a run's launch.
 #[derive(Default)]
-pub struct RunExtras {
+pub(crate) struct RunExtras {
     pub env: Vec<(String, String)>,
     /// The directory holding the run's bridge socket, mounted into its view.
     pub bridge_socket: Option<PathBuf>,
@@ -40,7 +40,7 @@ pub struct RunExtras {
 }
 
 /// A run whose supervisor has exited and whose task has not settled yet.
-pub struct RunEnd<'a> {
+pub(crate) struct RunEnd<'a> {
     pub task_id: &'a str,
     pub session_id: &'a str,
     /// The run's public directory (`output.log`, `result.json`).
@@ -50,11 +50,11 @@ pub struct RunEnd<'a> {
 }
 
 /// What [`RunExtras::on_live`] does once the task is live.
-pub type OnLive = Box<dyn FnOnce(&Arc<Executor>) + Send>;
+pub(super) type OnLive = Box<dyn FnOnce(&Arc<Executor>) + Send>;
 
-pub type HookFuture<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+pub(crate) type HookFuture<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 
-pub trait RunHooks: Send + Sync {
+pub(crate) trait RunHooks: Send + Sync {
     /// Before the run is recorded: what its plan asks beyond the command (a child session,
     /// a bridge). An error refuses the call.
     fn prepare(&self, exec: &Executor, run: &RunStart<'_>) -> Result<RunExtras, ExecError>;

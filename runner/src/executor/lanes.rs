@@ -57,7 +57,7 @@ impl Executor {
 
     /// Forgets a closed session's lane: its queue task ends once the calls already in it are
     /// served (they were canceled with the session). A session opened again gets a new one.
-    pub fn forget_session(&self, session_id: &str) {
+    pub(crate) fn forget_session(&self, session_id: &str) {
         self.per_session
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -24,8 +24,8 @@ use control::stdin_writer;
 use hints::{with_hint, Polling};
 use lanes::Lane;
 
-pub use hooks::{HookFuture, RunEnd, RunExtras, RunHooks, RunStart};
-pub use output::{excerpt, page, tail, task_page};
+pub(crate) use hooks::{HookFuture, RunEnd, RunExtras, RunHooks, RunStart};
+pub(crate) use output::{excerpt, tail, task_page};
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
@@ -86,13 +86,13 @@ enum Settled {
 }
 
 /// What the blocked foreground call hears about its task.
-pub enum FgEvent {
+pub(crate) enum FgEvent {
     Settled(Box<TaskRow>),
     Backgrounded,
 }
 
 /// One `tool.call`, after the server has checked who may make it.
-pub struct CallRequest {
+pub(crate) struct CallRequest {
     /// The session owner's credentials: the run's paths (its workspace above all) are
     /// opened with them, and the run runs as this user when the daemon is root.
     pub owner: Creds,
@@ -189,7 +189,7 @@ impl Live {
     }
 }
 
-pub struct Executor {
+pub(crate) struct Executor {
     /// This executor, for the tasks it spawns (a settlement being retried).
     me: std::sync::Weak<Executor>,
     cfg: Arc<Config>,
@@ -211,7 +211,7 @@ pub struct Executor {
 }
 
 impl Executor {
-    pub fn new(
+    pub(crate) fn new(
         cfg: Arc<Config>,
         registry: Arc<Registry>,
         tools: Arc<ToolHost>,
@@ -240,14 +240,14 @@ impl Executor {
 
     /// Registers the hooks the executor calls as runs start, end and are cancelled. Once,
     /// before the first run (recovery included); a second call is refused.
-    pub fn set_hooks(&self, hooks: Arc<dyn RunHooks>) -> Result<(), ExecError> {
+    pub(crate) fn set_hooks(&self, hooks: Arc<dyn RunHooks>) -> Result<(), ExecError> {
         self.hooks
             .set(hooks)
             .map_err(|_| ExecError::InvalidState("the executor's run hooks are set already".into()))
     }
 
     /// The sandbox profiles this daemon uses.
-    pub fn catalog(&self) -> &Arc<sandbox::Catalog> {
+    pub(crate) fn catalog(&self) -> &Arc<sandbox::Catalog> {
         &self.catalog
     }
 
@@ -258,15 +258,15 @@ impl Executor {
         }
     }
 
-    pub fn registry(&self) -> &Arc<Registry> {
+    pub(crate) fn registry(&self) -> &Arc<Registry> {
         &self.registry
     }
 
-    pub fn tools(&self) -> &Arc<ToolHost> {
+    pub(crate) fn tools(&self) -> &Arc<ToolHost> {
         &self.tools
     }
 
-    pub fn config(&self) -> &Config {
+    pub(crate) fn config(&self) -> &Config {
         &self.cfg
     }
 
@@ -280,7 +280,7 @@ impl Executor {
 
     /// Becomes true once the task settles; `None` if it is not live. Observing it claims
     /// no delivery (unlike `task.wait`).
-    pub fn settled_signal(&self, task_id: &str) -> Option<watch::Receiver<bool>> {
+    pub(crate) fn settled_signal(&self, task_id: &str) -> Option<watch::Receiver<bool>> {
         self.get_live(task_id).map(|l| l.done.subscribe())
     }
 
@@ -326,7 +326,7 @@ impl Executor {
     }
 
     /// A user's output was deleted: count it again from the registry when next needed.
-    pub fn forget_kept_output(&self, uid: u32) {
+    pub(crate) fn forget_kept_output(&self, uid: u32) {
         self.kept_map().remove(&uid);
     }
 
@@ -643,7 +643,7 @@ impl Executor {
     }
 
     /// Re-attaches to the runs of a previous daemon (see `recover.rs`).
-    pub fn recover(self: &Arc<Self>) -> Result<recover::Recovered, ExecError> {
+    pub(crate) fn recover(self: &Arc<Self>) -> Result<recover::Recovered, ExecError> {
         recover::recover(self)
     }
 }

@@ -12,7 +12,7 @@ use crate::run_dir;
 /// Opens a task's `output.log` through its run directory's descriptor, without following
 /// symlinks, and only if it is the session owner's file (see `run_dir`). `None` when there is
 /// none (yet) or it is not what it should be.
-pub fn open_output(row: &TaskRow) -> Option<File> {
+pub(super) fn open_output(row: &TaskRow) -> Option<File> {
     let run = Path::new(&row.run_dir);
     let session_dir = run.parent()?.parent()?;
     let dir = run_dir::open_public(session_dir, row.owner_uid, &row.task_id).ok()?;
@@ -20,8 +20,8 @@ pub fn open_output(row: &TaskRow) -> Option<File> {
 }
 
 /// Default and largest page `task.output` returns.
-pub const DEFAULT_PAGE_BYTES: u64 = 64 * 1024;
-pub const MAX_PAGE_BYTES: u64 = 512 * 1024;
+pub(super) const DEFAULT_PAGE_BYTES: u64 = 64 * 1024;
+pub(super) const MAX_PAGE_BYTES: u64 = 512 * 1024;
 
 fn read_range(f: &mut File, offset: u64, len: u64) -> std::io::Result<Vec<u8>> {
     f.seek(SeekFrom::Start(offset))?;
@@ -32,7 +32,7 @@ fn read_range(f: &mut File, offset: u64, len: u64) -> std::io::Result<Vec<u8>> {
 
 /// The whole output if it fits in `max`, else its head and tail around a marker. Returns the
 /// text and whether anything was left out.
-pub fn excerpt(row: &TaskRow, max: usize) -> (String, bool) {
+pub(crate) fn excerpt(row: &TaskRow, max: usize) -> (String, bool) {
     let Some(mut f) = open_output(row) else {
         return (String::new(), false);
     };
@@ -56,7 +56,7 @@ pub fn excerpt(row: &TaskRow, max: usize) -> (String, bool) {
 }
 
 /// The last `max` bytes of the output (what a yielded call has printed so far).
-pub fn tail(row: &TaskRow, max: usize) -> String {
+pub(crate) fn tail(row: &TaskRow, max: usize) -> String {
     let Some(mut f) = open_output(row) else {
         return String::new();
     };
@@ -68,7 +68,7 @@ pub fn tail(row: &TaskRow, max: usize) -> String {
 
 /// One page of output for `task.output`. `terminal` says whether the run has settled (and so
 /// whether reaching the end means end of file).
-pub fn page(
+pub(crate) fn page(
     f: Option<File>,
     offset: Option<u64>,
     max_bytes: Option<u64>,
@@ -107,7 +107,7 @@ pub fn page(
 }
 
 /// `task.output` for a task row.
-pub fn task_page(row: &TaskRow, p: &crate::protocol::TaskOutputParams) -> TaskOutputResult {
+pub(crate) fn task_page(row: &TaskRow, p: &crate::protocol::TaskOutputParams) -> TaskOutputResult {
     page(
         open_output(row),
         p.offset,

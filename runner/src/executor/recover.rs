@@ -20,14 +20,14 @@ use crate::sys;
 
 /// What recovery did, for the log and for tests.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Recovered {
+pub(crate) struct Recovered {
     pub settled_from_result: usize,
     pub reattached: usize,
     pub restarted: usize,
     pub lost: usize,
 }
 
-pub fn recover(ex: &Arc<Executor>) -> Result<Recovered, ExecError> {
+pub(super) fn recover(ex: &Arc<Executor>) -> Result<Recovered, ExecError> {
     let mut out = Recovered::default();
     let rows = ex.registry.tasks_in_states(&[
         TaskState::Queued,

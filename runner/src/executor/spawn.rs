@@ -36,7 +36,7 @@ use crate::sys::{self, fdpass};
 const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Starts supervisors (see the module's documentation).
-pub struct Spawner {
+pub(super) struct Spawner {
     exe: PathBuf,
     runs_dir: PathBuf,
     /// The spawner process, once started; `None` after it failed, until the next run.
@@ -49,7 +49,7 @@ struct Zygote {
 }
 
 impl Spawner {
-    pub fn new(exe: PathBuf, runs_dir: PathBuf) -> Spawner {
+    pub(super) fn new(exe: PathBuf, runs_dir: PathBuf) -> Spawner {
         Spawner {
             exe,
             runs_dir,
@@ -59,7 +59,7 @@ impl Spawner {
 
     /// Starts the supervisor of the run whose private directory is `private` and returns
     /// its pid (the caller reaps it).
-    pub fn spawn_supervisor(
+    pub(super) fn spawn_supervisor(
         &self,
         private: &PrivateDir,
         public: BorrowedFd<'_>,

@@ -33,7 +33,7 @@ struct Staged {
 impl Executor {
     /// Records the task, writes its launch plan and starts driving it. With `foreground`, the
     /// returned receiver hears how it ends (or that it was moved to the background).
-    pub fn submit(
+    pub(crate) fn submit(
         self: &Arc<Self>,
         req: CallRequest,
         foreground: bool,

@@ -21,7 +21,7 @@ use crate::sys::fs::{Refusal, TrustedDir};
 
 /// Why a plugin file was not loaded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum LoadError {
+pub(crate) enum LoadError {
     #[error("refusing plugin {path}: {reason}")]
     Unsafe { path: PathBuf, reason: String },
     #[error("cannot {step} plugin {path}: {message}")]
@@ -48,7 +48,7 @@ pub enum LoadError {
 
 impl LoadError {
     /// A refusal of `path` for what `sys::fs` found, with its fix, on one line.
-    pub fn refused(path: &Path, why: &Refusal) -> LoadError {
+    pub(crate) fn refused(path: &Path, why: &Refusal) -> LoadError {
         LoadError::Unsafe {
             path: path.into(),
             reason: format!("{why}; {}", why.hint()),
@@ -57,7 +57,7 @@ impl LoadError {
 }
 
 /// A plugin that loaded: its module and what it offers.
-pub struct LoadedPlugin {
+pub(crate) struct LoadedPlugin {
     pub info: PluginInfo,
     pub tools: Vec<ToolInfo>,
     /// The file it was loaded from (in a plugin directory).
@@ -79,7 +79,7 @@ impl std::fmt::Debug for LoadedPlugin {
 }
 
 /// A plugin file's contents, read from the descriptor whose owner and mode were checked.
-pub struct Source {
+pub(super) struct Source {
     pub path: PathBuf,
     pub bytes: Vec<u8>,
     pub sha256: String,
@@ -89,7 +89,7 @@ pub struct Source {
 /// a symlink, checks the descriptor, and reads and hashes the file from it. What is hashed,
 /// copied and loaded is therefore what was checked, whatever happens to the path meanwhile.
 /// `Ok(None)`: the file is gone.
-pub fn read_source(dir: &TrustedDir, name: &OsStr) -> Result<Option<Source>, LoadError> {
+pub(super) fn read_source(dir: &TrustedDir, name: &OsStr) -> Result<Option<Source>, LoadError> {
     let path = dir.path().join(name);
     let mut file = match dir.open_file(name) {
         Ok(file) => file,
@@ -126,7 +126,7 @@ fn copy_name(source: &Source) -> String {
 /// else in its place is replaced. A new copy is written under a temporary name, fsynced and
 /// renamed, so a failed copy (a full disk) leaves nothing behind and breaks nothing but this
 /// plugin's load.
-pub fn ensure_copy(copies: &TrustedDir, source: &Source) -> Result<PathBuf, LoadError> {
+pub(super) fn ensure_copy(copies: &TrustedDir, source: &Source) -> Result<PathBuf, LoadError> {
     let name = copy_name(source);
     let copy = copies.path().join(&name);
     match copies.open_file(OsStr::new(&name)) {
@@ -155,7 +155,7 @@ pub fn ensure_copy(copies: &TrustedDir, source: &Source) -> Result<PathBuf, Load
 }
 
 /// Loads a plugin from its checked contents, through a private copy in `copies`.
-pub fn load(plugin: &Source, copies: &TrustedDir) -> Result<LoadedPlugin, LoadError> {
+pub(super) fn load(plugin: &Source, copies: &TrustedDir) -> Result<LoadedPlugin, LoadError> {
     let source = plugin.path.as_path();
     let sha256 = plugin.sha256.clone();
     // The copy is opened by path (dlopen knows no other way; `/proc/self/fd/N` would not do:

@@ -12,7 +12,7 @@ mod loader;
 mod schema;
 mod watch;
 
-pub use loader::{LoadError, LoadedPlugin};
+pub(crate) use loader::{LoadError, LoadedPlugin};
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -32,7 +32,7 @@ use crate::sys::{self, fs::Refusal, fs::TrustedDir};
 const SHIPPED_PREFIX: &str = "libsidejob_plugin_";
 
 /// What a tool needs to know about the call it plans.
-pub struct PlanContext<'a> {
+pub(crate) struct PlanContext<'a> {
     pub workspace: &'a Path,
     pub session_id: &'a str,
     pub task_id: &'a str,
@@ -49,7 +49,7 @@ pub struct PlanContext<'a> {
 
 /// A tool's plan for one call, checked.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ToolPlan {
+pub(crate) struct ToolPlan {
     pub argv: Vec<String>,
     /// Added to the scrubbed base environment.
     pub env: Vec<(String, String)>,
@@ -71,27 +71,27 @@ pub struct ToolPlan {
 /// Why a call's arguments were refused; shown to the host as `invalid_params`.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
-pub struct PlanError(pub String);
+pub(crate) struct PlanError(pub String);
 
 /// One tool of one loaded plugin.
 #[derive(Clone)]
-pub struct Tool {
+pub(crate) struct Tool {
     info: ToolInfo,
     plugin: Arc<LoadedPlugin>,
 }
 
 impl Tool {
-    pub fn describe(&self) -> ToolInfo {
+    pub(crate) fn describe(&self) -> ToolInfo {
         self.info.clone()
     }
 
     /// The plugin file the tool comes from.
-    pub fn source(&self) -> &Path {
+    pub(crate) fn source(&self) -> &Path {
         &self.plugin.source
     }
 
     /// Asks the plugin for a plan and checks it.
-    pub fn plan(&self, args: &Value, ctx: &PlanContext) -> Result<ToolPlan, PlanError> {
+    pub(crate) fn plan(&self, args: &Value, ctx: &PlanContext) -> Result<ToolPlan, PlanError> {
         let context = json::PlanContext {
             session_id: ctx.session_id.into(),
             task_id: ctx.task_id.into(),
@@ -128,7 +128,7 @@ impl Tool {
     }
 
     /// The plugin's rendering of a finished task, if it has one (errors are logged).
-    pub fn render(&self, input: &json::RenderInput) -> Option<String> {
+    pub(crate) fn render(&self, input: &json::RenderInput) -> Option<String> {
         let input = serde_json::to_string(input).ok()?;
         match (self.plugin.module.render())(RStr::from(input.as_str())).into_result() {
             Ok(text) if !text.is_empty() => Some(text.into_string()),
@@ -214,7 +214,7 @@ struct SourceDir {
 }
 
 /// Every tool, by name; reloads itself when a plugin directory changes.
-pub struct ToolHost {
+pub(crate) struct ToolHost {
     catalog: RwLock<Arc<Catalog>>,
     dirs: Vec<SourceDir>,
     copies_dir: PathBuf,
@@ -230,7 +230,7 @@ pub struct ToolHost {
 
 impl ToolHost {
     /// Loads the shipped plugins and those in `plugin_dirs`, and watches their directories.
-    pub fn start(cfg: &Config) -> Arc<ToolHost> {
+    pub(crate) fn start(cfg: &Config) -> Arc<ToolHost> {
         let mut dirs = Vec::new();
         if cfg.shipped_plugins {
             if let Some(exe_dir) = std::env::current_exe()
@@ -294,7 +294,7 @@ impl ToolHost {
             .clone()
     }
 
-    pub fn list(&self) -> Vec<ToolInfo> {
+    pub(crate) fn list(&self) -> Vec<ToolInfo> {
         self.current()
             .tools
             .values()
@@ -302,17 +302,17 @@ impl ToolHost {
             .collect()
     }
 
-    pub fn get(&self, name: &str) -> Option<Tool> {
+    pub(crate) fn get(&self, name: &str) -> Option<Tool> {
         self.current().tools.get(name).cloned()
     }
 
     /// A receiver that sees a new value each time the offered tools change.
-    pub fn watch_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+    pub(crate) fn watch_changes(&self) -> tokio::sync::watch::Receiver<u64> {
         self.changed.subscribe()
     }
 
     /// The refusals of the last (re)load, one line each.
-    pub fn errors(&self) -> Vec<String> {
+    pub(crate) fn errors(&self) -> Vec<String> {
         self.errors
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -381,7 +381,7 @@ impl ToolHost {
     /// did) is unloaded. A file whose contents are unchanged keeps its loaded plugin; a changed
     /// file that fails to load for any other reason keeps the version loaded before (and the
     /// failure is logged).
-    pub fn reload(&self) {
+    pub(crate) fn reload(&self) {
         let _serial = self.reloading.lock().unwrap_or_else(|e| e.into_inner());
         let old = self.current();
         let previous_errors = self.errors();
@@ -569,7 +569,10 @@ fn is_candidate(p: &Path, shipped_only: bool) -> bool {
 
 /// Resolves `workdir` (relative to the workspace, or absolute) and refuses anything that
 /// lands outside the workspace once symlinks are followed.
-pub fn resolve_workdir(workspace: &Path, workdir: Option<&str>) -> Result<PathBuf, PlanError> {
+pub(crate) fn resolve_workdir(
+    workspace: &Path,
+    workdir: Option<&str>,
+) -> Result<PathBuf, PlanError> {
     let Some(dir) = workdir.filter(|d| !d.is_empty()) else {
         return Ok(workspace.to_path_buf());
     };

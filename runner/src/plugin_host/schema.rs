@@ -5,7 +5,7 @@
 use serde_json::Value;
 
 /// Why `schema` is not a usable JSON Schema, in one line; `None` when it is.
-pub fn problem(schema: &Value) -> Option<String> {
+pub(super) fn problem(schema: &Value) -> Option<String> {
     if let Err(e) = jsonschema::meta::validate(schema) {
         let at = e.instance_path().to_string();
         let at = if at.is_empty() {

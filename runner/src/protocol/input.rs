@@ -7,7 +7,7 @@ use serde_json::Value;
 use super::TaskState;
 
 /// The only methods a bridge serves, all scoped to the run's session.
-pub const BRIDGE_METHODS: &[&str] = &[
+pub(crate) const BRIDGE_METHODS: &[&str] = &[
     "tool.call",
     "task.list",
     "task.get",
@@ -21,7 +21,7 @@ pub const BRIDGE_METHODS: &[&str] = &[
 /// host answers with `task.answer`.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct TaskRequestInputParams {
+pub(crate) struct TaskRequestInputParams {
     /// What is being asked, shown to the host.
     pub prompt: String,
     /// JSON Schema the answer should satisfy (advisory; shown to the host).
@@ -30,20 +30,20 @@ pub struct TaskRequestInputParams {
 }
 
 #[derive(Debug, Serialize, Deserialize)]
-pub struct TaskRequestInputResult {
+pub(crate) struct TaskRequestInputResult {
     pub answer: Value,
 }
 
 /// `task.answer`: answers the pending `task.request_input` of an `awaiting_input` task.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct TaskAnswerParams {
+pub(crate) struct TaskAnswerParams {
     pub task_id: String,
     pub answer: Value,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
-pub struct TaskAnswerResult {
+pub(crate) struct TaskAnswerResult {
     pub task_id: String,
     /// The task's state after the answer was handed over (normally `running`).
     pub state: TaskState,

@@ -4,20 +4,20 @@
 mod input;
 mod types;
 
-pub use input::*;
-pub use types::*;
+pub(crate) use input::*;
+pub(crate) use types::*;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// The protocol version `initialize` reports.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub(crate) const PROTOCOL_VERSION: u32 = 1;
 
 /// The longest line (request or reply) a peer may send, newline excluded.
-pub const MAX_LINE_BYTES: usize = 1024 * 1024;
+pub(crate) const MAX_LINE_BYTES: usize = 1024 * 1024;
 
 /// Every method a host may call, in the order `docs/protocol.md` documents them.
-pub const METHODS: &[&str] = &[
+pub(crate) const METHODS: &[&str] = &[
     "initialize",
     "session.open",
     "session.close",
@@ -44,7 +44,7 @@ pub const METHODS: &[&str] = &[
 
 /// An incoming request. `id` is absent for notifications, which get no reply.
 #[derive(Debug, Deserialize)]
-pub struct Request {
+pub(crate) struct Request {
     pub jsonrpc: Option<String>,
     #[serde(default)]
     pub id: Option<Value>,
@@ -55,7 +55,7 @@ pub struct Request {
 
 /// A reply: exactly one of `result` or `error`.
 #[derive(Debug, Serialize)]
-pub struct Response {
+pub(crate) struct Response {
     pub jsonrpc: &'static str,
     pub id: Value,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -65,7 +65,7 @@ pub struct Response {
 }
 
 impl Response {
-    pub fn ok(id: Value, result: Value) -> Response {
+    pub(crate) fn ok(id: Value, result: Value) -> Response {
         Response {
             jsonrpc: "2.0",
             id,
@@ -74,7 +74,7 @@ impl Response {
         }
     }
 
-    pub fn err(id: Value, error: RpcError) -> Response {
+    pub(crate) fn err(id: Value, error: RpcError) -> Response {
         Response {
             jsonrpc: "2.0",
             id,

@@ -153,7 +153,7 @@ pub struct Task {
 
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-pub struct InitializeParams {
+pub(crate) struct InitializeParams {
     #[serde(default)]
     pub protocol_version: Option<u32>,
     #[serde(default)]
@@ -161,7 +161,7 @@ pub struct InitializeParams {
 }
 
 #[derive(Debug, Serialize, Deserialize)]
-pub struct InitializeResult {
+pub(crate) struct InitializeResult {
     pub protocol_version: u32,
     pub server: ServerInfo,
     pub uid: u32,
@@ -169,14 +169,14 @@ pub struct InitializeResult {
 }
 
 #[derive(Debug, Serialize, Deserialize)]
-pub struct ServerInfo {
+pub(crate) struct ServerInfo {
     pub name: String,
     pub version: String,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct SessionOpenParams {
+pub(crate) struct SessionOpenParams {
     #[serde(default)]
     pub session_id: Option<String>,
     pub workspace: String,
@@ -194,7 +194,7 @@ pub struct SessionOpenParams {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct SessionOpenResult {
+pub(crate) struct SessionOpenResult {
     pub session_id: String,
     pub session_dir: String,
     pub workspace: String,
@@ -206,7 +206,7 @@ pub struct SessionOpenResult {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct SessionCloseParams {
+pub(crate) struct SessionCloseParams {
     pub session_id: String,
     #[serde(default)]
     pub cancel: Option<bool>,
@@ -216,7 +216,7 @@ pub struct SessionCloseParams {
 }
 
 #[derive(Debug, Serialize, Deserialize)]
-pub struct SessionCloseResult {
+pub(crate) struct SessionCloseResult {
     pub session_id: String,
     pub closed: bool,
     pub canceled_tasks: Vec<String>,
@@ -224,7 +224,7 @@ pub struct SessionCloseResult {
 
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-pub struct SessionStatusParams {
+pub(crate) struct SessionStatusParams {
     #[serde(default)]
     pub session_id: Option<String>,
 }
@@ -232,7 +232,7 @@ pub struct SessionStatusParams {
 /// One session's activity. `session.status` with a `session_id` returns one of these;
 /// without one it returns `{sessions: [..]}` for every session the caller owns.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct SessionStatus {
+pub(crate) struct SessionStatus {
     pub session_id: String,
     pub active: bool,
     pub running: u32,
@@ -242,7 +242,7 @@ pub struct SessionStatus {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct SessionInfo {
+pub(crate) struct SessionInfo {
     pub session_id: String,
     pub owner_uid: u32,
     pub workspace: String,
@@ -258,12 +258,12 @@ pub struct SessionInfo {
 }
 
 #[derive(Debug, Serialize, Deserialize)]
-pub struct SessionListResult {
+pub(crate) struct SessionListResult {
     pub sessions: Vec<SessionInfo>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct ToolInfo {
+pub(crate) struct ToolInfo {
     pub name: String,
     pub description: String,
     pub input_schema: Value,
@@ -272,7 +272,7 @@ pub struct ToolInfo {
 }
 
 #[derive(Debug, Serialize, Deserialize)]
-pub struct ToolListResult {
+pub(crate) struct ToolListResult {
     pub tools: Vec<ToolInfo>,
     /// Why plugin files were not loaded (one line each), when some were not.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -282,7 +282,7 @@ pub struct ToolListResult {
 /// Whether a `tool.call` is still blocked on its task (the registry's `mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
-pub enum TaskMode {
+pub(crate) enum TaskMode {
     Foreground,
     #[default]
     Background,
@@ -291,7 +291,7 @@ pub enum TaskMode {
 /// How the command's stdin is wired.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
-pub enum StdinMode {
+pub(crate) enum StdinMode {
     #[default]
     Null,
     Pipe,
@@ -299,7 +299,7 @@ pub enum StdinMode {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ToolCallParams {
+pub(crate) struct ToolCallParams {
     pub session_id: String,
     pub tool: String,
     #[serde(default)]
@@ -327,13 +327,13 @@ pub struct ToolCallParams {
 /// `tool.call`'s result: either the finished run, or a handle to the one still running.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "status", rename_all = "snake_case")]
-pub enum ToolCallResult {
+pub(crate) enum ToolCallResult {
     Completed(CompletedCall),
     Running(RunningCall),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct CompletedCall {
+pub(crate) struct CompletedCall {
     pub task_id: String,
     pub state: TaskState,
     #[serde(skip_serializing_if = "Option::is_none", default)]
@@ -356,7 +356,7 @@ pub struct CompletedCall {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct RunningCall {
+pub(crate) struct RunningCall {
     pub task_id: String,
     pub output: String,
     pub output_path: String,
@@ -367,26 +367,26 @@ pub struct RunningCall {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct TaskListParams {
+pub(crate) struct TaskListParams {
     pub session_id: String,
     #[serde(default)]
     pub states: Option<Vec<TaskState>>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
-pub struct TaskListResult {
+pub(crate) struct TaskListResult {
     pub tasks: Vec<Task>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct TaskIdParams {
+pub(crate) struct TaskIdParams {
     pub task_id: String,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct TaskOutputParams {
+pub(crate) struct TaskOutputParams {
     pub task_id: String,
     #[serde(default)]
     pub offset: Option<u64>,
@@ -397,7 +397,7 @@ pub struct TaskOutputParams {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct TaskOutputResult {
+pub(crate) struct TaskOutputResult {
     pub data: String,
     pub offset: u64,
     pub next_offset: u64,
@@ -408,7 +408,7 @@ pub struct TaskOutputResult {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct TaskWaitParams {
+pub(crate) struct TaskWaitParams {
     pub task_id: String,
     #[serde(default)]
     pub timeout_ms: Option<u64>,
@@ -416,7 +416,7 @@ pub struct TaskWaitParams {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct TaskCancelParams {
+pub(crate) struct TaskCancelParams {
     pub task_id: String,
     #[serde(default)]
     pub grace_ms: Option<u64>,
@@ -424,7 +424,7 @@ pub struct TaskCancelParams {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum CancelOutcome {
+pub(crate) enum CancelOutcome {
     Canceled,
     CancellationPending,
     AlreadyTerminal,
@@ -433,14 +433,14 @@ pub enum CancelOutcome {
 }
 
 #[derive(Debug, Serialize, Deserialize)]
-pub struct TaskCancelResult {
+pub(crate) struct TaskCancelResult {
     pub task_id: String,
     pub result: CancelOutcome,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct TaskMessageParams {
+pub(crate) struct TaskMessageParams {
     pub task_id: String,
     #[serde(default)]
     pub data: String,
@@ -449,14 +449,14 @@ pub struct TaskMessageParams {
 }
 
 #[derive(Debug, Serialize, Deserialize)]
-pub struct TaskMessageResult {
+pub(crate) struct TaskMessageResult {
     pub task_id: String,
     pub queued_bytes: u64,
     pub eof: bool,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
-pub struct TaskBackgroundResult {
+pub(crate) struct TaskBackgroundResult {
     pub task_id: String,
     /// `true` if a blocked foreground call was moved to the background now; `false` if the
     /// task was already in the background or had settled.
@@ -466,7 +466,7 @@ pub struct TaskBackgroundResult {
 
 /// A durable inbox entry (docs/protocol.md).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Notification {
+pub(crate) struct Notification {
     pub id: String,
     pub session_id: String,
     #[serde(skip_serializing_if = "Option::is_none", default)]
@@ -483,24 +483,17 @@ pub struct Notification {
 /// Whether a background completion wakes the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
-pub enum WakeMode {
+pub(crate) enum WakeMode {
     #[default]
     OnTerminal,
     Silent,
 }
 
-impl WakeMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WakeMode::OnTerminal => "on_terminal",
-            WakeMode::Silent => "silent",
-        }
-    }
-}
+impl WakeMode {}
 
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-pub struct EventsSubscribeParams {
+pub(crate) struct EventsSubscribeParams {
     #[serde(default)]
     pub session_ids: Option<Vec<String>>,
     #[serde(default)]
@@ -508,7 +501,7 @@ pub struct EventsSubscribeParams {
 }
 
 #[derive(Debug, Serialize, Deserialize)]
-pub struct EventsSubscribeResult {
+pub(crate) struct EventsSubscribeResult {
     /// The sessions this connection now receives pushes for (`null`: every session the caller
     /// owns, including ones opened later).
     pub session_ids: Option<Vec<String>>,
@@ -518,7 +511,7 @@ pub struct EventsSubscribeResult {
 
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-pub struct InboxListParams {
+pub(crate) struct InboxListParams {
     #[serde(default)]
     pub session_id: Option<String>,
     #[serde(default)]
@@ -526,18 +519,18 @@ pub struct InboxListParams {
 }
 
 #[derive(Debug, Serialize, Deserialize)]
-pub struct InboxListResult {
+pub(crate) struct InboxListResult {
     pub notifications: Vec<Notification>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct InboxAckParams {
+pub(crate) struct InboxAckParams {
     pub ids: Vec<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
-pub struct InboxAckResult {
+pub(crate) struct InboxAckResult {
     /// Ids acked by this call.
     pub acked: Vec<String>,
     /// Ids that were already acked.
@@ -546,14 +539,14 @@ pub struct InboxAckResult {
 
 /// Push: a task changed state.
 #[derive(Debug, Serialize, Deserialize)]
-pub struct TaskUpdatedNotification {
+pub(crate) struct TaskUpdatedNotification {
     pub seq: i64,
     pub task: Task,
 }
 
 /// Push: a new inbox entry (a wake, a notice, a scheduled prompt).
 #[derive(Debug, Serialize, Deserialize)]
-pub struct NotificationNotification {
+pub(crate) struct NotificationNotification {
     pub seq: i64,
     pub notification: Notification,
 }
@@ -561,7 +554,7 @@ pub struct NotificationNotification {
 /// Push: this connection fell behind and missed pushes from `from_seq` on; subscribe again
 /// with `since_seq` set to the last seq it saw.
 #[derive(Debug, Serialize, Deserialize)]
-pub struct EventsGapNotification {
+pub(crate) struct EventsGapNotification {
     pub from_seq: i64,
 }
 
@@ -569,12 +562,12 @@ pub struct EventsGapNotification {
 /// was added, removed or reloaded); call `tool.list` again.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ToolsChangedNotification {}
+pub(crate) struct ToolsChangedNotification {}
 
 /// What happens to occurrences that fell due while the daemon was down.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
-pub enum CatchUp {
+pub(crate) enum CatchUp {
     /// Deliver one occurrence for all that were missed.
     #[default]
     Once,
@@ -585,7 +578,7 @@ pub enum CatchUp {
 }
 
 impl CatchUp {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             CatchUp::Once => "once",
             CatchUp::All => "all",
@@ -597,14 +590,14 @@ impl CatchUp {
 /// A schedule's action: deliver a prompt as a wake, or start a tool call.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub enum ScheduleAction {
+pub(crate) enum ScheduleAction {
     Prompt(String),
     Call(ScheduledCall),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
-pub struct ScheduledCall {
+pub(crate) struct ScheduledCall {
     pub tool: String,
     #[serde(default)]
     pub args: Value,
@@ -618,7 +611,7 @@ pub struct ScheduledCall {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ScheduleCreateParams {
+pub(crate) struct ScheduleCreateParams {
     pub session_id: String,
     #[serde(default)]
     pub delay_ms: Option<u64>,
@@ -644,7 +637,7 @@ pub struct ScheduleCreateParams {
 }
 
 #[derive(Debug, Serialize, Deserialize)]
-pub struct ScheduleCreateResult {
+pub(crate) struct ScheduleCreateResult {
     pub schedule_id: String,
     pub task_id: String,
     /// When it first fires (RFC 3339).
@@ -654,12 +647,12 @@ pub struct ScheduleCreateResult {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ScheduleListParams {
+pub(crate) struct ScheduleListParams {
     pub session_id: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct ScheduleInfo {
+pub(crate) struct ScheduleInfo {
     pub schedule_id: String,
     pub session_id: String,
     pub task_id: String,
@@ -676,30 +669,30 @@ pub struct ScheduleInfo {
 }
 
 #[derive(Debug, Serialize, Deserialize)]
-pub struct ScheduleListResult {
+pub(crate) struct ScheduleListResult {
     pub schedules: Vec<ScheduleInfo>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ScheduleCancelParams {
+pub(crate) struct ScheduleCancelParams {
     pub schedule_id: String,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
-pub struct ScheduleCancelResult {
+pub(crate) struct ScheduleCancelResult {
     pub schedule_id: String,
     pub result: CancelOutcome,
 }
 
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-pub struct DaemonStatusParams {}
+pub(crate) struct DaemonStatusParams {}
 
 /// `daemon.status`: what the daemon is, what it has loaded, and counters a monitoring agent
 /// can scrape. Task counts cover the sessions the caller may see (all of them for root).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct DaemonStatusResult {
+pub(crate) struct DaemonStatusResult {
     pub version: String,
     pub pid: u32,
     pub started_at: String,
@@ -731,7 +724,7 @@ pub struct DaemonStatusResult {
 
 /// A tool and the plugin file it was loaded from.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct ToolSource {
+pub(crate) struct ToolSource {
     pub name: String,
     pub plugin: String,
 }

@@ -14,10 +14,10 @@ use super::{Registry, RegistryError, Result, SessionRow, Settlement, TaskRow};
 use crate::protocol::{Delivery, TaskKind};
 
 /// The backup next to the registry.
-pub const BACKUP_FILE: &str = "sidejob.db.backup";
+pub(crate) const BACKUP_FILE: &str = "sidejob.db.backup";
 
 /// The registry's backup path in `state_dir`.
-pub fn backup_path(state_dir: &Path) -> PathBuf {
+pub(crate) fn backup_path(state_dir: &Path) -> PathBuf {
     state_dir.join(BACKUP_FILE)
 }
 
@@ -78,7 +78,7 @@ fn leftovers(state_dir: &Path) -> usize {
 }
 
 /// `sidejob registry check`: the same check as at start-up, on a file opened read-only.
-pub fn check_file(db: &Path, state_dir: &Path) -> Result<()> {
+pub(crate) fn check_file(db: &Path, state_dir: &Path) -> Result<()> {
     let conn =
         Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_ONLY).map_err(|source| {
             RegistryError::Open {
@@ -92,7 +92,7 @@ pub fn check_file(db: &Path, state_dir: &Path) -> Result<()> {
 /// Copies the registry to [`BACKUP_FILE`] with SQLite's online backup: a consistent snapshot,
 /// taken through a connection of its own while the daemon keeps writing, written to a
 /// temporary file and renamed into place.
-pub fn backup(state_dir: &Path) -> Result<PathBuf> {
+pub(crate) fn backup(state_dir: &Path) -> Result<PathBuf> {
     let db = state_dir.join("sidejob.db");
     let src =
         Connection::open_with_flags(&db, OpenFlags::SQLITE_OPEN_READ_ONLY).map_err(|source| {
@@ -142,7 +142,7 @@ fn set_aside(state_dir: &Path) -> Result<Option<PathBuf>> {
 
 /// `sidejob registry restore`: the backup becomes the registry (the current one is set
 /// aside). The daemon must be stopped. Returns where the old one went.
-pub fn restore(state_dir: &Path) -> Result<Option<PathBuf>> {
+pub(crate) fn restore(state_dir: &Path) -> Result<Option<PathBuf>> {
     let backup = backup_path(state_dir);
     let check = Connection::open_with_flags(&backup, OpenFlags::SQLITE_OPEN_READ_ONLY).map_err(
         |source| RegistryError::Open {
@@ -169,7 +169,7 @@ pub fn restore(state_dir: &Path) -> Result<Option<PathBuf>> {
 
 /// What a rebuild found.
 #[derive(Debug, Default)]
-pub struct Rebuilt {
+pub(crate) struct Rebuilt {
     pub sessions: usize,
     pub tasks: usize,
     pub set_aside: Option<PathBuf>,
@@ -181,7 +181,7 @@ pub struct Rebuilt {
 /// file describes it. What the files cannot say (a session's workspace and profile, a run's
 /// arguments) is recorded as unknown; runs without a result are left out. The daemon must be
 /// stopped.
-pub fn rebuild(state_dir: &Path, sessions_dir: &Path) -> Result<Rebuilt> {
+pub(crate) fn rebuild(state_dir: &Path, sessions_dir: &Path) -> Result<Rebuilt> {
     let mut out = Rebuilt {
         set_aside: set_aside(state_dir)?,
         ..Rebuilt::default()

@@ -8,7 +8,7 @@ use crate::protocol::Notification;
 
 /// A durable inbox entry.
 #[derive(Debug, Clone, PartialEq)]
-pub struct NotificationRow {
+pub(crate) struct NotificationRow {
     pub id: String,
     pub session_id: String,
     pub owner_uid: u32,
@@ -42,7 +42,7 @@ impl NotificationRow {
         })
     }
 
-    pub fn to_patch(&self) -> Map<String, Value> {
+    pub(crate) fn to_patch(&self) -> Map<String, Value> {
         obj([
             ("id", self.id.clone().into()),
             ("session_id", self.session_id.clone().into()),
@@ -58,7 +58,7 @@ impl NotificationRow {
         ])
     }
 
-    pub fn to_wire(&self) -> Notification {
+    pub(crate) fn to_wire(&self) -> Notification {
         Notification {
             id: self.id.clone(),
             session_id: self.session_id.clone(),
@@ -72,7 +72,7 @@ impl NotificationRow {
     }
 
     /// Inserts the notification and its `notification.created` event in `tx`.
-    pub fn insert(&self, tx: &Transaction) -> Result<i64> {
+    pub(crate) fn insert(&self, tx: &Transaction) -> Result<i64> {
         Registry::apply(
             tx,
             "notification.created",
@@ -87,7 +87,7 @@ impl NotificationRow {
 
 /// One event of the log, as the hub needs it.
 #[derive(Debug, Clone)]
-pub struct EventRef {
+pub(crate) struct EventRef {
     pub seq: i64,
     pub kind: String,
     pub entity: Entity,
@@ -97,11 +97,11 @@ pub struct EventRef {
 
 impl Registry {
     /// Records a notification on its own (one that no state change carries).
-    pub fn notify(&self, n: &NotificationRow) -> Result<()> {
+    pub(crate) fn notify(&self, n: &NotificationRow) -> Result<()> {
         self.write(|tx| n.insert(tx).map(drop))
     }
 
-    pub fn get_notification(&self, id: &str) -> Result<Option<NotificationRow>> {
+    pub(crate) fn get_notification(&self, id: &str) -> Result<Option<NotificationRow>> {
         self.read(|c| {
             let mut stmt = c.prepare_cached("SELECT * FROM notifications WHERE id = ?1")?;
             Ok(stmt.query_row([id], NotificationRow::from_row).optional()?)
@@ -109,7 +109,7 @@ impl Registry {
     }
 
     /// Notifications, newest first: of one session or of every session `owner` may see.
-    pub fn list_notifications(
+    pub(crate) fn list_notifications(
         &self,
         session_id: Option<&str>,
         owner: Option<u32>,
@@ -127,7 +127,7 @@ impl Registry {
     }
 
     /// Unacked notifications of a session with the seq of their creation, oldest first.
-    pub fn unacked_with_seq(&self, session_id: &str) -> Result<Vec<(i64, NotificationRow)>> {
+    pub(crate) fn unacked_with_seq(&self, session_id: &str) -> Result<Vec<(i64, NotificationRow)>> {
         self.read(|c| {
             let mut stmt = c.prepare_cached(
                 "SELECT n.*, e.seq AS created_seq FROM notifications n
@@ -140,7 +140,7 @@ impl Registry {
     }
 
     /// Acks one notification if it is unacked; returns whether it changed.
-    pub fn ack_notification(&self, id: &str) -> Result<bool> {
+    pub(crate) fn ack_notification(&self, id: &str) -> Result<bool> {
         self.write(|tx| {
             let row: Option<(String, bool)> = tx
                 .query_row(
@@ -172,7 +172,7 @@ impl Registry {
     }
 
     /// Events after `seq`, oldest first, at most `limit`.
-    pub fn events_after(&self, seq: i64, limit: usize) -> Result<Vec<EventRef>> {
+    pub(crate) fn events_after(&self, seq: i64, limit: usize) -> Result<Vec<EventRef>> {
         self.follow(|c| {
             let mut stmt = c.prepare_cached("SELECT seq, kind, entity, entity_id, session_id FROM events WHERE seq > ?1 ORDER BY seq LIMIT ?2")?;
             let rows = stmt.query_map(params![seq, limit as i64], |r| {
@@ -189,7 +189,7 @@ impl Registry {
     }
 
     /// The owner of a session, if it exists.
-    pub fn session_owner(&self, session_id: &str) -> Result<Option<u32>> {
+    pub(crate) fn session_owner(&self, session_id: &str) -> Result<Option<u32>> {
         self.read(|c| {
             Ok(c.query_row(
                 "SELECT owner_uid FROM sessions WHERE session_id = ?1",

@@ -8,7 +8,7 @@ impl Registry {
     /// `running → awaiting_input`, with an `action_required` notification (the request's
     /// prompt and schema), all in one transaction. Returns false (and changes
     /// nothing) unless the task is `running`.
-    pub fn mark_awaiting_input(
+    pub(crate) fn mark_awaiting_input(
         &self,
         task_id: &str,
         session_id: &str,
@@ -44,13 +44,13 @@ impl Registry {
 
     /// `awaiting_input → running` once the host answered (or the request was abandoned).
     /// Returns false unless the task was `awaiting_input`.
-    pub fn mark_input_answered(&self, task_id: &str, session_id: &str) -> Result<bool> {
+    pub(crate) fn mark_input_answered(&self, task_id: &str, session_id: &str) -> Result<bool> {
         self.leave_awaiting_input(task_id, session_id, "task.input_answered")
     }
 
     /// A question that cannot be answered any more (its bridge died with the previous
     /// daemon): `awaiting_input → running`. Returns false unless the task was waiting.
-    pub fn abandon_input(&self, task_id: &str, session_id: &str) -> Result<bool> {
+    pub(crate) fn abandon_input(&self, task_id: &str, session_id: &str) -> Result<bool> {
         self.leave_awaiting_input(task_id, session_id, "task.input_abandoned")
     }
 
@@ -81,7 +81,7 @@ impl Registry {
     }
 
     /// Moves a task to another session (a subagent's service handed over to the parent).
-    pub fn hand_over_task(&self, task_id: &str, to_session: &str) -> Result<i64> {
+    pub(crate) fn hand_over_task(&self, task_id: &str, to_session: &str) -> Result<i64> {
         self.write(|tx| {
             let patch = obj([("session_id", to_session.into())]);
             Self::apply(

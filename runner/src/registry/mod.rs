@@ -11,12 +11,12 @@ mod rows;
 mod schedules;
 mod schema;
 
-pub mod health;
+pub(crate) mod health;
 
-pub use inbox::{EventRef, NotificationRow};
-pub use replay::{replay_check, ReplayReport};
-pub use rows::{SessionRow, Settlement, TaskRow};
-pub use schedules::{Routable, ScheduleRow};
+pub(crate) use inbox::{EventRef, NotificationRow};
+pub(crate) use replay::replay_check;
+pub(crate) use rows::{SessionRow, Settlement, TaskRow};
+pub(crate) use schedules::{Routable, ScheduleRow};
 
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
@@ -54,11 +54,11 @@ pub enum RegistryError {
     Unusable { path: PathBuf, why: String },
 }
 
-pub type Result<T> = std::result::Result<T, RegistryError>;
+pub(crate) type Result<T> = std::result::Result<T, RegistryError>;
 
 /// Which table an event changes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Entity {
+pub(crate) enum Entity {
     Session,
     Task,
     Notification,
@@ -84,7 +84,7 @@ impl Entity {
         }
     }
 
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Entity::Session => "session",
             Entity::Task => "task",
@@ -93,7 +93,7 @@ impl Entity {
         }
     }
 
-    pub fn parse(s: &str) -> Option<Entity> {
+    pub(crate) fn parse(s: &str) -> Option<Entity> {
         match s {
             "session" => Some(Entity::Session),
             "task" => Some(Entity::Task),
@@ -106,7 +106,7 @@ impl Entity {
 
 /// Whether an event creates its row or updates it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Op {
+pub(crate) enum Op {
     Insert,
     Update,
 }
@@ -122,14 +122,14 @@ impl Op {
 
 /// What one uid holds now (see [`Registry::usage_of`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Usage {
+pub(crate) struct Usage {
     pub queued: u64,
     pub running: u64,
     pub sessions: u64,
     pub schedules: u64,
 }
 
-pub struct Registry {
+pub(crate) struct Registry {
     /// A second, read-only connection for the wake hub, which reads every committed event and
     /// the rows they name: with WAL it never waits for the writers, nor they for it. Declared
     /// (so dropped) before `conn`: the writer closing last checkpoints the WAL into the file.
@@ -145,7 +145,7 @@ impl Registry {
     /// Opens (creating if needed) `<state_dir>/sidejob.db` in WAL mode and runs migrations,
     /// after checking it can be trusted (see [`health`]): a damaged registry, or an empty one
     /// beside the sessions of an earlier one, is refused.
-    pub fn open(state_dir: &Path) -> Result<Registry> {
+    pub(crate) fn open(state_dir: &Path) -> Result<Registry> {
         Self::open_with(state_dir, true)
     }
 
@@ -205,7 +205,7 @@ impl Registry {
         })
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
@@ -234,7 +234,7 @@ impl Registry {
     }
 
     /// Watches the newest event seq (see [`Registry::write`]).
-    pub fn subscribe_seq(&self) -> tokio::sync::watch::Receiver<i64> {
+    pub(crate) fn subscribe_seq(&self) -> tokio::sync::watch::Receiver<i64> {
         self.last_seq.subscribe()
     }
 
@@ -252,7 +252,7 @@ impl Registry {
     }
 
     /// [`Registry::get_task`] on the follower connection.
-    pub fn get_task_committed(&self, task_id: &str) -> Result<Option<TaskRow>> {
+    pub(crate) fn get_task_committed(&self, task_id: &str) -> Result<Option<TaskRow>> {
         self.follow(|c| {
             let mut stmt = c.prepare_cached("SELECT * FROM tasks WHERE task_id = ?1")?;
             stmt.query_row([task_id], TaskRow::from_row)
@@ -263,7 +263,7 @@ impl Registry {
     }
 
     /// Writes a row change and its event in the same transaction; returns the event's seq.
-    pub fn apply(
+    pub(crate) fn apply(
         tx: &Transaction,
         kind: &str,
         entity: Entity,
@@ -282,7 +282,7 @@ impl Registry {
 
     // ----- sessions -----
 
-    pub fn insert_session(&self, row: &SessionRow) -> Result<()> {
+    pub(crate) fn insert_session(&self, row: &SessionRow) -> Result<()> {
         self.write(|tx| {
             Self::apply(
                 tx,
@@ -297,7 +297,7 @@ impl Registry {
         })
     }
 
-    pub fn reopen_session(&self, session_id: &str) -> Result<()> {
+    pub(crate) fn reopen_session(&self, session_id: &str) -> Result<()> {
         self.write(|tx| {
             let patch = obj([("state", "open".into()), ("closed_at", Value::Null)]);
             Self::apply(
@@ -315,7 +315,7 @@ impl Registry {
 
     /// Records that a closed session's directory (and its runs' output) was removed: the
     /// session is `deleted` and each of its tasks' output is gone.
-    pub fn mark_session_deleted(&self, session_id: &str) -> Result<()> {
+    pub(crate) fn mark_session_deleted(&self, session_id: &str) -> Result<()> {
         self.write(|tx| {
             let tasks: Vec<String> = {
                 let mut stmt = tx.prepare_cached(
@@ -348,7 +348,7 @@ impl Registry {
         })
     }
 
-    pub fn close_session(&self, session_id: &str) -> Result<()> {
+    pub(crate) fn close_session(&self, session_id: &str) -> Result<()> {
         self.write(|tx| {
             let patch = obj([
                 ("state", "closed".into()),
@@ -367,7 +367,7 @@ impl Registry {
         })
     }
 
-    pub fn get_session(&self, session_id: &str) -> Result<Option<SessionRow>> {
+    pub(crate) fn get_session(&self, session_id: &str) -> Result<Option<SessionRow>> {
         let conn = self.lock();
         let mut stmt = conn.prepare_cached("SELECT * FROM sessions WHERE session_id = ?1")?;
         Ok(stmt
@@ -376,7 +376,7 @@ impl Registry {
     }
 
     /// Sessions, all of them or those of one owner.
-    pub fn list_sessions(&self, owner: Option<u32>) -> Result<Vec<SessionRow>> {
+    pub(crate) fn list_sessions(&self, owner: Option<u32>) -> Result<Vec<SessionRow>> {
         let conn = self.lock();
         let mut stmt = conn.prepare_cached("SELECT * FROM sessions WHERE ?1 IS NULL OR owner_uid = ?1 ORDER BY created_at, session_id")?;
         let rows = stmt.query_map([owner], SessionRow::from_row)?;
@@ -385,7 +385,7 @@ impl Registry {
 
     // ----- tasks -----
 
-    pub fn insert_task(&self, row: &TaskRow) -> Result<i64> {
+    pub(crate) fn insert_task(&self, row: &TaskRow) -> Result<i64> {
         self.write(|tx| {
             Self::apply(
                 tx,
@@ -400,7 +400,7 @@ impl Registry {
     }
 
     /// The supervisor is running: record its pid and start time (to re-attach after restart).
-    pub fn mark_started(
+    pub(crate) fn mark_started(
         &self,
         task_id: &str,
         session_id: &str,
@@ -428,7 +428,7 @@ impl Registry {
     }
 
     /// A foreground call moved to the background (yield, `background: true`, `task.background`).
-    pub fn mark_yielded(&self, task_id: &str, session_id: &str) -> Result<i64> {
+    pub(crate) fn mark_yielded(&self, task_id: &str, session_id: &str) -> Result<i64> {
         self.write(|tx| {
             let patch = obj([("mode", "background".into())]);
             Self::apply(
@@ -445,7 +445,7 @@ impl Registry {
 
     /// Records a terminal state and who the result is delivered to, in one transaction.
     /// With `wake`, the completion's notification is created in the same transaction.
-    pub fn settle(
+    pub(crate) fn settle(
         &self,
         task_id: &str,
         session_id: &str,
@@ -471,7 +471,12 @@ impl Registry {
 
     /// Moves a terminal task's delivery from `from` to `to` if (and only if) it is still
     /// `from`. This conditional update is the single place later claims are decided.
-    pub fn claim_delivery(&self, task_id: &str, from: Delivery, to: Delivery) -> Result<bool> {
+    pub(crate) fn claim_delivery(
+        &self,
+        task_id: &str,
+        from: Delivery,
+        to: Delivery,
+    ) -> Result<bool> {
         self.write(|tx| {
             let current: Option<Option<String>> = tx
                 .query_row(
@@ -505,7 +510,7 @@ impl Registry {
         })
     }
 
-    pub fn get_task(&self, task_id: &str) -> Result<Option<TaskRow>> {
+    pub(crate) fn get_task(&self, task_id: &str) -> Result<Option<TaskRow>> {
         let conn = self.lock();
         let mut stmt = conn.prepare_cached("SELECT * FROM tasks WHERE task_id = ?1")?;
         stmt.query_row([task_id], TaskRow::from_row)
@@ -515,7 +520,7 @@ impl Registry {
     }
 
     /// A session's live tasks plus its `history` most recent terminal ones, newest first.
-    pub fn list_tasks(&self, session_id: &str, history: usize) -> Result<Vec<TaskRow>> {
+    pub(crate) fn list_tasks(&self, session_id: &str, history: usize) -> Result<Vec<TaskRow>> {
         let conn = self.lock();
         let mut stmt = conn.prepare_cached(
             "SELECT * FROM tasks WHERE session_id = ?1 AND state NOT IN ('succeeded','failed','canceled')
@@ -530,7 +535,7 @@ impl Registry {
     }
 
     /// Every task in one of `states`, across sessions (for recovery at start-up).
-    pub fn tasks_in_states(&self, states: &[TaskState]) -> Result<Vec<TaskRow>> {
+    pub(crate) fn tasks_in_states(&self, states: &[TaskState]) -> Result<Vec<TaskRow>> {
         let conn = self.lock();
         let list = states
             .iter()
@@ -546,7 +551,7 @@ impl Registry {
     }
 
     /// Live tasks of a session (not terminal).
-    pub fn live_tasks_of_session(&self, session_id: &str) -> Result<Vec<TaskRow>> {
+    pub(crate) fn live_tasks_of_session(&self, session_id: &str) -> Result<Vec<TaskRow>> {
         let conn = self.lock();
         let mut stmt = conn.prepare_cached("SELECT * FROM tasks WHERE session_id = ?1 AND state NOT IN ('succeeded','failed','canceled')")?;
         let rows = stmt.query_map([session_id], TaskRow::from_row)?;
@@ -557,7 +562,7 @@ impl Registry {
     /// How many of a session's tasks are in each live state.
     /// What a uid holds now: live calls (queued, running or awaiting input), open top-level
     /// sessions and armed schedules. Indexed counts: cheap enough for every call.
-    pub fn usage_of(&self, uid: u32) -> Result<Usage> {
+    pub(crate) fn usage_of(&self, uid: u32) -> Result<Usage> {
         let conn = self.lock();
         let mut stmt = conn.prepare_cached(
             "SELECT \
@@ -578,7 +583,7 @@ impl Registry {
 
     /// The bytes of output a uid's runs keep under `sessions_dir` (their output not deleted).
     /// Reads every such task of the uid: the executor asks once and then keeps count.
-    pub fn kept_output(&self, uid: u32, sessions_dir: &str) -> Result<u64> {
+    pub(crate) fn kept_output(&self, uid: u32, sessions_dir: &str) -> Result<u64> {
         let prefix = format!("{}/", sessions_dir.trim_end_matches('/'));
         let conn = self.lock();
         Ok(conn.query_row(
@@ -589,7 +594,7 @@ impl Registry {
         )?)
     }
 
-    pub fn count_states(&self, session_id: &str) -> Result<Vec<(TaskState, u32)>> {
+    pub(crate) fn count_states(&self, session_id: &str) -> Result<Vec<(TaskState, u32)>> {
         let conn = self.lock();
         let mut stmt = conn.prepare_cached(
             "SELECT state, COUNT(*) FROM tasks WHERE session_id = ?1 AND state NOT IN ('succeeded','failed','canceled') GROUP BY state",
@@ -608,29 +613,9 @@ impl Registry {
     }
 
     /// The newest event's seq (0 when the log is empty).
-    pub fn last_seq(&self) -> Result<i64> {
+    pub(crate) fn last_seq(&self) -> Result<i64> {
         let conn = self.lock();
         Ok(conn.query_row("SELECT COALESCE(MAX(seq), 0) FROM events", [], |r| r.get(0))?)
-    }
-
-    /// Events of one entity, oldest first, as `(kind, patch)`.
-    pub fn events_of(&self, entity: Entity, id: &str) -> Result<Vec<(String, Value)>> {
-        let conn = self.lock();
-        let mut stmt = conn.prepare_cached(
-            "SELECT kind, patch FROM events WHERE entity = ?1 AND entity_id = ?2 ORDER BY seq",
-        )?;
-        let rows = stmt.query_map([entity.name(), id], |r| {
-            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
-        })?;
-        let mut out = Vec::new();
-        for row in rows {
-            let (kind, patch) = row?;
-            out.push((
-                kind,
-                serde_json::from_str(&patch).map_err(|e| RegistryError::Corrupt(e.to_string()))?,
-            ));
-        }
-        Ok(out)
     }
 }
 
@@ -725,6 +710,6 @@ pub(crate) fn json_to_sql(v: &Value) -> rusqlite::types::Value {
 }
 
 /// Builds a JSON object from `(column, value)` pairs.
-pub fn obj<const N: usize>(pairs: [(&str, Value); N]) -> Map<String, Value> {
+pub(crate) fn obj<const N: usize>(pairs: [(&str, Value); N]) -> Map<String, Value> {
     pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
 }

@@ -9,7 +9,7 @@ use super::{apply_patch, migrate, schema, Entity, Op, RegistryError, Result};
 
 /// What a replay found.
 #[derive(Debug, Default)]
-pub struct ReplayReport {
+pub(crate) struct ReplayReport {
     pub events: u64,
     pub rows_checked: u64,
     /// One line per difference: table, key, column, live value, replayed value.
@@ -17,14 +17,14 @@ pub struct ReplayReport {
 }
 
 impl ReplayReport {
-    pub fn ok(&self) -> bool {
+    pub(crate) fn ok(&self) -> bool {
         self.differences.is_empty()
     }
 }
 
 /// Replays every event of the registry at `db_path` into a fresh in-memory database built by
 /// the same migrations, and compares every row of every replayed table.
-pub fn replay_check(db_path: &Path) -> Result<ReplayReport> {
+pub(crate) fn replay_check(db_path: &Path) -> Result<ReplayReport> {
     let live = Connection::open_with_flags(
         db_path,
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,

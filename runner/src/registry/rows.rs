@@ -9,7 +9,7 @@ use crate::protocol::{
 };
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct SessionRow {
+pub(crate) struct SessionRow {
     pub session_id: String,
     pub owner_uid: u32,
     /// The group the session's files are handed to (the owner's primary group at open).
@@ -25,7 +25,7 @@ pub struct SessionRow {
 }
 
 impl SessionRow {
-    pub fn from_row(r: &Row) -> rusqlite::Result<SessionRow> {
+    pub(crate) fn from_row(r: &Row) -> rusqlite::Result<SessionRow> {
         Ok(SessionRow {
             session_id: r.get("session_id")?,
             owner_uid: r.get("owner_uid")?,
@@ -41,7 +41,7 @@ impl SessionRow {
         })
     }
 
-    pub fn to_patch(&self) -> Map<String, Value> {
+    pub(crate) fn to_patch(&self) -> Map<String, Value> {
         obj([
             ("session_id", self.session_id.clone().into()),
             ("owner_uid", self.owner_uid.into()),
@@ -57,11 +57,11 @@ impl SessionRow {
         ])
     }
 
-    pub fn is_open(&self) -> bool {
+    pub(crate) fn is_open(&self) -> bool {
         self.state == "open"
     }
 
-    pub fn to_wire(&self) -> SessionInfo {
+    pub(crate) fn to_wire(&self) -> SessionInfo {
         SessionInfo {
             session_id: self.session_id.clone(),
             owner_uid: self.owner_uid,
@@ -79,7 +79,7 @@ impl SessionRow {
 
 /// A task row. Enum columns are kept as typed values; `check` refuses unknown spellings.
 #[derive(Debug, Clone, PartialEq)]
-pub struct TaskRow {
+pub(crate) struct TaskRow {
     pub task_id: String,
     pub session_id: String,
     pub owner_uid: u32,
@@ -133,7 +133,7 @@ fn parse_enum<T>(col: &str, s: &str, f: impl Fn(&str) -> Option<T>) -> Result<T,
 }
 
 impl TaskRow {
-    pub fn from_row(r: &Row) -> rusqlite::Result<RawTask> {
+    pub(crate) fn from_row(r: &Row) -> rusqlite::Result<RawTask> {
         Ok(RawTask {
             kind: r.get("kind")?,
             state: r.get("state")?,
@@ -184,7 +184,7 @@ impl TaskRow {
         })
     }
 
-    pub fn check(raw: RawTask) -> Result<TaskRow, RegistryError> {
+    pub(crate) fn check(raw: RawTask) -> Result<TaskRow, RegistryError> {
         let mut row = raw.row;
         row.kind = parse_enum("kind", &raw.kind, serde_enum)?;
         row.state = parse_enum("state", &raw.state, TaskState::parse)?;
@@ -204,7 +204,7 @@ impl TaskRow {
         Ok(row)
     }
 
-    pub fn to_patch(&self) -> Map<String, Value> {
+    pub(crate) fn to_patch(&self) -> Map<String, Value> {
         obj([
             ("task_id", self.task_id.clone().into()),
             ("session_id", self.session_id.clone().into()),
@@ -248,7 +248,7 @@ impl TaskRow {
 
     /// A new task of `session`, not yet started (a call is `queued`, a monitor `scheduled`),
     /// under the session's profile: everything a run fills in later is empty.
-    pub fn new(
+    pub(crate) fn new(
         task_id: String,
         session: &SessionRow,
         tool: String,
@@ -301,15 +301,15 @@ impl TaskRow {
         }
     }
 
-    pub fn output_path(&self) -> String {
+    pub(crate) fn output_path(&self) -> String {
         format!("{}/output.log", self.run_dir)
     }
 
-    pub fn result_path(&self) -> String {
+    pub(crate) fn result_path(&self) -> String {
         format!("{}/result.json", self.run_dir)
     }
 
-    pub fn to_wire(&self) -> Task {
+    pub(crate) fn to_wire(&self) -> Task {
         Task {
             task_id: self.task_id.clone(),
             session_id: self.session_id.clone(),
@@ -340,7 +340,7 @@ impl TaskRow {
 }
 
 /// A task row as read, before its enum columns are checked.
-pub struct RawTask {
+pub(crate) struct RawTask {
     row: TaskRow,
     kind: String,
     state: String,
@@ -363,7 +363,7 @@ fn enum_json<T: serde::Serialize>(v: &T) -> Value {
 
 /// Everything recorded when a task reaches a terminal state.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Settlement {
+pub(crate) struct Settlement {
     pub state: TaskState,
     pub reason: Option<FailReason>,
     pub exit_code: Option<i32>,
@@ -382,7 +382,7 @@ pub struct Settlement {
 
 impl Settlement {
     /// What a run's `result.json` says, to be recorded (delivery still to be decided).
-    pub fn from_result(r: &crate::supervisor::RunResult) -> Settlement {
+    pub(crate) fn from_result(r: &crate::supervisor::RunResult) -> Settlement {
         crate::metrics::violations_seen(r.violations.len());
         Settlement {
             state: r.state,
@@ -401,7 +401,7 @@ impl Settlement {
         }
     }
 
-    pub fn to_patch(&self) -> Map<String, Value> {
+    pub(crate) fn to_patch(&self) -> Map<String, Value> {
         let mut patch = obj([
             ("state", self.state.as_str().into()),
             ("reason", self.reason.map(|r| r.as_str()).into()),

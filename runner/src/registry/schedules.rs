@@ -6,7 +6,7 @@ use serde_json::{Map, Value};
 use super::{obj, Entity, NotificationRow, Op, Registry, Result, Settlement, TaskRow};
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct ScheduleRow {
+pub(crate) struct ScheduleRow {
     pub schedule_id: String,
     pub session_id: String,
     pub owner_uid: u32,
@@ -79,7 +79,7 @@ impl ScheduleRow {
 
 /// Which sessions can take a prompt now (they have a live route).
 #[derive(Debug, Clone, Default)]
-pub struct Routable {
+pub(crate) struct Routable {
     pub sessions: Vec<String>,
     pub owners: Vec<u32>,
     pub everyone: bool,
@@ -118,7 +118,7 @@ fn to_sql(values: &[Value]) -> Vec<rusqlite::types::Value> {
 
 impl Registry {
     /// Creates the monitor task and its schedule in one transaction.
-    pub fn create_schedule(&self, monitor: &TaskRow, s: &ScheduleRow) -> Result<()> {
+    pub(crate) fn create_schedule(&self, monitor: &TaskRow, s: &ScheduleRow) -> Result<()> {
         self.write(|tx| {
             Registry::apply(
                 tx,
@@ -142,12 +142,12 @@ impl Registry {
         })
     }
 
-    pub fn get_schedule(&self, schedule_id: &str) -> Result<Option<ScheduleRow>> {
+    pub(crate) fn get_schedule(&self, schedule_id: &str) -> Result<Option<ScheduleRow>> {
         self.schedule_where("schedule_id", schedule_id)
     }
 
     /// The schedule a monitor task owns.
-    pub fn schedule_of_task(&self, task_id: &str) -> Result<Option<ScheduleRow>> {
+    pub(crate) fn schedule_of_task(&self, task_id: &str) -> Result<Option<ScheduleRow>> {
         self.schedule_where("task_id", task_id)
     }
 
@@ -159,7 +159,7 @@ impl Registry {
         })
     }
 
-    pub fn list_schedules(&self, session_id: &str) -> Result<Vec<ScheduleRow>> {
+    pub(crate) fn list_schedules(&self, session_id: &str) -> Result<Vec<ScheduleRow>> {
         self.read(|c| {
             let mut stmt = c.prepare_cached(
                 "SELECT * FROM schedules WHERE session_id = ?1 ORDER BY created_at",
@@ -170,7 +170,7 @@ impl Registry {
     }
 
     /// Atomically leases up to `limit` due schedules to `claimer` until `now + lease_ms`.
-    pub fn claim_due(
+    pub(crate) fn claim_due(
         &self,
         now_ms: i64,
         claimer: &str,
@@ -216,7 +216,7 @@ impl Registry {
     }
 
     /// Extends the leases `claimer` still holds (while a long batch is being delivered).
-    pub fn renew_claims(&self, claimer: &str, lease_until_ms: i64) -> Result<usize> {
+    pub(crate) fn renew_claims(&self, claimer: &str, lease_until_ms: i64) -> Result<usize> {
         self.write(|tx| {
             let ids: Vec<(String, String)> = tx
                 .prepare_cached(
@@ -241,7 +241,7 @@ impl Registry {
     }
 
     /// When the next schedule that may fire now is due (lease expiry included), if any.
-    pub fn next_due_ms(&self, routable: &Routable) -> Result<Option<i64>> {
+    pub(crate) fn next_due_ms(&self, routable: &Routable) -> Result<Option<i64>> {
         let (cond, extra) = routable.condition();
         self.read(|c| {
             let sql = format!(
@@ -255,7 +255,7 @@ impl Registry {
     /// Records one delivered occurrence — with its notification for a prompt, in the same
     /// transaction — and advances the schedule to `next_due_ms` (or disables it and settles
     /// its monitor when there is none). An occurrence key seen before is not delivered twice.
-    pub fn record_occurrence(
+    pub(crate) fn record_occurrence(
         &self,
         s: &ScheduleRow,
         key: &str,
@@ -266,7 +266,7 @@ impl Registry {
     }
 
     /// [`Registry::record_occurrence`] for many occurrences in one transaction.
-    pub fn record_occurrences(
+    pub(crate) fn record_occurrences(
         &self,
         batch: &[(ScheduleRow, String, Option<i64>, Option<NotificationRow>)],
     ) -> Result<usize> {
@@ -281,7 +281,7 @@ impl Registry {
 
     /// Moves a claimed schedule to `next_due_ms` without delivering anything (missed
     /// occurrences under `catch_up = "skip"`), releasing the claim.
-    pub fn skip_to(&self, s: &ScheduleRow, next_due_ms: Option<i64>) -> Result<()> {
+    pub(crate) fn skip_to(&self, s: &ScheduleRow, next_due_ms: Option<i64>) -> Result<()> {
         self.write(|tx| {
             let patch = obj([
                 ("next_due_ms", next_due_ms.into()),
@@ -311,7 +311,7 @@ impl Registry {
     }
 
     /// Disables a schedule and settles its monitor as canceled. False if it was not enabled.
-    pub fn disable_schedule(&self, schedule_id: &str) -> Result<bool> {
+    pub(crate) fn disable_schedule(&self, schedule_id: &str) -> Result<bool> {
         self.write(|tx| {
             let s: Option<ScheduleRow> = tx
                 .prepare_cached("SELECT * FROM schedules WHERE schedule_id = ?1")?
@@ -355,7 +355,7 @@ impl Registry {
     }
 
     /// Ids of live tasks started by a monitor.
-    pub fn live_children(&self, parent_task_id: &str) -> Result<Vec<String>> {
+    pub(crate) fn live_children(&self, parent_task_id: &str) -> Result<Vec<String>> {
         self.read(|c| {
             let mut stmt = c.prepare_cached("SELECT task_id FROM tasks WHERE parent_task_id = ?1 AND state NOT IN ('succeeded','failed','canceled')")?;
             let rows = stmt.query_map([parent_task_id], |r| r.get(0))?;
@@ -364,7 +364,7 @@ impl Registry {
     }
 
     /// Is a run with this occurrence key already recorded?
-    pub fn occurrence_started(&self, key: &str) -> Result<bool> {
+    pub(crate) fn occurrence_started(&self, key: &str) -> Result<bool> {
         self.read(|c| {
             Ok(c.query_row(
                 "SELECT COUNT(*) FROM tasks WHERE occurrence_key = ?1",

@@ -2,7 +2,7 @@
 //! migration runs once, in its own transaction, in order. Add new ones at the end; never edit
 //! one that has shipped.
 
-pub const MIGRATIONS: &[&str] = &[
+pub(super) const MIGRATIONS: &[&str] = &[
     // 1: sessions, tasks and the authoritative event log.
     r#"
     CREATE TABLE sessions (
@@ -125,7 +125,7 @@ pub const MIGRATIONS: &[&str] = &[
 ];
 
 /// The tables the event log rebuilds, with their key column, in replay-check order.
-pub const REPLAYED_TABLES: &[(&str, &str)] = &[
+pub(super) const REPLAYED_TABLES: &[(&str, &str)] = &[
     ("sessions", "session_id"),
     ("tasks", "task_id"),
     ("notifications", "id"),

@@ -15,12 +15,12 @@ use std::path::{Path, PathBuf};
 use super::Profile;
 
 /// `<state_dir>/caches`.
-pub fn root(state_dir: &Path) -> PathBuf {
+pub(crate) fn root(state_dir: &Path) -> PathBuf {
     state_dir.join("caches")
 }
 
 /// `<state_dir>/caches/<uid>/<profile>`.
-pub fn dir_for(state_dir: &Path, uid: u32, profile: &str) -> PathBuf {
+pub(crate) fn dir_for(state_dir: &Path, uid: u32, profile: &str) -> PathBuf {
     root(state_dir).join(uid.to_string()).join(profile)
 }
 
@@ -54,7 +54,7 @@ fn ensure_dir(path: &Path, mode: u32) -> io::Result<()> {
 /// Makes the caches `profile` names for a run as `uid`/`gid` and returns their directory
 /// (`None` when the profile has none). Each cache is a directory of its own, owned by the
 /// run's user (mode 0700).
-pub fn prepare(
+pub(crate) fn prepare(
     state_dir: &Path,
     uid: u32,
     gid: u32,
@@ -91,7 +91,7 @@ pub fn prepare(
 
 /// One cache as `doctor` shows it.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct CacheInfo {
+pub(crate) struct CacheInfo {
     pub uid: u32,
     pub profile: String,
     pub name: String,
@@ -100,7 +100,7 @@ pub struct CacheInfo {
 }
 
 /// Every cache under `state_dir`, with its size (symlinks are not followed).
-pub fn list(state_dir: &Path) -> Vec<CacheInfo> {
+pub(crate) fn list(state_dir: &Path) -> Vec<CacheInfo> {
     let mut out = Vec::new();
     let entries = |p: &Path| -> Vec<(String, PathBuf)> {
         std::fs::read_dir(p)
@@ -152,7 +152,7 @@ fn size_of(path: &Path) -> u64 {
 
 /// Removes the caches of `uid` (every uid when `None`) and `profile` (every profile when
 /// `None`); returns what was removed. The removal does not follow symlinks a run left.
-pub fn clear(
+pub(crate) fn clear(
     state_dir: &Path,
     uid: Option<u32>,
     profile: Option<&str>,

@@ -56,7 +56,7 @@ const SHIPPED: &[(&str, &str)] = &[
 ];
 
 #[derive(Debug, thiserror::Error)]
-pub enum CatalogError {
+pub(crate) enum CatalogError {
     #[error("unknown profile {name:?}; known: {}", known.join(", "))]
     Unknown { name: String, known: Vec<String> },
     #[error("invalid profile name {0:?}: use letters, digits, '-' and '_'")]
@@ -76,7 +76,7 @@ pub enum CatalogError {
 
 /// The profiles a daemon or `sidejob exec` can use.
 #[derive(Debug, Default)]
-pub struct Catalog {
+pub(crate) struct Catalog {
     dir: Option<PathBuf>,
     /// The last version of each on-disk profile that validated, by path.
     last_good: Mutex<HashMap<PathBuf, Profile>>,
@@ -97,7 +97,7 @@ fn valid_name(name: &str) -> bool {
 
 impl Catalog {
     /// `dir`: the on-disk profile directory, if any (it need not exist).
-    pub fn new(dir: Option<PathBuf>) -> Catalog {
+    pub(crate) fn new(dir: Option<PathBuf>) -> Catalog {
         Catalog {
             dir,
             ..Catalog::default()
@@ -105,14 +105,14 @@ impl Catalog {
     }
 
     /// The on-disk profile directory, if any.
-    pub fn dir(&self) -> Option<&Path> {
+    pub(crate) fn dir(&self) -> Option<&Path> {
         self.dir.as_deref()
     }
 
     /// The profile directory used when none is configured: `$SIDEJOB_PROFILES_DIR`, else
     /// `/etc/sidejob/sandbox-profiles` for root, else
     /// `$XDG_CONFIG_HOME/sidejob/sandbox-profiles` (or `~/.config/...`).
-    pub fn default_dir() -> Option<PathBuf> {
+    pub(crate) fn default_dir() -> Option<PathBuf> {
         if let Some(p) = std::env::var_os("SIDEJOB_PROFILES_DIR").filter(|p| !p.is_empty()) {
             return Some(PathBuf::from(p));
         }
@@ -129,7 +129,7 @@ impl Catalog {
     /// A profile by name: the on-disk file first, then the shipped one. A profile that
     /// `extends` another is laid over it (see `profile::Layer::onto`); an unknown parent or a
     /// cycle is refused with the file and line of its `extends`.
-    pub fn get(&self, name: &str) -> Result<Profile, CatalogError> {
+    pub(crate) fn get(&self, name: &str) -> Result<Profile, CatalogError> {
         self.get_chain(name, &mut Vec::new())
     }
 
@@ -214,7 +214,7 @@ impl Catalog {
 
     /// A profile from a file (`sidejob exec --profile ./mine.toml`); named after the file. It
     /// may extend a profile of this catalog.
-    pub fn load_file(&self, path: &Path) -> Result<Profile, CatalogError> {
+    pub(crate) fn load_file(&self, path: &Path) -> Result<Profile, CatalogError> {
         let text = std::fs::read_to_string(path).map_err(|source| CatalogError::Read {
             path: path.into(),
             source,
@@ -227,7 +227,7 @@ impl Catalog {
     }
 
     /// A name, or a path when the argument has a '/' or ends in `.toml`.
-    pub fn get_or_file(&self, name_or_path: &str) -> Result<Profile, CatalogError> {
+    pub(crate) fn get_or_file(&self, name_or_path: &str) -> Result<Profile, CatalogError> {
         if name_or_path.contains('/') || name_or_path.ends_with(".toml") {
             self.load_file(Path::new(name_or_path))
         } else {
@@ -236,7 +236,7 @@ impl Catalog {
     }
 
     /// Every profile name, shipped and on disk, sorted.
-    pub fn names(&self) -> Vec<String> {
+    pub(crate) fn names(&self) -> Vec<String> {
         let mut names: Vec<String> = SHIPPED.iter().map(|(n, _)| (*n).to_owned()).collect();
         if let Some(Ok(entries)) = self.dir.as_ref().map(std::fs::read_dir) {
             for e in entries.flatten() {
@@ -254,7 +254,7 @@ impl Catalog {
 
     /// Loads every on-disk profile now, so an edit is validated (and logged) when it is made,
     /// not when a run first needs it. Returns one line per profile.
-    pub fn refresh(&self) -> Vec<String> {
+    pub(crate) fn refresh(&self) -> Vec<String> {
         let Some(dir) = &self.dir else {
             return Vec::new();
         };
@@ -304,8 +304,9 @@ impl Catalog {
         }
     }
 
-    /// The shipped profiles' names and texts (for `sidejob doctor` and tests).
-    pub fn shipped() -> &'static [(&'static str, &'static str)] {
+    /// The shipped profiles' names and texts.
+    #[cfg(test)]
+    pub(crate) fn shipped() -> &'static [(&'static str, &'static str)] {
         SHIPPED
     }
 }

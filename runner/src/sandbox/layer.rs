@@ -20,7 +20,7 @@ pub(super) enum NetworkLayer {
 /// One profile file, checked: what it sets, before it is laid over the profile it extends
 /// (see [`Layer::onto`]).
 #[derive(Debug, Clone)]
-pub struct Layer {
+pub(crate) struct Layer {
     /// The profile it extends, with the line that says so.
     pub extends: Option<(String, usize)>,
     pub(super) description: Option<String>,
@@ -93,7 +93,7 @@ impl Layer {
     /// sets replaces the base's, and its lists (paths, protected paths, passed variables,
     /// allow and deny rules, caches) are added to the base's. A profile narrows what it
     /// inherits by setting lower limits, `network = "none"`, or deny rules.
-    pub fn onto(self, base: Profile, name: &str) -> Profile {
+    pub(crate) fn onto(self, base: Profile, name: &str) -> Profile {
         let mut p = base;
         p.name = name.into();
         p.extends = self.extends.map(|(n, _)| n);

@@ -3,28 +3,28 @@
 //! the launch plan the daemon (or `sidejob exec`) writes and the supervisor carries out.
 //! Pure: nothing here touches the system; [`linux`] applies a plan.
 
-pub mod caches;
-pub mod catalog;
-pub mod layer;
-pub mod linux;
-pub mod profile;
-pub mod resolve;
+pub(crate) mod caches;
+pub(crate) mod catalog;
+pub(crate) mod layer;
+pub(crate) mod linux;
+pub(crate) mod profile;
+pub(crate) mod resolve;
 
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-pub use catalog::{Catalog, CatalogError};
-pub use profile::{Limits, Network, Profile, ProfileError, RunAs};
-pub use resolve::{MountSpec, SandboxPlan};
+pub(crate) use catalog::Catalog;
+pub(crate) use profile::{Network, Profile, RunAs};
+pub(crate) use resolve::{MountSpec, SandboxPlan};
 
 /// The tail of the output kept once `max_output_bytes` is reached (docs/protocol.md).
-pub const OUTPUT_TAIL_BYTES: u64 = 1024 * 1024;
+pub(crate) const OUTPUT_TAIL_BYTES: u64 = 1024 * 1024;
 
 /// Everything the supervisor needs to start, watch and settle one run.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
-pub struct LaunchPlan {
+pub(crate) struct LaunchPlan {
     pub task_id: String,
     pub session_id: String,
     pub tool: String,
@@ -72,18 +72,18 @@ pub struct LaunchPlan {
 
 impl LaunchPlan {
     /// `output.log` as hosts see its path.
-    pub fn output_path(&self) -> PathBuf {
+    pub(crate) fn output_path(&self) -> PathBuf {
         self.output_dir.join(crate::run_dir::OUTPUT)
     }
 
-    pub fn private_dir(&self) -> crate::run_dir::PrivateDir {
+    pub(crate) fn private_dir(&self) -> crate::run_dir::PrivateDir {
         crate::run_dir::PrivateDir::at(self.run_dir.clone())
     }
 }
 
 /// A user's home directory, from the password database (never from `$HOME`, which the caller
 /// controls). `{home}` in a profile stands for it.
-pub fn home_of(uid: u32) -> Option<PathBuf> {
+pub(crate) fn home_of(uid: u32) -> Option<PathBuf> {
     nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
         .ok()
         .flatten()
@@ -92,14 +92,14 @@ pub fn home_of(uid: u32) -> Option<PathBuf> {
 }
 
 /// Is a host path in the view a plan builds (below one of its mounts' sources)?
-pub fn in_view(path: &std::path::Path, plan: &SandboxPlan) -> bool {
+pub(crate) fn in_view(path: &std::path::Path, plan: &SandboxPlan) -> bool {
     plan.mounts
         .iter()
         .any(|m| m.source.as_ref().is_some_and(|s| path.starts_with(s)))
 }
 
 /// Resolves a command name against a `PATH` value, as `execvp` would.
-pub fn resolve_program(name: &str, path_var: &str) -> Option<PathBuf> {
+pub(crate) fn resolve_program(name: &str, path_var: &str) -> Option<PathBuf> {
     if name.contains('/') {
         return Some(PathBuf::from(name));
     }
@@ -135,7 +135,7 @@ mod tests {
 
 /// Why a call's sandbox cannot be built.
 #[derive(Debug, thiserror::Error)]
-pub enum CallSandboxError {
+pub(crate) enum CallSandboxError {
     /// An unknown or invalid profile, or one wider than the session's.
     #[error("{0}")]
     Invalid(String),
@@ -146,7 +146,7 @@ pub enum CallSandboxError {
 
 /// The sandbox side of one daemon call, ready to go into its [`LaunchPlan`].
 #[derive(Debug, Clone)]
-pub struct CallSandbox {
+pub(crate) struct CallSandbox {
     pub profile: String,
     pub sandbox: SandboxPlan,
     /// The scrubbed environment (the daemon passes nothing of its own).
@@ -161,7 +161,7 @@ pub struct CallSandbox {
 /// agent's configuration and model API hosts), applied after the profile was checked against
 /// the session's, and to that run only.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Grants {
+pub(crate) struct Grants {
     pub readable: Vec<String>,
     pub writable: Vec<String>,
     pub egress: Option<crate::egress::Policy>,
@@ -195,7 +195,7 @@ impl Grants {
 
 /// Who a run runs as: the profile's fixed ids, else the session owner when the daemon is root
 /// (root runs other users' commands as those users), else the daemon's own ids (`None`).
-pub fn run_ids(run_as: RunAs, owner: (u32, u32)) -> (Option<u32>, Option<u32>) {
+pub(crate) fn run_ids(run_as: RunAs, owner: (u32, u32)) -> (Option<u32>, Option<u32>) {
     match run_as {
         RunAs::Ids { uid, gid } => (Some(uid), Some(gid)),
         RunAs::Caller if crate::sys::getuid() == 0 && owner.0 != 0 => {
@@ -207,7 +207,7 @@ pub fn run_ids(run_as: RunAs, owner: (u32, u32)) -> (Option<u32>, Option<u32>) {
 
 /// Loads a profile by name and checks that this host can enforce it and that a session owned
 /// by `owner_uid` may use it (see [`Profile::check_run_as_for`]).
-pub fn check_profile(
+pub(crate) fn check_profile(
     catalog: &Catalog,
     name: &str,
     owner_uid: u32,
@@ -240,7 +240,7 @@ pub fn check_profile(
 }
 
 /// Is profile `name` no wider than `ceiling` (both from the catalog)?
-pub fn narrows(
+pub(crate) fn narrows(
     catalog: &Catalog,
     name: &str,
     ceiling: &str,
@@ -252,7 +252,7 @@ pub fn narrows(
 }
 
 /// The run a daemon call is for: where, for whom, and what it is granted.
-pub struct CallFor<'a> {
+pub(crate) struct CallFor<'a> {
     pub workspace: &'a std::path::Path,
     pub session_dir: &'a std::path::Path,
     /// The session owner's uid and gid.
@@ -267,7 +267,7 @@ pub struct CallFor<'a> {
 /// without a restart), so the owner is checked against them here, not only at `session.open`.
 /// `{home}` is the session owner's home from the password database; the profile's caches are
 /// made for the user the run runs as.
-pub fn for_call(
+pub(crate) fn for_call(
     catalog: &Catalog,
     session_profile: &str,
     call_profile: Option<&str>,

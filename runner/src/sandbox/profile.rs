@@ -15,12 +15,12 @@ use super::layer::{Layer, NetworkLayer};
 use crate::egress::policy::Policy;
 
 /// The placeholders a path may start with; resolved per run by [`super::resolve`].
-pub const PLACEHOLDERS: &[&str] = &["{workspace}", "{session_dir}", "{tmp}", "{home}"];
+pub(crate) const PLACEHOLDERS: &[&str] = &["{workspace}", "{session_dir}", "{tmp}", "{home}"];
 
 /// A profile that failed to load: where, which field, and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{file}:{line}: {field}: {message}")]
-pub struct ProfileError {
+pub(crate) struct ProfileError {
     pub file: String,
     /// 1-based; 0 when the error is about the whole file.
     pub line: usize,
@@ -31,7 +31,7 @@ pub struct ProfileError {
 /// How much network a run gets. Ordered from narrowest to widest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Network {
+pub(crate) enum Network {
     /// No sockets but Unix ones; a fresh network namespace with no interfaces up.
     None,
     /// A fresh network namespace with only `lo` up: the run can talk to itself.
@@ -41,7 +41,7 @@ pub enum Network {
 }
 
 impl Network {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Network::None => "none",
             Network::Loopback => "loopback",
@@ -53,7 +53,7 @@ impl Network {
 /// Who the command runs as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum RunAs {
+pub(crate) enum RunAs {
     /// The peer's uid/gid when the daemon is root, else the daemon's own (sandbox-profiles/README.md).
     Caller,
     /// A fixed uid/gid.
@@ -63,7 +63,7 @@ pub enum RunAs {
 /// Resource limits; `None` leaves a resource unlimited.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// Bytes of memory (cgroup).
     pub memory: Option<u64>,
     /// Processes and threads (cgroup).
@@ -80,16 +80,11 @@ pub struct Limits {
     pub output: Option<u64>,
 }
 
-impl Limits {
-    /// Does the run need a cgroup at all?
-    pub fn needs_cgroup(&self) -> bool {
-        self.memory.is_some() || self.pids.is_some() || self.cpu_millicores.is_some()
-    }
-}
+impl Limits {}
 
 /// A validated profile, still with placeholders in its paths.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Profile {
+pub(crate) struct Profile {
     pub name: String,
     pub description: String,
     pub best_effort: bool,
@@ -120,7 +115,7 @@ pub struct Profile {
 
 impl Profile {
     /// A profile with nothing in it: what a profile without `extends` is built on.
-    pub fn empty(name: &str) -> Profile {
+    pub(crate) fn empty(name: &str) -> Profile {
         Profile {
             name: name.into(),
             description: String::new(),
@@ -153,7 +148,7 @@ impl Profile {
     }
 
     /// `none`, `loopback`, `allow-list` or `host`.
-    pub fn network_name(&self) -> &'static str {
+    pub(crate) fn network_name(&self) -> &'static str {
         match (self.network, &self.egress) {
             (Network::Loopback, Some(_)) => "allow-list",
             (n, _) => n.as_str(),
@@ -165,7 +160,7 @@ impl Profile {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawProfile {
+pub(crate) struct RawProfile {
     #[serde(default)]
     extends: Option<Spanned<String>>,
     #[serde(default)]
@@ -272,7 +267,7 @@ struct RawDeadlines {
 }
 
 /// Step 1: reads the TOML. Unknown fields and wrong types are refused here, with their line.
-pub fn parse(file: &str, text: &str) -> Result<RawProfile, ProfileError> {
+pub(crate) fn parse(file: &str, text: &str) -> Result<RawProfile, ProfileError> {
     toml::from_str(text).map_err(|e| {
         let line = e.span().map_or(0, |s| line_of(text, s.start));
         let msg = e.message().to_owned();
@@ -401,7 +396,7 @@ impl RootFix for String {
 }
 
 /// `"512MiB"`, `"2GiB"`, `"100k"`, `"4096"` → bytes.
-pub fn parse_size(s: &str) -> Option<u64> {
+pub(crate) fn parse_size(s: &str) -> Option<u64> {
     let s = s.trim();
     let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (num, unit) = s.split_at(digits);
@@ -426,7 +421,12 @@ fn valid_env_name(name: &str) -> bool {
 impl RawProfile {
     /// Step 2: checks every field and builds the profile. A profile that `extends` another
     /// needs the catalog ([`super::Catalog`]) to find it; here it is an error.
-    pub fn validate(self, name: &str, file: &str, text: &str) -> Result<Profile, ProfileError> {
+    pub(crate) fn validate(
+        self,
+        name: &str,
+        file: &str,
+        text: &str,
+    ) -> Result<Profile, ProfileError> {
         let layer = self.layer(file, text)?;
         if let Some((parent, line)) = &layer.extends {
             return Err(ProfileError {
@@ -442,7 +442,7 @@ impl RawProfile {
     }
 
     /// Step 2 without the base: checks every field this file sets.
-    pub fn layer(self, file: &str, text: &str) -> Result<Layer, ProfileError> {
+    pub(crate) fn layer(self, file: &str, text: &str) -> Result<Layer, ProfileError> {
         let c = Checker { file, text };
         let paths = |field: &str, list: &[Spanned<String>]| -> Result<Vec<String>, ProfileError> {
             list.iter().map(|p| c.path(field, p)).collect()
@@ -683,7 +683,7 @@ impl RawProfile {
 }
 
 /// Parse then validate.
-pub fn load(name: &str, file: &str, text: &str) -> Result<Profile, ProfileError> {
+pub(crate) fn load(name: &str, file: &str, text: &str) -> Result<Profile, ProfileError> {
     parse(file, text)?.validate(name, file, text)
 }
 
@@ -717,7 +717,7 @@ impl Profile {
     /// A session owned by `owner_uid` may use this profile only if it does not make that
     /// owner root: `run_as` with uid 0 or gid 0 is for root's own sessions. (`caller` runs as
     /// the owner; any other fixed ids are the profile author's choice.)
-    pub fn check_run_as_for(&self, owner_uid: u32) -> Result<(), String> {
+    pub(crate) fn check_run_as_for(&self, owner_uid: u32) -> Result<(), String> {
         match self.run_as {
             RunAs::Ids { uid, gid } if owner_uid != 0 && (uid == 0 || gid == 0) => Err(format!(
                 "profile {:?} runs as {uid}:{gid} (run_as), which only root's sessions may use; \
@@ -731,7 +731,7 @@ impl Profile {
     /// A call may run under a profile only if it is no wider than its session's: it sees no
     /// path the session does not, has no more network, no higher limits, no fewer protected
     /// paths, passes no more of the environment and is not best-effort unless the session is.
-    pub fn check_narrows(&self, session: &Profile) -> Result<(), String> {
+    pub(crate) fn check_narrows(&self, session: &Profile) -> Result<(), String> {
         if self.name == session.name {
             return Ok(());
         }

@@ -10,7 +10,7 @@ use super::profile::{Limits, Network, Profile};
 /// One path of the mount view.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct MountSpec {
+pub(crate) struct MountSpec {
     /// The host path; `None` is a fresh, empty tmpfs (the run's private `/tmp`).
     pub source: Option<PathBuf>,
     /// Where it appears in the view (the same path as on the host, except `/tmp`).
@@ -28,7 +28,7 @@ pub struct MountSpec {
 /// The sandbox part of a launch plan: what the supervisor builds for the run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct SandboxPlan {
+pub(crate) struct SandboxPlan {
     pub mounts: Vec<MountSpec>,
     /// Absolute paths (inside the workspace) mounted read-only over the writable workspace.
     pub protected: Vec<PathBuf>,
@@ -41,7 +41,7 @@ pub struct SandboxPlan {
 }
 
 /// The run-specific values placeholders stand for.
-pub struct Context<'a> {
+pub(crate) struct Context<'a> {
     pub workspace: &'a Path,
     pub session_dir: Option<&'a Path>,
     /// The caller's home directory, from the password database.
@@ -55,7 +55,7 @@ pub struct Context<'a> {
 
 /// What resolution yields besides the sandbox itself.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Resolved {
+pub(crate) struct Resolved {
     pub sandbox: SandboxPlan,
     pub env: Vec<(String, String)>,
     pub timeout_ms: Option<u64>,
@@ -63,7 +63,7 @@ pub struct Resolved {
 }
 
 /// Where the run's private tmp appears inside the view.
-pub const VIEW_TMP: &str = "/tmp";
+pub(crate) const VIEW_TMP: &str = "/tmp";
 
 enum Target {
     Host(PathBuf),
@@ -145,7 +145,7 @@ fn env_allowed(name: &str, allow: &[String]) -> bool {
     })
 }
 
-pub fn resolve(profile: &Profile, ctx: &Context) -> Result<Resolved, String> {
+pub(crate) fn resolve(profile: &Profile, ctx: &Context) -> Result<Resolved, String> {
     let mut mounts: Vec<MountSpec> = Vec::new();
     let mut add = |path: &str, exec: bool, write: bool| -> Result<(), String> {
         let (source, target, required) = match substitute(path, ctx)? {

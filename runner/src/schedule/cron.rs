@@ -7,7 +7,7 @@ use jiff::tz::TimeZone;
 use jiff::{Timestamp, ToSpan};
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct Cron {
+pub(crate) struct Cron {
     minutes: u64,
     hours: u64,
     days: u64,
@@ -74,7 +74,7 @@ fn parse_field(
 }
 
 impl Cron {
-    pub fn parse(expr: &str) -> Result<Cron, String> {
+    pub(crate) fn parse(expr: &str) -> Result<Cron, String> {
         let fields: Vec<&str> = expr.split_whitespace().collect();
         let [m, h, dom, mon, dow] = fields.as_slice() else {
             return Err(format!(
@@ -109,7 +109,7 @@ impl Cron {
     }
 
     /// The first matching minute strictly after `after_ms`, in epoch milliseconds.
-    pub fn next_after(&self, after_ms: i64, tz: &TimeZone) -> Option<i64> {
+    pub(crate) fn next_after(&self, after_ms: i64, tz: &TimeZone) -> Option<i64> {
         let after = Timestamp::from_millisecond(after_ms).ok()?;
         let start = after.to_zoned(tz.clone()).datetime();
         // The next whole minute.

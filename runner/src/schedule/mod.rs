@@ -7,7 +7,7 @@
 //! that died expires with its lease and is taken over. Occurrences that fell due while the
 //! daemon was down follow the schedule's `catch_up`.
 
-pub mod cron;
+pub(crate) mod cron;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -31,7 +31,7 @@ type PromptOccurrence = (ScheduleRow, String, Option<i64>, Option<NotificationRo
 /// Schedules claimed per transaction.
 const CLAIM_BATCH: usize = 500;
 
-pub fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
@@ -41,7 +41,7 @@ pub fn now_ms() -> i64 {
 /// When a schedule fires, normalised and stored as JSON.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Trigger {
+pub(crate) enum Trigger {
     Once { due_ms: i64 },
     Every { every_ms: u64, anchor_ms: i64 },
     Cron { expr: String, timezone: String },
@@ -58,7 +58,10 @@ pub enum ScheduleError {
 }
 
 impl Trigger {
-    pub fn from_params(p: &ScheduleCreateParams, now: i64) -> Result<Trigger, ScheduleError> {
+    pub(crate) fn from_params(
+        p: &ScheduleCreateParams,
+        now: i64,
+    ) -> Result<Trigger, ScheduleError> {
         let given = [
             p.delay_ms.is_some(),
             p.at.is_some(),
@@ -115,7 +118,7 @@ impl Trigger {
 
     /// The first due time of an occurrence strictly after `after_ms` (for one-shots: their
     /// due time if it is later, else none).
-    pub fn next_after(&self, after_ms: i64) -> Option<i64> {
+    pub(crate) fn next_after(&self, after_ms: i64) -> Option<i64> {
         match self {
             Trigger::Once { due_ms } => (*due_ms > after_ms).then_some(*due_ms),
             Trigger::Every {
@@ -154,11 +157,11 @@ impl Trigger {
     }
 }
 
-pub fn ms_rfc3339(ms: i64) -> String {
+pub(crate) fn ms_rfc3339(ms: i64) -> String {
     ids::rfc3339(UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64))
 }
 
-pub struct Scheduler {
+pub(crate) struct Scheduler {
     registry: Arc<Registry>,
     executor: Arc<Executor>,
     hub: Arc<Hub>,
@@ -171,7 +174,7 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    pub fn new(
+    pub(crate) fn new(
         registry: Arc<Registry>,
         executor: Arc<Executor>,
         hub: Arc<Hub>,
@@ -189,7 +192,7 @@ impl Scheduler {
     }
 
     /// `schedule.create`: arms a monitor task and its schedule.
-    pub fn create(
+    pub(crate) fn create(
         &self,
         session: &SessionRow,
         p: ScheduleCreateParams,
@@ -269,7 +272,7 @@ impl Scheduler {
     }
 
     /// Disables a schedule (its monitor settles `canceled`) and cancels its runs still going.
-    pub async fn disarm(&self, schedule_id: &str) -> Result<CancelOutcome, ScheduleError> {
+    pub(crate) async fn disarm(&self, schedule_id: &str) -> Result<CancelOutcome, ScheduleError> {
         let Some(s) = self.registry.get_schedule(schedule_id)? else {
             return Err(ScheduleError::Invalid(format!(
                 "schedule {schedule_id} not found"
@@ -298,7 +301,7 @@ impl Scheduler {
         })
     }
 
-    pub fn info(row: &ScheduleRow) -> ScheduleInfo {
+    pub(crate) fn info(row: &ScheduleRow) -> ScheduleInfo {
         ScheduleInfo {
             schedule_id: row.schedule_id.clone(),
             session_id: row.session_id.clone(),
@@ -317,7 +320,7 @@ impl Scheduler {
     }
 
     /// The schedule loop, for the daemon's life.
-    pub async fn run(self: Arc<Self>) {
+    pub(crate) async fn run(self: Arc<Self>) {
         loop {
             let routable = self.hub.routable().await;
             let claimed = match self.registry.claim_due(

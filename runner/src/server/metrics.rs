@@ -15,7 +15,7 @@ use crate::protocol::DaemonStatusResult;
 
 /// Binds the endpoint (before the control socket, so the address is logged by the time a
 /// client can connect). Only loopback: the counters cover every user's runs.
-pub fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
+pub(super) fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
     let io = |source| ServeError::Io {
         step: "serve metrics on",
         path: addr.to_string().into(),
@@ -36,7 +36,7 @@ pub fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
     Ok(listener)
 }
 
-pub fn serve(d: Arc<Daemon>, listener: TcpListener) {
+pub(super) fn serve(d: Arc<Daemon>, listener: TcpListener) {
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
             let d = d.clone();
@@ -79,7 +79,7 @@ async fn respond(d: &Daemon, mut stream: TcpStream) -> std::io::Result<()> {
 }
 
 /// The Prometheus text format of a status.
-pub fn render(s: &DaemonStatusResult) -> String {
+pub(super) fn render(s: &DaemonStatusResult) -> String {
     let mut out = String::new();
     let mut metric = |name: &str, kind: &str, help: &str, samples: &[(String, f64)]| {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");

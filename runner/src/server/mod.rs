@@ -34,7 +34,7 @@ use crate::schedule::Scheduler;
 use crate::wake::{Hub, PushChannel};
 
 #[derive(Debug, thiserror::Error)]
-pub enum ServeError {
+pub(crate) enum ServeError {
     #[error("another sidejob daemon is already listening on {0}")]
     AlreadyRunning(PathBuf),
     #[error("another sidejob daemon is using the state directory {0}")]
@@ -56,7 +56,7 @@ pub enum ServeError {
 /// Who is on the other end of a connection (`SO_PEERCRED`, `SO_PEERGROUPS`), and where its
 /// pushes go.
 #[derive(Debug, Clone)]
-pub struct Peer {
+pub(crate) struct Peer {
     pub uid: u32,
     pub gid: u32,
     pub groups: Vec<u32>,
@@ -65,14 +65,14 @@ pub struct Peer {
 }
 
 #[derive(Debug, Clone)]
-pub struct Conn {
+pub(crate) struct Conn {
     pub id: u64,
     pub channel: PushChannel,
     /// Set once this connection gets `tools.changed` pushes (its first `events.subscribe`).
     pub tools_watched: Arc<std::sync::atomic::AtomicBool>,
 }
 
-pub struct Daemon {
+pub(crate) struct Daemon {
     pub executor: Arc<Executor>,
     pub hub: Arc<Hub>,
     pub scheduler: Arc<Scheduler>,
@@ -85,7 +85,7 @@ pub struct Daemon {
 
 impl Peer {
     /// The peer's credentials, to act with on its behalf (see `sys::dirfd::as_caller`).
-    pub fn creds(&self) -> crate::sys::dirfd::Creds {
+    pub(crate) fn creds(&self) -> crate::sys::dirfd::Creds {
         crate::sys::dirfd::Creds {
             uid: self.uid,
             gid: self.gid,
@@ -96,7 +96,7 @@ impl Peer {
 
 /// Runs the daemon until SIGTERM or SIGINT. Runs keep going when it stops: their supervisors
 /// own them, and the next start re-attaches.
-pub async fn serve(cfg: Config) -> Result<(), ServeError> {
+pub(crate) async fn serve(cfg: Config) -> Result<(), ServeError> {
     // Nothing the daemon creates is readable by others unless it says so (the socket, the
     // bridge directory and the sessions directory set their modes explicitly). Supervisors
     // set the usual 022 again for the commands they run.

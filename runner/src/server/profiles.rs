@@ -12,7 +12,7 @@ use crate::sandbox::Catalog;
 
 /// Watches the catalog's directory if it exists; `None` otherwise (the shipped profiles need
 /// no watching).
-pub fn watch(catalog: Arc<Catalog>) -> Option<DirWatch> {
+pub(super) fn watch(catalog: Arc<Catalog>) -> Option<DirWatch> {
     let dir = catalog.dir().filter(|d| d.is_dir())?.to_path_buf();
     for line in catalog.refresh() {
         info!("{line}");

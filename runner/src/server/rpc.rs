@@ -53,7 +53,7 @@ pub(super) struct Outgoing {
 }
 
 impl Outgoing {
-    pub fn error(id: Value, err: RpcError) -> Outgoing {
+    pub(super) fn error(id: Value, err: RpcError) -> Outgoing {
         Outgoing {
             line: encode(&Response::err(id, err)),
             inline_task: None,

@@ -31,7 +31,7 @@ impl Caller {
     /// anything as another user: whatever it did for them would be done with its own user's
     /// authority. It serves its own user (and root) only. A bridge is a run this daemon
     /// started.
-    pub fn admitted(&self) -> Result<(), RpcError> {
+    pub(super) fn admitted(&self) -> Result<(), RpcError> {
         let Caller::Host(peer) = self else {
             return Ok(());
         };
@@ -49,14 +49,14 @@ impl Caller {
     }
 
     /// The caller's methods: the protocol's, or the bridge's allow-list.
-    pub fn serves(&self, method: &str) -> bool {
+    pub(super) fn serves(&self, method: &str) -> bool {
         match self {
             Caller::Host(_) => METHODS.contains(&method),
             Caller::Bridge(_) => BRIDGE_METHODS.contains(&method),
         }
     }
 
-    pub fn method_not_found(&self, method: &str) -> RpcError {
+    pub(super) fn method_not_found(&self, method: &str) -> RpcError {
         match self {
             Caller::Host(_) => RpcError::new(
                 ErrorKind::MethodNotFound,
@@ -72,7 +72,7 @@ impl Caller {
     }
 
     /// The host behind a host-only method (routing never gives a bridge one).
-    pub fn host(&self) -> Result<&Peer, RpcError> {
+    pub(super) fn host(&self) -> Result<&Peer, RpcError> {
         match self {
             Caller::Host(peer) => Ok(peer),
             Caller::Bridge(_) => Err(RpcError::new(
@@ -83,7 +83,7 @@ impl Caller {
     }
 
     /// The bridge behind a bridge-only method (routing never gives a host one).
-    pub fn bridge(&self) -> Result<&Scope, RpcError> {
+    pub(super) fn bridge(&self) -> Result<&Scope, RpcError> {
         match self {
             Caller::Bridge(scope) => Ok(scope),
             Caller::Host(_) => Err(RpcError::new(
@@ -95,7 +95,7 @@ impl Caller {
 
     /// The params as the caller's scope reads them: on a bridge, the `session_id` of a call
     /// or a task list may be left out (it is the bridge's) and may not name another.
-    pub fn scoped_params(&self, method: &str, mut p: Value) -> Result<Value, RpcError> {
+    pub(super) fn scoped_params(&self, method: &str, mut p: Value) -> Result<Value, RpcError> {
         let Caller::Bridge(scope) = self else {
             return Ok(p);
         };
@@ -125,7 +125,11 @@ impl Caller {
 
     /// A session to read (`task.list`): the host's own (root: any); the bridge's own (its
     /// `session_id` was checked by [`Caller::scoped_params`]).
-    pub fn session_to_read(&self, registry: &Registry, session_id: &str) -> Result<(), RpcError> {
+    pub(super) fn session_to_read(
+        &self,
+        registry: &Registry,
+        session_id: &str,
+    ) -> Result<(), RpcError> {
         match self {
             Caller::Host(peer) => session::get_for(registry, peer.uid, session_id).map(drop)?,
             Caller::Bridge(scope) if scope.session_id == session_id => {}
@@ -142,7 +146,7 @@ impl Caller {
     /// Looks a task up for the caller: a malformed id is invalid; for a host, an unknown one
     /// is not found and another user's denied; for a bridge, anything outside its session
     /// is not found, so a run cannot even learn whether another session's task exists.
-    pub fn task(&self, registry: &Registry, task_id: &str) -> Result<TaskRow, RpcError> {
+    pub(super) fn task(&self, registry: &Registry, task_id: &str) -> Result<TaskRow, RpcError> {
         check_task_id(task_id)?;
         match self {
             Caller::Host(peer) => host_task(registry, peer, task_id),
@@ -158,14 +162,14 @@ impl Caller {
 
     /// Whether cancelling a monitor task disarms its schedule: a host's may; a bridge never
     /// reaches a schedule (its `task.cancel` of a monitor finds nothing to stop).
-    pub fn may_disarm_schedules(&self) -> bool {
+    pub(super) fn may_disarm_schedules(&self) -> bool {
         matches!(self, Caller::Host(_))
     }
 
     /// A `tool.call` as the executor takes it: in a session the caller may start work in,
     /// which must be open; run as the session's owner; for a bridge, bounded by the run's
     /// profile and started as the run's child.
-    pub fn call_request(
+    pub(super) fn call_request(
         &self,
         registry: &Registry,
         p: ToolCallParams,

@@ -15,7 +15,7 @@ struct Held {
 
 /// What every uid holds now.
 #[derive(Default)]
-pub struct Shares {
+pub(super) struct Shares {
     by_uid: Mutex<HashMap<u32, Held>>,
     /// Connections open over every uid (`max_connections`).
     total: std::sync::atomic::AtomicUsize,
@@ -28,7 +28,7 @@ impl Shares {
 
     /// Counts a new connection of `uid`, or says why it may not have one: the daemon's
     /// `max_connections`, or the user's `per_user.connections`.
-    pub fn connect(
+    pub(super) fn connect(
         self: &Arc<Self>,
         uid: u32,
         limits: &PerUser,
@@ -61,7 +61,7 @@ impl Shares {
 }
 
 /// One counted connection; gives its share back when dropped.
-pub struct Connection {
+pub(super) struct Connection {
     shares: Arc<Shares>,
     uid: u32,
     limit: usize,
@@ -72,7 +72,7 @@ pub struct Connection {
 impl Connection {
     /// The unfinished line now holds `len` bytes; false if that takes the user past
     /// `per_user.buffered_bytes`.
-    pub fn hold(&mut self, len: usize) -> bool {
+    pub(super) fn hold(&mut self, len: usize) -> bool {
         let mut map = self.shares.lock();
         let held = map.entry(self.uid).or_default();
         let total = held.buffered - self.buffered + len;
@@ -85,7 +85,7 @@ impl Connection {
     }
 
     /// The message for a refusal by [`Connection::hold`].
-    pub fn over_message(&self) -> String {
+    pub(super) fn over_message(&self) -> String {
         format!(
             "uid {} holds more than {} bytes of unfinished request lines: per_user.buffered_bytes is reached; the connection is closed",
             self.uid, self.limit

@@ -8,7 +8,7 @@ use crate::protocol::{DaemonStatusResult, RpcError, TaskState, ToolSource};
 
 /// When and how the daemon started, for `daemon.status`.
 #[derive(Debug, Clone)]
-pub struct Started {
+pub(crate) struct Started {
     pub at: Instant,
     pub at_rfc3339: String,
     /// The listening socket came from the service manager.
@@ -16,7 +16,7 @@ pub struct Started {
 }
 
 impl Started {
-    pub fn now(socket_activated: bool) -> Started {
+    pub(crate) fn now(socket_activated: bool) -> Started {
         Started {
             at: Instant::now(),
             at_rfc3339: crate::ids::now_rfc3339(),
@@ -36,7 +36,7 @@ const ALL_STATES: [TaskState; 7] = [
 ];
 
 /// The status as `uid` may see it (root: every session).
-pub fn collect(d: &Daemon, uid: u32) -> Result<DaemonStatusResult, RpcError> {
+pub(super) fn collect(d: &Daemon, uid: u32) -> Result<DaemonStatusResult, RpcError> {
     let cfg = d.executor.config();
     let registry = d.executor.registry();
     let host = d.executor.tools();

@@ -21,7 +21,7 @@ use super::SessionError;
 use crate::config::Config;
 use crate::sys::dirfd::{self, Creds};
 
-pub use crate::run_dir::BACKGROUND;
+pub(crate) use crate::run_dir::BACKGROUND;
 
 fn invalid(msg: String) -> SessionError {
     SessionError::InvalidParams(msg)
@@ -73,7 +73,11 @@ fn daemon_dirs(cfg: &Config) -> Vec<(&'static str, PathBuf)> {
 }
 
 /// Resolves the workspace as the caller and checks it; returns its canonical path.
-pub fn check_workspace(cfg: &Config, caller: &Creds, path: &str) -> Result<PathBuf, SessionError> {
+pub(crate) fn check_workspace(
+    cfg: &Config,
+    caller: &Creds,
+    path: &str,
+) -> Result<PathBuf, SessionError> {
     let requested = plain_absolute("workspace", path)?;
     let real = dirfd::as_caller(Some(caller), || {
         let real = std::fs::canonicalize(&requested)?;
@@ -100,7 +104,7 @@ pub fn check_workspace(cfg: &Config, caller: &Creds, path: &str) -> Result<PathB
 }
 
 /// Makes or checks the session directory and its `.background`; returns its path.
-pub fn make_session_dir(
+pub(crate) fn make_session_dir(
     cfg: &Config,
     caller: &Creds,
     session_id: &str,

@@ -5,10 +5,10 @@
 //! that uid, and root — who may see every session — acts in a session another uid owns only
 //! when it asks to (`adopt: true`), and then as that user, never as root.
 
-pub mod dirs;
+pub(crate) mod dirs;
 mod tree;
 
-pub use tree::{child_session_id, depth_of, open_child, root_session, with_descendants, MAX_DEPTH};
+pub(crate) use tree::{child_session_id, depth_of, open_child, root_session, with_descendants};
 
 use std::path::PathBuf;
 
@@ -44,7 +44,7 @@ pub enum SessionError {
 }
 
 /// Can `uid` see a session owned by `owner`? Root sees all.
-pub fn may_access(uid: u32, owner: u32) -> bool {
+pub(crate) fn may_access(uid: u32, owner: u32) -> bool {
     uid == 0 || uid == owner
 }
 
@@ -56,7 +56,7 @@ fn belongs_to_another(session_id: &str, owner: u32) -> SessionError {
 
 /// The uid a session id is reserved for: `cli-<uid>-…` and `mcp-<uid>-…` are the ids the
 /// command line and the MCP server derive for that user.
-pub fn reserved_for(session_id: &str) -> Option<u32> {
+pub(crate) fn reserved_for(session_id: &str) -> Option<u32> {
     let rest = session_id
         .strip_prefix("cli-")
         .or_else(|| session_id.strip_prefix("mcp-"))?;
@@ -75,7 +75,7 @@ fn check_id(session_id: &str) -> Result<(), SessionError> {
 }
 
 /// Looks a session up for `uid` to read: not found, or not theirs, are both errors.
-pub fn get_for(
+pub(crate) fn get_for(
     registry: &Registry,
     uid: u32,
     session_id: &str,
@@ -92,7 +92,7 @@ pub fn get_for(
 
 /// Looks a session up for `uid` to start work in (`tool.call`, `schedule.create`). Root
 /// starts work in another user's session only with `adopt`; the work is then that user's.
-pub fn get_to_work_in(
+pub(crate) fn get_to_work_in(
     registry: &Registry,
     uid: u32,
     session_id: &str,
@@ -136,7 +136,7 @@ pub fn get_to_work_in(
 /// The credentials a session's paths are used with: its owner's. When the owner is the
 /// peer on the socket, its own credentials (groups as it has them now); otherwise (root
 /// adopting, a schedule firing, a restarted daemon) the owner's entry in the user database.
-pub fn owner_creds(row: &SessionRow, peer: Option<&Creds>) -> Creds {
+pub(crate) fn owner_creds(row: &SessionRow, peer: Option<&Creds>) -> Creds {
     match peer {
         Some(p) if p.uid == row.owner_uid => p.clone(),
         _ => crate::sys::user_creds(row.owner_uid, row.owner_gid),
@@ -144,7 +144,7 @@ pub fn owner_creds(row: &SessionRow, peer: Option<&Creds>) -> Creds {
 }
 
 /// `session.open`: creates the session, or reopens one the caller already owns.
-pub fn open(
+pub(crate) fn open(
     registry: &Registry,
     cfg: &Config,
     catalog: &sandbox::Catalog,

@@ -8,15 +8,15 @@ use crate::registry::{Registry, SessionRow};
 use super::{open, owner_creds, SessionError};
 
 /// How many sessions may lie above a subagent's child session.
-pub const MAX_DEPTH: u32 = 3;
+pub(crate) const MAX_DEPTH: u32 = 3;
 
 /// The child session of a subagent task (derived from its id, so it needs no column).
-pub fn child_session_id(task_id: &str) -> String {
+pub(crate) fn child_session_id(task_id: &str) -> String {
     format!("sub-{}", task_id.to_ascii_lowercase())
 }
 
 /// How many sessions lie above `s`.
-pub fn depth_of(registry: &Registry, s: &SessionRow) -> u32 {
+pub(crate) fn depth_of(registry: &Registry, s: &SessionRow) -> u32 {
     let mut depth = 0;
     let mut parent = s.parent_session_id.clone();
     while let Some(p) = parent {
@@ -34,7 +34,7 @@ pub fn depth_of(registry: &Registry, s: &SessionRow) -> u32 {
 }
 
 /// The top of the session tree `session_id` is in (itself for a host's own session).
-pub fn root_session(registry: &Registry, session_id: &str) -> String {
+pub(crate) fn root_session(registry: &Registry, session_id: &str) -> String {
     let mut current = session_id.to_owned();
     for _ in 0..64 {
         match registry
@@ -53,7 +53,7 @@ pub fn root_session(registry: &Registry, session_id: &str) -> String {
 /// Opens the child session of subagent task `task_id` below `parent`, under `profile` — the
 /// subagent's own effective profile, so a subagent narrowed to `read-only` cannot get the
 /// parent session's wider profile back through its child session.
-pub fn open_child(
+pub(crate) fn open_child(
     registry: &Registry,
     cfg: &Config,
     catalog: &crate::sandbox::Catalog,
@@ -93,7 +93,7 @@ pub fn open_child(
 }
 
 /// A session and every session below it (children, grandchildren, …).
-pub fn with_descendants(
+pub(crate) fn with_descendants(
     registry: &Registry,
     session_id: &str,
 ) -> Result<Vec<SessionRow>, SessionError> {

@@ -9,14 +9,14 @@ use crate::run_dir::PrivateDir;
 /// Why a run is being stopped early.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum StopReason {
+pub(crate) enum StopReason {
     Canceled,
     Timeout,
 }
 
 /// The contents of `cancel.json` (`run_dir::PrivateDir::cancel`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CancelRequest {
+pub(crate) struct CancelRequest {
     pub reason: StopReason,
     pub grace_ms: u64,
     /// Shown as the result's `error`.
@@ -26,13 +26,13 @@ pub struct CancelRequest {
 
 impl CancelRequest {
     /// Records the request, before the signal that makes the supervisor read it.
-    pub fn write(&self, private: &PrivateDir) -> std::io::Result<()> {
+    pub(crate) fn write(&self, private: &PrivateDir) -> std::io::Result<()> {
         let bytes = serde_json::to_vec(self).map_err(std::io::Error::other)?;
         std::fs::write(private.cancel(), bytes)
     }
 
     /// The request, if one was written and can be read.
-    pub fn read(private: &PrivateDir) -> Option<CancelRequest> {
+    pub(crate) fn read(private: &PrivateDir) -> Option<CancelRequest> {
         std::fs::read(private.cancel())
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok())
@@ -40,7 +40,7 @@ impl CancelRequest {
 
     /// What a stop signal means: the request written before it, or (none readable) a plain
     /// cancel with the run's own grace.
-    pub fn read_or_cancel(private: &PrivateDir, default_grace_ms: u64) -> CancelRequest {
+    pub(crate) fn read_or_cancel(private: &PrivateDir, default_grace_ms: u64) -> CancelRequest {
         CancelRequest::read(private).unwrap_or(CancelRequest {
             reason: StopReason::Canceled,
             grace_ms: default_grace_ms,
@@ -49,7 +49,7 @@ impl CancelRequest {
     }
 
     /// Whether a stop was asked for (whatever the file says).
-    pub fn requested(private: &PrivateDir) -> bool {
+    pub(crate) fn requested(private: &PrivateDir) -> bool {
         private.cancel().exists()
     }
 }

@@ -10,7 +10,7 @@ use crate::sandbox::linux::{self, Command, Prepared};
 use crate::sys::{self, SigSet, Signal};
 
 /// Descriptors the init and the command inherit from the supervisor.
-pub struct Pipes {
+pub(super) struct Pipes {
     /// Write end of the output pipe: the command's stdout and stderr.
     pub output: OwnedFd,
     /// Write end of the exec-error pipe (close-on-exec: closes silently when exec works).
@@ -28,7 +28,7 @@ pub struct Pipes {
 /// The run's init: builds the sandbox and starts the command in it ([`linux::launch`]),
 /// reaps everything, forwards SIGTERM to the whole namespace, and when the command exits,
 /// kills what it left behind and reports.
-pub fn run(cmd: &Command, sandbox: &Prepared, pipes: Pipes) -> ! {
+pub(super) fn run(cmd: &Command, sandbox: &Prepared, pipes: Pipes) -> ! {
     // If the supervisor dies, so does the run: init's death takes the namespace with it. The
     // parent is outside this namespace (getppid() says 0), so the lifeline tells whether the
     // supervisor died before the death signal was armed.

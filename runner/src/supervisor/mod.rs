@@ -12,9 +12,9 @@
 mod cancel;
 mod init;
 mod outcome;
-pub mod output;
-pub mod report;
-pub mod result;
+pub(crate) mod output;
+pub(crate) mod report;
+pub(crate) mod result;
 mod run;
 pub mod spawner;
 
@@ -23,8 +23,8 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-pub use cancel::{CancelRequest, StopReason};
-pub use result::{RunResult, Violation};
+pub(crate) use cancel::{CancelRequest, StopReason};
+pub(crate) use result::{RunResult, Violation};
 
 use crate::protocol::{FailReason, TaskState};
 use crate::run_dir::PrivateDir;
@@ -33,7 +33,7 @@ use crate::sandbox::LaunchPlan;
 use crate::sys::{self, dirfd, SigSet, Signal};
 
 #[derive(Debug, thiserror::Error)]
-pub enum SuperviseError {
+pub(crate) enum SuperviseError {
     #[error("cannot read launch plan {path}: {source}")]
     Plan { path: PathBuf, source: io::Error },
     #[error("cannot open {path}: {source}")]
@@ -57,7 +57,7 @@ pub enum SuperviseError {
 }
 
 impl SuperviseError {
-    pub fn reason(&self) -> FailReason {
+    pub(crate) fn reason(&self) -> FailReason {
         match self {
             SuperviseError::PidNamespace(_) | SuperviseError::Sandbox(_) => {
                 FailReason::SandboxError
@@ -213,7 +213,7 @@ fn stop_signals() -> SigSet {
 }
 
 /// What a run is supervised with, besides its plan.
-pub struct Options<'a> {
+pub(crate) struct Options<'a> {
     /// Called once, when the run's relay first has a connection or query to hand over
     /// (`sidejob exec` starts its proxy then, so a run that never uses the network never pays
     /// for one). It runs in this single-threaded process, before the hand-over.
@@ -225,7 +225,7 @@ pub struct Options<'a> {
 
 /// A supervised run: its result, `output.log` (complete, not yet made durable) and the
 /// report pipe it came with.
-pub struct Supervised {
+pub(crate) struct Supervised {
     pub result: RunResult,
     pub output: std::fs::File,
     pub report: Option<OwnedFd>,
@@ -234,7 +234,7 @@ pub struct Supervised {
 /// Runs the plan to the end and describes how it went. `out_dir` is the run's public
 /// directory: `output.log` is created there (never one that exists), handed to the session's
 /// owner.
-pub fn supervise(
+pub(crate) fn supervise(
     plan: &LaunchPlan,
     started: SystemTime,
     out_dir: BorrowedFd<'_>,
@@ -244,7 +244,7 @@ pub fn supervise(
 
 /// [`supervise`], calling `egress_first_use` once, when the run's relay first has a
 /// connection or query to hand over (see [`Options`]).
-pub fn supervise_with(
+pub(crate) fn supervise_with(
     plan: &LaunchPlan,
     started: SystemTime,
     out_dir: BorrowedFd<'_>,
@@ -263,7 +263,7 @@ pub fn supervise_with(
 /// ([`run::Run::watch`]), then collect what happened into the result
 /// ([`run::Run::finish`]). On an
 /// error the report pipe is handed back too.
-pub fn supervise_run(
+pub(crate) fn supervise_run(
     plan: &LaunchPlan,
     started: SystemTime,
     out_dir: BorrowedFd<'_>,
@@ -290,7 +290,7 @@ pub fn supervise_run(
 }
 
 /// The result of a run that never got going.
-pub fn failed_result(
+pub(crate) fn failed_result(
     plan: &LaunchPlan,
     started: SystemTime,
     reason: FailReason,

@@ -11,7 +11,7 @@ use crate::sys::Exit;
 /// A stop the supervisor carried out: the daemon's cancel or timeout, or the plan's
 /// wall-clock cap.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Stop {
+pub(super) struct Stop {
     pub reason: StopReason,
     /// The request's message, shown as the result's `error`.
     pub message: Option<String>,
@@ -19,7 +19,7 @@ pub struct Stop {
 
 /// Everything the decision rests on.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Observed {
+pub(super) struct Observed {
     /// The command's side could not start the command.
     pub start_failure: Option<StartFailure>,
     /// Init's report; `None` when it ended without a whole one.
@@ -35,7 +35,7 @@ pub struct Observed {
 
 /// The result's fields the outcome decides.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Outcome {
+pub(super) struct Outcome {
     pub state: TaskState,
     pub reason: Option<FailReason>,
     pub exit_code: Option<i32>,
@@ -46,7 +46,7 @@ pub struct Outcome {
     pub error: Option<String>,
 }
 
-pub fn classify(o: &Observed) -> Outcome {
+pub(super) fn classify(o: &Observed) -> Outcome {
     let (ended, leftovers, git_repository) = match &o.report {
         Some(InitReport::Ended {
             exit,

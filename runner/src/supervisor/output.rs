@@ -20,9 +20,9 @@ const SPLICE_CHUNK: usize = 1 << 20;
 /// The size the output pipe is given, so a fast writer fills it in few system calls and the
 /// supervisor drains it in few wake-ups (`/proc/sys/fs/pipe-max-size` caps it; the default
 /// 64 KiB stays if the kernel refuses).
-pub const PIPE_SIZE: i32 = 1 << 20;
+pub(crate) const PIPE_SIZE: i32 = 1 << 20;
 
-pub struct Capture {
+pub(crate) struct Capture {
     file: File,
     tee: Option<io::Stdout>,
     head: u64,
@@ -37,7 +37,7 @@ pub struct Capture {
 }
 
 impl Capture {
-    pub fn new(file: File, head: u64, tail_cap: u64, tee: bool) -> Capture {
+    pub(crate) fn new(file: File, head: u64, tail_cap: u64, tee: bool) -> Capture {
         Capture {
             file,
             tee: tee.then(io::stdout),
@@ -50,11 +50,6 @@ impl Capture {
         }
     }
 
-    /// Why `output.log` stopped being written, if it did.
-    pub fn write_error(&self) -> Option<&io::Error> {
-        self.write_error.as_ref()
-    }
-
     fn write(&mut self, data: &[u8]) {
         if self.write_error.is_none() {
             if let Err(e) = self.file.write_all(data) {
@@ -63,18 +58,14 @@ impl Capture {
         }
     }
 
-    pub fn total(&self) -> u64 {
-        self.total
-    }
-
     /// True once the head is full and bytes are being dropped from the middle.
-    pub fn truncated(&self) -> bool {
+    pub(crate) fn truncated(&self) -> bool {
         self.total > self.head + self.tail.len() as u64
     }
 
     /// Moves what `pipe` (non-blocking) holds into the capture, in one system call: `Ok(0)`
     /// at end of file, `WouldBlock` when the pipe is empty.
-    pub fn fill_from(&mut self, pipe: BorrowedFd<'_>) -> io::Result<usize> {
+    pub(crate) fn fill_from(&mut self, pipe: BorrowedFd<'_>) -> io::Result<usize> {
         if self.tee.is_none() && self.write_error.is_none() && self.written < self.head {
             let room = (self.head - self.written).min(SPLICE_CHUNK as u64) as usize;
             match splice(
@@ -115,7 +106,7 @@ impl Capture {
         read
     }
 
-    pub fn push(&mut self, mut data: &[u8]) {
+    pub(crate) fn push(&mut self, mut data: &[u8]) {
         self.total += data.len() as u64;
         if let Some(out) = self.tee.as_mut() {
             // The terminal going away must not stop the run or its log.
@@ -132,7 +123,7 @@ impl Capture {
 
     /// Writes the kept tail (after a marker if bytes were dropped). The file is handed back
     /// complete, for the caller to make durable once the run's outcome has been reported.
-    pub fn finish(mut self) -> Captured {
+    pub(crate) fn finish(mut self) -> Captured {
         let truncated = self.truncated();
         if self.tail.len() > 0 {
             if truncated {
@@ -156,7 +147,7 @@ impl Capture {
 }
 
 /// What a finished [`Capture`] hands back.
-pub struct Captured {
+pub(crate) struct Captured {
     /// Every byte the command wrote, kept or not.
     pub bytes: u64,
     /// Whether some were left out (the marker says how many).

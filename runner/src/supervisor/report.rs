@@ -10,7 +10,7 @@ use crate::sys::Exit;
 
 /// Init's report on the status pipe, written once when the run is over (or could not start).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum InitReport {
+pub(crate) enum InitReport {
     /// The command ended as `exit`; init then killed and reaped `leftovers` processes it had
     /// left behind. `git_repository`: the run made a repository on the `.git` stand-in.
     Ended {
@@ -26,7 +26,7 @@ pub enum InitReport {
 /// Written by the command's side of init's fork when it cannot become the command; the pipe
 /// closes silently when `exec` succeeds.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StartFailure {
+pub(crate) enum StartFailure {
     /// A confinement step (a sandbox layer) failed: the run's `sandbox_error`.
     Sandbox(String),
     /// `exec` itself failed (not found, not executable): the run's `spawn_error`.
@@ -41,7 +41,7 @@ const SANDBOX: &str = "sandbox ";
 const EXEC: &str = "exec ";
 
 impl InitReport {
-    pub fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         match self {
             InitReport::Ended {
                 exit,
@@ -65,7 +65,7 @@ impl InitReport {
 
     /// `None` for anything that is not a whole report (init died while writing it, or
     /// wrote nothing).
-    pub fn decode(bytes: &[u8]) -> Option<InitReport> {
+    pub(crate) fn decode(bytes: &[u8]) -> Option<InitReport> {
         let text = std::str::from_utf8(bytes).ok()?;
         if let Some(why) = text.strip_prefix(FAILED) {
             return Some(InitReport::Failed(why.to_owned()));
@@ -95,7 +95,7 @@ impl InitReport {
 }
 
 impl StartFailure {
-    pub fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         match self {
             StartFailure::Sandbox(why) => format!("{SANDBOX}{why}"),
             StartFailure::Exec(why) => format!("{EXEC}{why}"),
@@ -105,7 +105,7 @@ impl StartFailure {
 
     /// `None` when nothing was written (the command started). Anything else that is not a
     /// known message still means the command did not start: it is kept as a sandbox failure.
-    pub fn decode(bytes: &[u8]) -> Option<StartFailure> {
+    pub(crate) fn decode(bytes: &[u8]) -> Option<StartFailure> {
         if bytes.is_empty() {
             return None;
         }

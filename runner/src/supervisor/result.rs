@@ -4,11 +4,11 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::egress::record::NetworkViolation;
+pub(crate) use crate::egress::record::NetworkViolation;
 use crate::protocol::{FailReason, TaskState};
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct RunResult {
+pub(crate) struct RunResult {
     pub task_id: String,
     pub session_id: String,
     pub tool: String,
@@ -39,7 +39,7 @@ pub struct RunResult {
 /// kind a later version adds) is kept as it is.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(untagged)]
-pub enum Violation {
+pub(crate) enum Violation {
     Limit(String),
     Network(NetworkViolation),
     Other(serde_json::Value),
@@ -59,7 +59,7 @@ impl From<String> for Violation {
 
 impl Violation {
     /// The limit's name, for a limit.
-    pub fn limit(&self) -> Option<&str> {
+    pub(crate) fn limit(&self) -> Option<&str> {
         match self {
             Violation::Limit(s) => Some(s),
             Violation::Network(_) | Violation::Other(_) => None,
@@ -73,7 +73,7 @@ const MAX_SUMMARY: usize = 400;
 /// One line saying what a run ran into: limits by name, then refused network targets with
 /// their reason and count, e.g. `timeout; network refused: evil.test:443 (not_allowed) ×2`.
 /// `None` when there was nothing.
-pub fn summary(violations: &[Violation]) -> Option<String> {
+pub(crate) fn summary(violations: &[Violation]) -> Option<String> {
     let limits: Vec<&str> = violations.iter().filter_map(Violation::limit).collect();
     let network: Vec<String> = violations
         .iter()
@@ -108,27 +108,11 @@ pub fn summary(violations: &[Violation]) -> Option<String> {
 }
 
 impl RunResult {
-    /// Writes `result.json` into the run's public directory atomically and durably (a fresh
-    /// temporary file, fsync, rename, fsync of the directory: a reader sees no result or the
-    /// whole of it), handed to `owner`.
-    pub fn write_atomically(
-        &self,
-        dir: BorrowedFd<'_>,
-        owner: Option<(u32, u32)>,
-    ) -> std::io::Result<()> {
-        crate::sys::dirfd::write_atomically_at(
-            dir,
-            crate::run_dir::RESULT,
-            &self.to_json(),
-            0o600,
-            owner,
-        )
-    }
-
-    /// [`RunResult::write_atomically`] up to the rename: every reader sees no result or the
-    /// whole of it, and the caller makes it durable (the file's `sync_all`, then the
-    /// directory's fsync) after reporting it.
-    pub fn write_visible(
+    /// Writes `result.json` into the run's public directory, handed to `owner` (a fresh
+    /// temporary file, renamed): every reader sees no result or the whole of it, and the
+    /// caller makes it durable (the file's `sync_all`, then the directory's fsync) after
+    /// reporting it.
+    pub(crate) fn write_visible(
         &self,
         dir: BorrowedFd<'_>,
         owner: Option<(u32, u32)>,
@@ -153,7 +137,7 @@ impl RunResult {
     /// one line of JSON. Never blocks: a daemon that is gone (`EPIPE`) or not reading (a
     /// full pipe) gets no report, or half of one, and settles from `result.json` once this
     /// supervisor has exited, as a restarted daemon does.
-    pub fn send(&self, pipe: &OwnedFd) -> std::io::Result<()> {
+    pub(crate) fn send(&self, pipe: &OwnedFd) -> std::io::Result<()> {
         let mut line = serde_json::to_vec(self).map_err(std::io::Error::other)?;
         line.push(b'\n');
         crate::sys::set_nonblocking(pipe, true)?;
@@ -170,7 +154,7 @@ impl RunResult {
 
     /// The result a supervisor sent ([`RunResult::send`]): `Some` once `received` holds a
     /// whole line, `None` while it does not (or if the line is not a result).
-    pub fn from_report(received: &[u8]) -> Option<RunResult> {
+    pub(crate) fn from_report(received: &[u8]) -> Option<RunResult> {
         let end = received.iter().position(|b| *b == b'\n')?;
         serde_json::from_slice(&received[..end]).ok()
     }

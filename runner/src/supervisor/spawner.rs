@@ -24,10 +24,10 @@ use crate::sys::{self, fdpass, Fork};
 
 /// Descriptors attached to a request: the supervisor's stdin, stdout, stderr, public
 /// directory and report pipe, in that order.
-pub const FDS: usize = 5;
+pub(crate) const FDS: usize = 5;
 
 /// The name (`comm`) of a supervisor the spawner forked.
-pub const SUPERVISOR_NAME: &std::ffi::CStr = c"sidejob-run";
+pub(crate) const SUPERVISOR_NAME: &std::ffi::CStr = c"sidejob-run";
 
 /// The spawner's socket, as it is inherited.
 const SOCKET_FD: i32 = 3;
@@ -36,14 +36,14 @@ const SOCKET_FD: i32 = 3;
 const MAX_REQUEST: usize = 4096;
 
 /// A request, as sent: the private directory's path.
-pub fn encode_request(private_dir: &Path) -> Vec<u8> {
+pub(crate) fn encode_request(private_dir: &Path) -> Vec<u8> {
     use std::os::unix::ffi::OsStrExt;
     private_dir.as_os_str().as_bytes().to_vec()
 }
 
 /// The private directory a request names: a directory directly beneath `runs_dir`, nothing
 /// else (the spawner takes requests only from the daemon, and checks them anyway).
-pub fn decode_request(runs_dir: &Path, bytes: &[u8]) -> Option<PathBuf> {
+pub(crate) fn decode_request(runs_dir: &Path, bytes: &[u8]) -> Option<PathBuf> {
     use std::os::unix::ffi::OsStrExt;
     let path = Path::new(std::ffi::OsStr::from_bytes(bytes));
     let name = path.strip_prefix(runs_dir).ok()?;
@@ -55,14 +55,14 @@ pub fn decode_request(runs_dir: &Path, bytes: &[u8]) -> Option<PathBuf> {
 }
 
 /// A reply, as sent: the pid, or the negated error number.
-pub fn encode_reply(result: &io::Result<i32>) -> [u8; 4] {
+pub(crate) fn encode_reply(result: &io::Result<i32>) -> [u8; 4] {
     match result {
         Ok(pid) => pid.to_le_bytes(),
         Err(e) => (-e.raw_os_error().unwrap_or(libc::EIO)).to_le_bytes(),
     }
 }
 
-pub fn decode_reply(bytes: &[u8]) -> io::Result<i32> {
+pub(crate) fn decode_reply(bytes: &[u8]) -> io::Result<i32> {
     let n = i32::from_le_bytes(bytes.try_into().map_err(|_| {
         io::Error::new(
             io::ErrorKind::InvalidData,

@@ -26,7 +26,7 @@ fn sockopt(fd: RawFd, opt: libc::c_int) -> io::Result<libc::c_int> {
 /// Takes ownership of inherited descriptor `fd` as a listening Unix stream socket. Refuses
 /// (and leaves `fd` alone) if it is anything else, so a wrong unit file is an error, not a
 /// daemon that accepts on a stray descriptor.
-pub fn inherited_unix_listener(fd: RawFd) -> io::Result<UnixListener> {
+pub(crate) fn inherited_unix_listener(fd: RawFd) -> io::Result<UnixListener> {
     let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidInput, what.to_owned());
     if sockopt(fd, libc::SO_DOMAIN)? != libc::AF_UNIX {
         return Err(invalid("not a Unix-domain socket"));

@@ -25,7 +25,7 @@ use nix::unistd::{self, Gid, Uid, UnlinkatFlags};
 
 /// Who a caller is, as far as the filesystem is concerned.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Creds {
+pub(crate) struct Creds {
     pub uid: u32,
     pub gid: u32,
     /// Supplementary groups (`SO_PEERGROUPS` for a socket peer).
@@ -35,7 +35,7 @@ pub struct Creds {
 
 impl Creds {
     /// This process's own credentials.
-    pub fn own() -> Creds {
+    pub(crate) fn own() -> Creds {
         Creds {
             uid: unistd::geteuid().as_raw(),
             gid: unistd::getegid().as_raw(),
@@ -59,7 +59,7 @@ fn beneath() -> ResolveFlag {
 /// Opens an absolute directory path for use as a `*at` base, refusing any symlink on the
 /// way (each component must be a real directory). The descriptor is `O_PATH`: it grants
 /// nothing by itself, it only names the directory.
-pub fn open_dir(path: &Path) -> io::Result<OwnedFd> {
+pub(crate) fn open_dir(path: &Path) -> io::Result<OwnedFd> {
     if !path.is_absolute() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -79,7 +79,12 @@ pub fn open_dir(path: &Path) -> io::Result<OwnedFd> {
 /// under a name we open must not make the open — or a read — wait forever for a writer that
 /// never comes; the caller checks what it opened. On regular files and directories
 /// `O_NONBLOCK` changes nothing.
-pub fn open_at(dir: BorrowedFd<'_>, rel: &Path, flags: OFlag, mode: u32) -> io::Result<OwnedFd> {
+pub(crate) fn open_at(
+    dir: BorrowedFd<'_>,
+    rel: &Path,
+    flags: OFlag,
+    mode: u32,
+) -> io::Result<OwnedFd> {
     let mut flags = flags | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW;
     if !flags.contains(OFlag::O_PATH) {
         flags |= OFlag::O_NONBLOCK;
@@ -92,13 +97,13 @@ pub fn open_at(dir: BorrowedFd<'_>, rel: &Path, flags: OFlag, mode: u32) -> io::
 }
 
 /// A subdirectory of `dir` as an `O_PATH` base, without following symlinks.
-pub fn open_subdir(dir: BorrowedFd<'_>, rel: &Path) -> io::Result<OwnedFd> {
+pub(crate) fn open_subdir(dir: BorrowedFd<'_>, rel: &Path) -> io::Result<OwnedFd> {
     open_at(dir, rel, OFlag::O_PATH | OFlag::O_DIRECTORY, 0)
 }
 
 /// Creates the file `name` in `dir`: it must not exist (`O_EXCL`), so whatever a caller
 /// planted under that name — a symlink, a hard link, a file — makes this fail.
-pub fn create_at(dir: BorrowedFd<'_>, name: &str, mode: u32) -> io::Result<OwnedFd> {
+pub(crate) fn create_at(dir: BorrowedFd<'_>, name: &str, mode: u32) -> io::Result<OwnedFd> {
     open_at(
         dir,
         Path::new(name),
@@ -108,13 +113,13 @@ pub fn create_at(dir: BorrowedFd<'_>, name: &str, mode: u32) -> io::Result<Owned
 }
 
 /// `mkdirat`; an existing entry is `AlreadyExists`.
-pub fn mkdir_at(dir: BorrowedFd<'_>, name: &str, mode: u32) -> io::Result<()> {
+pub(crate) fn mkdir_at(dir: BorrowedFd<'_>, name: &str, mode: u32) -> io::Result<()> {
     stat::mkdirat(dir, name, Mode::from_bits_truncate(mode)).map_err(errno)
 }
 
 /// Makes the directory `name` in `dir` (or takes the one there) and opens it. With
 /// `owner`, a directory this call made is handed to that uid/gid.
-pub fn ensure_subdir(
+pub(crate) fn ensure_subdir(
     dir: BorrowedFd<'_>,
     name: &str,
     mode: u32,
@@ -133,7 +138,7 @@ pub fn ensure_subdir(
 }
 
 /// `fchownat(fd, "", AT_EMPTY_PATH)`: works on `O_PATH` descriptors too.
-pub fn chown_fd(fd: BorrowedFd<'_>, uid: u32, gid: u32) -> io::Result<()> {
+pub(crate) fn chown_fd(fd: BorrowedFd<'_>, uid: u32, gid: u32) -> io::Result<()> {
     unistd::fchownat(
         fd,
         "",
@@ -145,51 +150,51 @@ pub fn chown_fd(fd: BorrowedFd<'_>, uid: u32, gid: u32) -> io::Result<()> {
 }
 
 /// `fstat` of any descriptor (`O_PATH` included).
-pub fn stat_fd(fd: BorrowedFd<'_>) -> io::Result<FileStat> {
+pub(crate) fn stat_fd(fd: BorrowedFd<'_>) -> io::Result<FileStat> {
     stat::fstat(fd).map_err(errno)
 }
 
 /// Is this a directory, a regular file?
-pub fn is_dir(st: &FileStat) -> bool {
+pub(crate) fn is_dir(st: &FileStat) -> bool {
     st.st_mode & libc::S_IFMT == libc::S_IFDIR
 }
 
-pub fn is_file(st: &FileStat) -> bool {
+pub(crate) fn is_file(st: &FileStat) -> bool {
     st.st_mode & libc::S_IFMT == libc::S_IFREG
 }
 
 /// Renames within one directory; whatever is at `to` (a symlink included) is replaced, not
 /// followed.
-pub fn rename_at(dir: BorrowedFd<'_>, from: &str, to: &str) -> io::Result<()> {
+pub(crate) fn rename_at(dir: BorrowedFd<'_>, from: &str, to: &str) -> io::Result<()> {
     fcntl::renameat(dir, from, dir, to).map_err(errno)
 }
 
 /// Removes the file `name` from `dir` (never what a symlink points to).
-pub fn unlink_at(dir: BorrowedFd<'_>, name: &str) -> io::Result<()> {
+pub(crate) fn unlink_at(dir: BorrowedFd<'_>, name: &str) -> io::Result<()> {
     unistd::unlinkat(dir, name, UnlinkatFlags::NoRemoveDir).map_err(errno)
 }
 
 /// Removes the empty directory `name` from `dir`.
-pub fn rmdir_at(dir: BorrowedFd<'_>, name: &str) -> io::Result<()> {
+pub(crate) fn rmdir_at(dir: BorrowedFd<'_>, name: &str) -> io::Result<()> {
     unistd::unlinkat(dir, name, UnlinkatFlags::RemoveDir).map_err(errno)
 }
 
 /// Makes what was written through `fd` durable.
-pub fn fsync(fd: BorrowedFd<'_>) -> io::Result<()> {
+pub(crate) fn fsync(fd: BorrowedFd<'_>) -> io::Result<()> {
     unistd::fsync(fd).map_err(errno)
 }
 
 /// Makes the entries of the directory `dir` durable (a rename in it, a file made in it).
 /// `dir` may be an `O_PATH` descriptor, on which `fsync` itself is refused (`EBADF`): the
 /// directory is opened for reading through it first.
-pub fn fsync_dir(dir: BorrowedFd<'_>) -> io::Result<()> {
+pub(crate) fn fsync_dir(dir: BorrowedFd<'_>) -> io::Result<()> {
     let readable = open_at(dir, Path::new("."), OFlag::O_RDONLY | OFlag::O_DIRECTORY, 0)?;
     fsync(readable.as_fd())
 }
 
 /// Reads the whole of a (small) file beneath `dir`, at most `limit` bytes: more is an error,
 /// so a caller cannot make the daemon allocate without bound.
-pub fn read_at(dir: BorrowedFd<'_>, rel: &Path, limit: u64) -> io::Result<Vec<u8>> {
+pub(crate) fn read_at(dir: BorrowedFd<'_>, rel: &Path, limit: u64) -> io::Result<Vec<u8>> {
     use std::io::Read;
     let fd = open_at(dir, rel, OFlag::O_RDONLY, 0)?;
     let st = stat_fd(fd.as_fd())?;
@@ -212,26 +217,11 @@ pub fn read_at(dir: BorrowedFd<'_>, rel: &Path, limit: u64) -> io::Result<Vec<u8
     Ok(out)
 }
 
-/// Writes `data` to `dir/name` atomically and durably: a fresh temporary file (`O_EXCL`,
-/// never one a caller planted), fsync, rename over `name`, fsync of the directory. Readers
-/// see no file or the whole of it. `owner` hands the file to that uid/gid before it appears.
-pub fn write_atomically_at(
-    dir: BorrowedFd<'_>,
-    name: &str,
-    data: &[u8],
-    mode: u32,
-    owner: Option<(u32, u32)>,
-) -> io::Result<()> {
-    let f = write_temporary_at(dir, name, data, mode, owner)?;
-    f.sync_all()?;
-    rename_at(dir, &temporary_name(name), name)?;
-    fsync_dir(dir)
-}
-
-/// [`write_atomically_at`] without waiting for the disk: every reader sees no file or the
-/// whole of it at once, and the caller makes it durable later (`sync_all` on the returned
-/// file, then [`fsync_dir`]) — after telling someone it is there, say.
-pub fn write_visible_at(
+/// Writes `data` to `dir/name` through a fresh temporary file (`O_EXCL`, never one a caller
+/// planted) renamed over `name`, handed to `owner` before it appears: every reader sees no
+/// file or the whole of it at once, and the caller makes it durable later (`sync_all` on the
+/// returned file, then [`fsync_dir`]) — after telling someone it is there, say.
+pub(crate) fn write_visible_at(
     dir: BorrowedFd<'_>,
     name: &str,
     data: &[u8],
@@ -247,7 +237,7 @@ fn temporary_name(name: &str) -> String {
     format!(".{name}.tmp")
 }
 
-/// The temporary file of [`write_atomically_at`], written.
+/// The temporary file of [`write_visible_at`], written.
 fn write_temporary_at(
     dir: BorrowedFd<'_>,
     name: &str,
@@ -283,7 +273,7 @@ fn write_temporary_at(
 ///
 /// `None`, or credentials that are this process's own, run `f` here. An unprivileged process
 /// cannot take on another user's credentials: that is refused.
-pub fn as_caller<T: Send>(
+pub(crate) fn as_caller<T: Send>(
     creds: Option<&Creds>,
     f: impl FnOnce() -> io::Result<T> + Send,
 ) -> io::Result<T> {
@@ -315,7 +305,7 @@ pub fn as_caller<T: Send>(
 /// for the single-threaded run init, which must stay single-threaded to fork (a helper thread
 /// could still be counted when it forks). `None`, or a process that is not root, runs `f` as
 /// it is.
-pub fn with_creds_here<T>(
+pub(crate) fn with_creds_here<T>(
     creds: Option<&Creds>,
     f: impl FnOnce() -> io::Result<T>,
 ) -> io::Result<T> {
@@ -334,7 +324,7 @@ pub fn with_creds_here<T>(
 /// Opens a path a caller named (a `{workspace}`) as an `O_PATH` descriptor with no symlink
 /// on the way; a symlink as the last component is returned as itself (`O_NOFOLLOW`), for the
 /// caller to refuse or recreate.
-pub fn open_path_no_symlinks(path: &Path) -> io::Result<OwnedFd> {
+pub(crate) fn open_path_no_symlinks(path: &Path) -> io::Result<OwnedFd> {
     let how = OpenHow::new()
         .flags(OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
         .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS);
@@ -344,12 +334,12 @@ pub fn open_path_no_symlinks(path: &Path) -> io::Result<OwnedFd> {
 /// The path of a descriptor under `/proc/self/fd`, for calls that only take paths (a bind
 /// mount's source): the magic link resolves to the descriptor's file, whatever its path is
 /// now.
-pub fn proc_fd_path(fd: BorrowedFd<'_>) -> std::path::PathBuf {
+pub(crate) fn proc_fd_path(fd: BorrowedFd<'_>) -> std::path::PathBuf {
     std::path::PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
 }
 
 /// A name that is a single path component (no `/`, not `.` or `..`, not empty).
-pub fn is_plain_name(name: &OsStr) -> bool {
+pub(crate) fn is_plain_name(name: &OsStr) -> bool {
     let b = name.as_bytes();
     !b.is_empty() && b != b"." && b != b".." && !b.contains(&b'/') && !b.contains(&0)
 }
@@ -367,8 +357,8 @@ mod tests {
         ));
         std::fs::create_dir(&base).unwrap();
         let dir = open_dir(&base).unwrap();
-        write_atomically_at(dir.as_fd(), "r.json", b"one", 0o600, None).unwrap();
-        write_atomically_at(dir.as_fd(), "r.json", b"two", 0o600, None).unwrap();
+        write_visible_at(dir.as_fd(), "r.json", b"one", 0o600, None).unwrap();
+        write_visible_at(dir.as_fd(), "r.json", b"two", 0o600, None).unwrap();
         assert_eq!(std::fs::read(base.join("r.json")).unwrap(), b"two");
         // A symlink planted under a name to create is never written through.
         std::os::unix::fs::symlink("/etc/hostname", base.join("planted")).unwrap();

@@ -10,10 +10,14 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use nix::sys::socket::{self, ControlMessage, ControlMessageOwned, MsgFlags, UnixAddr};
 
 /// The most descriptors one message may carry; more are closed by the kernel (`MSG_CTRUNC`).
-pub const MAX_FDS: usize = 8;
+pub(crate) const MAX_FDS: usize = 8;
 
 /// Sends `data` with `fd` attached. Returns how many bytes of `data` were sent.
-pub fn send_with_fd(sock: BorrowedFd<'_>, data: &[u8], fd: BorrowedFd<'_>) -> io::Result<usize> {
+pub(crate) fn send_with_fd(
+    sock: BorrowedFd<'_>,
+    data: &[u8],
+    fd: BorrowedFd<'_>,
+) -> io::Result<usize> {
     let fds = [fd.as_raw_fd()];
     let cmsg = [ControlMessage::ScmRights(&fds)];
     socket::sendmsg::<UnixAddr>(
@@ -27,7 +31,7 @@ pub fn send_with_fd(sock: BorrowedFd<'_>, data: &[u8], fd: BorrowedFd<'_>) -> io
 }
 
 /// Sends `data` with every one of `fds` attached (at most [`MAX_FDS`]).
-pub fn send_with_fds(
+pub(crate) fn send_with_fds(
     sock: BorrowedFd<'_>,
     data: &[u8],
     fds: &[BorrowedFd<'_>],
@@ -45,13 +49,16 @@ pub fn send_with_fds(
 }
 
 /// Sends `data` alone.
-pub fn send(sock: BorrowedFd<'_>, data: &[u8]) -> io::Result<usize> {
+pub(crate) fn send(sock: BorrowedFd<'_>, data: &[u8]) -> io::Result<usize> {
     socket::send(sock.as_raw_fd(), data, MsgFlags::MSG_NOSIGNAL).map_err(io::Error::from)
 }
 
 /// Receives into `buf`, with any descriptors that came along (close-on-exec). `Ok((0, _))`
 /// is the end of the stream.
-pub fn recv_with_fds(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+pub(crate) fn recv_with_fds(
+    sock: BorrowedFd<'_>,
+    buf: &mut [u8],
+) -> io::Result<(usize, Vec<OwnedFd>)> {
     let mut space = nix::cmsg_space!([RawFd; MAX_FDS]);
     let mut iov = [IoSliceMut::new(buf)];
     let msg = socket::recvmsg::<()>(

@@ -35,7 +35,7 @@ use nix::unistd::{self, UnlinkatFlags};
 
 /// Which part of what was asked for a refusal is about.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Part {
+pub(crate) enum Part {
     /// The file itself.
     File,
     /// The directory that holds it (or the directory that was asked for).
@@ -46,7 +46,7 @@ pub enum Part {
 
 /// What is wrong with it.
 #[derive(Debug)]
-pub enum Problem {
+pub(crate) enum Problem {
     /// It does not exist (not a refusal: callers treat a missing file as absent).
     Missing,
     /// It is a symlink, which is not followed.
@@ -71,7 +71,7 @@ pub enum Problem {
 
 /// Why a path is not trusted: the part of it, its own path, and what is wrong.
 #[derive(Debug)]
-pub struct Refusal {
+pub(crate) struct Refusal {
     pub part: Part,
     /// The file or directory the problem is about (for an ancestor, the ancestor).
     pub path: PathBuf,
@@ -80,12 +80,12 @@ pub struct Refusal {
 
 impl Refusal {
     /// The file (or a directory on its path) does not exist.
-    pub fn is_missing(&self) -> bool {
+    pub(crate) fn is_missing(&self) -> bool {
         matches!(self.problem, Problem::Missing)
     }
 
     /// How to fix it, as one clause.
-    pub fn hint(&self) -> String {
+    pub(crate) fn hint(&self) -> String {
         let p = self.path.display();
         match &self.problem {
             Problem::Missing => format!("create {p} or change the configuration"),
@@ -164,7 +164,7 @@ impl std::error::Error for Refusal {}
 /// A directory that only root or the daemon's uid can change, held open. Files are opened,
 /// created, renamed and removed relative to its descriptor.
 #[derive(Debug)]
-pub struct TrustedDir {
+pub(crate) struct TrustedDir {
     fd: OwnedFd,
     path: PathBuf,
 }
@@ -172,7 +172,7 @@ pub struct TrustedDir {
 impl TrustedDir {
     /// Opens the directory `path`, checking it and every directory above it, without
     /// following a symlink anywhere. A relative path is taken from the current directory.
-    pub fn open(path: &Path) -> Result<TrustedDir, Refusal> {
+    pub(crate) fn open(path: &Path) -> Result<TrustedDir, Refusal> {
         let path = absolute(path)?;
         let names: Vec<&OsStr> = path
             .components()
@@ -206,7 +206,11 @@ impl TrustedDir {
     }
 
     /// Opens `parent/name`, creating it (mode `mode`) first if it is missing.
-    pub fn open_or_create(parent: &Path, name: &str, mode: u32) -> Result<TrustedDir, Refusal> {
+    pub(crate) fn open_or_create(
+        parent: &Path,
+        name: &str,
+        mode: u32,
+    ) -> Result<TrustedDir, Refusal> {
         let dir = TrustedDir::open(parent)?;
         match stat::mkdirat(&dir.fd, name, Mode::from_bits_truncate(mode)) {
             Ok(()) | Err(Errno::EEXIST) => {}
@@ -236,15 +240,15 @@ impl TrustedDir {
     }
 
     /// The directory's path, as it was checked (absolute, without `.` or `..`).
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
     /// Opens the regular file `name` in this directory for reading, without following a
     /// symlink, and checks its owner and mode on the descriptor that is returned.
-    pub fn open_file(&self, name: &OsStr) -> Result<File, Refusal> {
+    pub(crate) fn open_file(&self, name: &OsStr) -> Result<File, Refusal> {
         let path = self.path.join(name);
-        if !is_plain_name(name) {
+        if !super::dirfd::is_plain_name(name) {
             return Err(refusal(Part::File, &path, Problem::BadPath));
         }
         // O_NONBLOCK: opening a FIFO someone left here must not hang the daemon (it is
@@ -261,7 +265,7 @@ impl TrustedDir {
     }
 
     /// The names in this directory (not `.` and `..`), read from its descriptor.
-    pub fn names(&self) -> io::Result<Vec<OsString>> {
+    pub(crate) fn names(&self) -> io::Result<Vec<OsString>> {
         let mut out = Vec::new();
         // A descriptor of its own (`.` reopened), so reading moves no offset of ours.
         let mut dir = Dir::openat(
@@ -282,7 +286,7 @@ impl TrustedDir {
     /// Writes `bytes` to `name` so that `name` is either absent or complete: a temporary file
     /// (`.<name>.<pid>.tmp`) written and fsynced, then renamed over `name`, then the
     /// directory fsynced. On failure the temporary file is removed.
-    pub fn write_atomically(&self, name: &str, bytes: &[u8], mode: u32) -> io::Result<()> {
+    pub(crate) fn write_atomically(&self, name: &str, bytes: &[u8], mode: u32) -> io::Result<()> {
         let tmp = temp_name(name);
         let flags =
             OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
@@ -308,7 +312,7 @@ impl TrustedDir {
     }
 
     /// Removes the file (or symlink) `name`.
-    pub fn remove(&self, name: &OsStr) -> io::Result<()> {
+    pub(crate) fn remove(&self, name: &OsStr) -> io::Result<()> {
         Ok(unistd::unlinkat(
             &self.fd,
             name,
@@ -318,7 +322,7 @@ impl TrustedDir {
 }
 
 /// Is `name` a temporary file of [`TrustedDir::write_atomically`]?
-pub fn is_temp_name(name: &OsStr) -> bool {
+pub(crate) fn is_temp_name(name: &OsStr) -> bool {
     let b = name.as_bytes();
     b.starts_with(b".") && b.ends_with(b".tmp")
 }
@@ -334,11 +338,6 @@ fn dir_flags() -> OFlag {
 /// The type bits of a mode (`S_IFDIR`, `S_IFREG`, `S_IFLNK`, …).
 fn file_type(mode: libc::mode_t) -> SFlag {
     SFlag::from_bits_truncate(mode) & SFlag::S_IFMT
-}
-
-fn is_plain_name(name: &OsStr) -> bool {
-    let b = name.as_bytes();
-    !b.is_empty() && b != b"." && b != b".." && !b.contains(&b'/')
 }
 
 fn refusal(part: Part, path: &Path, problem: Problem) -> Refusal {

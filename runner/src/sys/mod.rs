@@ -9,12 +9,12 @@
 //! Every wrapper returns `io::Result` with the OS error; callers add the step and the path.
 #![allow(unsafe_code)]
 
-pub mod activation;
-pub mod dirfd;
-pub mod fdpass;
-pub mod fs;
-pub mod sandbox;
-pub mod spawn;
+pub(crate) mod activation;
+pub(crate) mod dirfd;
+pub(crate) mod fdpass;
+pub(crate) mod fs;
+pub(crate) mod sandbox;
+pub(crate) mod spawn;
 
 use std::ffi::CString;
 use std::io;
@@ -28,7 +28,7 @@ use nix::sys::signal::{self as nsig, SaFlags, SigAction, SigHandler};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::unistd::{self, ForkResult, Gid, Pid, Uid};
 
-pub use nix::sys::signal::Signal;
+pub(crate) use nix::sys::signal::Signal;
 
 fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
     if ret == -1 {
@@ -56,7 +56,7 @@ fn cvt_long(ret: libc::c_long) -> io::Result<libc::c_long> {
 /// (its own unreaped child, or a process whose start time it checks after opening).
 ///
 /// Raw: nix 0.32 has no pidfd calls.
-pub fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
+pub(crate) fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
     // SAFETY: pidfd_open takes two integers and returns a new descriptor or -1; no memory is
     // passed. O_NONBLOCK is not requested because the executor only polls it for readability.
     let fd = cvt_long(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) })?;
@@ -67,7 +67,7 @@ pub fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
 /// Sends `sig` to the process behind a pidfd; immune to pid reuse.
 ///
 /// Raw: nix 0.32 has no pidfd calls.
-pub fn pidfd_send_signal(pidfd: &OwnedFd, sig: i32) -> io::Result<()> {
+pub(crate) fn pidfd_send_signal(pidfd: &OwnedFd, sig: i32) -> io::Result<()> {
     // SAFETY: the descriptor is valid for the call (borrowed), info is NULL as permitted, and
     // flags are zero.
     cvt_long(unsafe {
@@ -84,7 +84,7 @@ pub fn pidfd_send_signal(pidfd: &OwnedFd, sig: i32) -> io::Result<()> {
 
 /// The start time of `pid` in clock ticks since boot (field 22 of `/proc/<pid>/stat`), which
 /// tells a process apart from a later one that reuses its pid.
-pub fn process_start_time(pid: i32) -> io::Result<u64> {
+pub(crate) fn process_start_time(pid: i32) -> io::Result<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // The command name (field 2) is in parentheses and may hold spaces or ')'.
     let after = stat
@@ -99,26 +99,22 @@ pub fn process_start_time(pid: i32) -> io::Result<u64> {
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "malformed stat"))
 }
 
-pub fn getuid() -> u32 {
+pub(crate) fn getuid() -> u32 {
     unistd::getuid().as_raw()
 }
 
-pub fn getgid() -> u32 {
+pub(crate) fn getgid() -> u32 {
     unistd::getgid().as_raw()
 }
 
-pub fn getpid() -> i32 {
+pub(crate) fn getpid() -> i32 {
     unistd::getpid().as_raw()
-}
-
-pub fn getppid() -> i32 {
-    unistd::getppid().as_raw()
 }
 
 /// Fills `buf` from the kernel's random source.
 ///
 /// Raw: nix has no `getrandom`, and std's is not public.
-pub fn getrandom(buf: &mut [u8]) -> io::Result<()> {
+pub(crate) fn getrandom(buf: &mut [u8]) -> io::Result<()> {
     let mut filled = 0;
     while filled < buf.len() {
         // SAFETY: the pointer and length describe the unfilled tail of `buf`, which we own
@@ -139,19 +135,19 @@ pub fn getrandom(buf: &mut [u8]) -> io::Result<()> {
 
 /// Signals a process by pid (`-1`: every process we may signal); `sig` 0 only checks that
 /// the process exists.
-pub fn kill(pid: i32, sig: i32) -> io::Result<()> {
+pub(crate) fn kill(pid: i32, sig: i32) -> io::Result<()> {
     let sig = if sig == 0 { None } else { Some(signal(sig)?) };
     nsig::kill(Pid::from_raw(pid), sig)?;
     Ok(())
 }
 
 /// `unshare(2)` with the given `CLONE_*` flags.
-pub fn unshare(flags: libc::c_int) -> io::Result<()> {
+pub(crate) fn unshare(flags: libc::c_int) -> io::Result<()> {
     nix::sched::unshare(CloneFlags::from_bits_retain(flags))?;
     Ok(())
 }
 
-pub enum Fork {
+pub(crate) enum Fork {
     Parent(i32),
     Child,
 }
@@ -180,7 +176,7 @@ fn single_threaded() -> io::Result<()> {
 /// multi-threaded process could inherit a lock another thread held (in the allocator, say)
 /// and deadlock. The supervisor and the run's init are single-threaded by design; this check
 /// makes that a verified fact rather than a promise.
-pub fn fork() -> io::Result<Fork> {
+pub(crate) fn fork() -> io::Result<Fork> {
     single_threaded()?;
     // SAFETY: the process has one thread (checked just above, and nothing here starts one),
     // so the child's memory holds no lock owned by a thread that does not exist in it.
@@ -227,7 +223,7 @@ fn set_fs_id(nr: libc::c_long, id: u32) -> u32 {
 /// were when it connected.
 ///
 /// Raw: nix's socket options have no `SO_PEERGROUPS`.
-pub fn peer_groups(sock: std::os::fd::BorrowedFd<'_>) -> io::Result<Vec<u32>> {
+pub(crate) fn peer_groups(sock: std::os::fd::BorrowedFd<'_>) -> io::Result<Vec<u32>> {
     let mut groups: Vec<u32> = vec![0; 64];
     loop {
         let mut len = (groups.len() * std::mem::size_of::<u32>()) as libc::socklen_t;
@@ -258,7 +254,7 @@ pub fn peer_groups(sock: std::os::fd::BorrowedFd<'_>) -> io::Result<Vec<u32>> {
 
 /// How a waited-for process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Exit {
+pub(crate) enum Exit {
     Code(i32),
     Signal(i32),
 }
@@ -268,7 +264,7 @@ pub enum Exit {
 /// Raw: nix's `WaitStatus` cannot name a real-time signal, so its `waitpid` reaps a child
 /// killed by one and then fails with `EINVAL`, losing the status (and the run's init would
 /// wait forever for a child it has already reaped).
-pub fn waitpid(pid: i32, nohang: bool) -> io::Result<Option<(i32, Exit)>> {
+pub(crate) fn waitpid(pid: i32, nohang: bool) -> io::Result<Option<(i32, Exit)>> {
     let mut status = 0;
     let flags = if nohang { libc::WNOHANG } else { 0 };
     loop {
@@ -294,16 +290,16 @@ pub fn waitpid(pid: i32, nohang: bool) -> io::Result<Option<(i32, Exit)>> {
 }
 
 /// Asks the kernel to send `sig` to this process when its parent exits.
-pub fn set_parent_death_signal(sig: i32) -> io::Result<()> {
+pub(crate) fn set_parent_death_signal(sig: i32) -> io::Result<()> {
     nix::sys::prctl::set_pdeathsig(signal(sig)?)?;
     Ok(())
 }
 
 /// A set of signals, for blocking and for `signalfd`.
-pub struct SigSet(nsig::SigSet);
+pub(crate) struct SigSet(nsig::SigSet);
 
 impl SigSet {
-    pub fn of(signals: &[Signal]) -> SigSet {
+    pub(crate) fn of(signals: &[Signal]) -> SigSet {
         let mut set = nsig::SigSet::empty();
         for &s in signals {
             set.add(s);
@@ -311,33 +307,33 @@ impl SigSet {
         SigSet(set)
     }
 
-    pub fn all() -> SigSet {
+    pub(crate) fn all() -> SigSet {
         SigSet(nsig::SigSet::all())
     }
 
     /// Blocks these signals for the calling thread (the whole process when single-threaded).
-    pub fn block(&self) -> io::Result<()> {
+    pub(crate) fn block(&self) -> io::Result<()> {
         Ok(self.0.thread_block()?)
     }
 
-    pub fn unblock(&self) -> io::Result<()> {
+    pub(crate) fn unblock(&self) -> io::Result<()> {
         Ok(self.0.thread_unblock()?)
     }
 
     /// A non-blocking, close-on-exec signalfd for these (blocked) signals.
-    pub fn signalfd(&self) -> io::Result<OwnedFd> {
+    pub(crate) fn signalfd(&self) -> io::Result<OwnedFd> {
         let fd = SignalFd::with_flags(&self.0, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)?;
         Ok(fd.into())
     }
 
     /// Waits for one of these (blocked) signals; returns its number.
-    pub fn wait(&self) -> io::Result<i32> {
+    pub(crate) fn wait(&self) -> io::Result<i32> {
         Ok(self.0.wait()? as i32)
     }
 }
 
 /// Reads one pending signal number from a signalfd; `Ok(None)` if none is pending.
-pub fn read_signalfd(fd: &OwnedFd) -> io::Result<Option<i32>> {
+pub(crate) fn read_signalfd(fd: &OwnedFd) -> io::Result<Option<i32>> {
     // A signalfd hands out whole `signalfd_siginfo` records; the signal number is its first
     // field (`ssi_signo`, a u32).
     let mut info = [0u8; std::mem::size_of::<libc::signalfd_siginfo>()];
@@ -355,7 +351,7 @@ extern "C" fn noop_handler(_: libc::c_int) {}
 
 /// Installs a handler that does nothing, so that a PID-namespace init (which the kernel shields
 /// from signals left at their default action) still receives `sig` through [`SigSet::wait`].
-pub fn install_noop_handler(sig: i32) -> io::Result<()> {
+pub(crate) fn install_noop_handler(sig: i32) -> io::Result<()> {
     let act = SigAction::new(
         SigHandler::Handler(noop_handler),
         SaFlags::empty(),
@@ -372,7 +368,7 @@ pub fn install_noop_handler(sig: i32) -> io::Result<()> {
 ///
 /// Raw: nix's `Signal` cannot name the real-time signals, whose dispositions (an ignored one
 /// survives exec) must be reset too.
-pub fn reset_signal_dispositions() {
+pub(crate) fn reset_signal_dispositions() {
     for sig in 1..libc::SIGRTMAX() {
         if sig == libc::SIGKILL || sig == libc::SIGSTOP {
             continue;
@@ -386,14 +382,14 @@ pub fn reset_signal_dispositions() {
 }
 
 /// A pipe whose both ends are close-on-exec.
-pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+pub(crate) fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unistd::pipe2(OFlag::O_CLOEXEC)?)
 }
 
 /// `dup2(2)` onto a standard descriptor: makes `target` (0, 1 or 2) a copy of `fd`, clearing
 /// close-on-exec on it. Any other target is refused: nothing else may be replaced behind the
 /// back of the `OwnedFd` that holds it.
-pub fn dup2(fd: impl AsFd, target: RawFd) -> io::Result<()> {
+pub(crate) fn dup2(fd: impl AsFd, target: RawFd) -> io::Result<()> {
     match target {
         0 => unistd::dup2_stdin(fd)?,
         1 => unistd::dup2_stdout(fd)?,
@@ -411,7 +407,7 @@ pub fn dup2(fd: impl AsFd, target: RawFd) -> io::Result<()> {
 /// Closes every descriptor from `first` upwards.
 ///
 /// Raw: nix has no `close_range`.
-pub fn close_from(first: u32) -> io::Result<()> {
+pub(crate) fn close_from(first: u32) -> io::Result<()> {
     // SAFETY: close_range only closes descriptors; the caller guarantees nothing it still
     // uses lies at or above `first`.
     cvt_long(unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0) })?;
@@ -420,12 +416,12 @@ pub fn close_from(first: u32) -> io::Result<()> {
 
 /// Sets or clears `O_NONBLOCK`.
 /// `F_SETPIPE_SZ`: asks for a pipe buffer of `bytes` (rounded up to pages by the kernel).
-pub fn set_pipe_size(fd: impl AsFd, bytes: i32) -> io::Result<()> {
+pub(crate) fn set_pipe_size(fd: impl AsFd, bytes: i32) -> io::Result<()> {
     fcntl(fd.as_fd(), FcntlArg::F_SETPIPE_SZ(bytes))?;
     Ok(())
 }
 
-pub fn set_nonblocking(fd: impl AsFd, on: bool) -> io::Result<()> {
+pub(crate) fn set_nonblocking(fd: impl AsFd, on: bool) -> io::Result<()> {
     let fd = fd.as_fd();
     let mut flags = OFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFL)?);
     flags.set(OFlag::O_NONBLOCK, on);
@@ -433,7 +429,7 @@ pub fn set_nonblocking(fd: impl AsFd, on: bool) -> io::Result<()> {
     Ok(())
 }
 
-pub fn setsid() -> io::Result<()> {
+pub(crate) fn setsid() -> io::Result<()> {
     unistd::setsid()?;
     Ok(())
 }
@@ -441,7 +437,7 @@ pub fn setsid() -> io::Result<()> {
 /// Drops to `uid`/`gid` with no supplementary groups. Order matters: groups and gid first,
 /// while we still have the privilege to change them. (libc's `setgroups` applies to every
 /// thread; this runs in the single-threaded command child, where that is the one thread.)
-pub fn drop_to(uid: u32, gid: u32) -> io::Result<()> {
+pub(crate) fn drop_to(uid: u32, gid: u32) -> io::Result<()> {
     let (uid, gid) = (Uid::from_raw(uid), Gid::from_raw(gid));
     unistd::setgroups(&[])?;
     unistd::setresgid(gid, gid, gid)?;
@@ -452,7 +448,10 @@ pub fn drop_to(uid: u32, gid: u32) -> io::Result<()> {
 /// `poll(2)` for readability on a set of descriptors; returns which were ready (readable,
 /// hung up or in error). A `None` is left out (never ready) without shifting the others'
 /// positions. A negative timeout waits for ever.
-pub fn poll_readable(fds: &[Option<BorrowedFd<'_>>], timeout_ms: i32) -> io::Result<Vec<bool>> {
+pub(crate) fn poll_readable(
+    fds: &[Option<BorrowedFd<'_>>],
+    timeout_ms: i32,
+) -> io::Result<Vec<bool>> {
     let timeout = PollTimeout::try_from(timeout_ms.max(-1)).unwrap_or(PollTimeout::NONE);
     let mut pfds: Vec<PollFd<'_>> = fds
         .iter()
@@ -477,7 +476,7 @@ pub fn poll_readable(fds: &[Option<BorrowedFd<'_>>], timeout_ms: i32) -> io::Res
 }
 
 /// `execvp`-free exec: runs `path` with `argv` and `envp`. Returns only on failure.
-pub fn execve(path: &CString, argv: &[CString], envp: &[CString]) -> io::Error {
+pub(crate) fn execve(path: &CString, argv: &[CString], envp: &[CString]) -> io::Error {
     match unistd::execve(path, argv, envp) {
         Err(e) => e.into(),
         Ok(never) => match never {},
@@ -488,13 +487,13 @@ pub fn execve(path: &CString, argv: &[CString], envp: &[CString]) -> io::Error {
 /// children, which must not flush buffers they share with their parent).
 ///
 /// Raw: nix has no `_exit`, and `std::process::exit` runs the atexit handlers.
-pub fn exit_now(code: i32) -> ! {
+pub(crate) fn exit_now(code: i32) -> ! {
     // SAFETY: _exit never returns and is always safe to call.
     unsafe { libc::_exit(code) }
 }
 
 /// `fsync(2)` on a directory, so a rename inside it is durable.
-pub fn fsync_dir(path: &std::path::Path) -> io::Result<()> {
+pub(crate) fn fsync_dir(path: &std::path::Path) -> io::Result<()> {
     std::fs::File::open(path)?.sync_all()
 }
 
@@ -502,7 +501,7 @@ pub fn fsync_dir(path: &std::path::Path) -> io::Result<()> {
 /// the ones still needed before it (an error pipe) stay usable until then.
 ///
 /// Raw: nix has no `close_range`.
-pub fn cloexec_from(first: u32) -> io::Result<()> {
+pub(crate) fn cloexec_from(first: u32) -> io::Result<()> {
     const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
     // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets a flag on descriptors.
     cvt_long(unsafe {
@@ -513,7 +512,7 @@ pub fn cloexec_from(first: u32) -> io::Result<()> {
 
 /// Writes all of `data` to a raw descriptor, ignoring errors (used on failure paths in forked
 /// children, where there is nobody left to tell).
-pub fn write_all_fd(fd: &OwnedFd, data: &[u8]) {
+pub(crate) fn write_all_fd(fd: &OwnedFd, data: &[u8]) {
     let mut off = 0;
     while off < data.len() {
         match unistd::write(fd, &data[off..]) {
@@ -527,7 +526,7 @@ pub fn write_all_fd(fd: &OwnedFd, data: &[u8]) {
 
 /// Reads what is available from a (non-blocking) descriptor into `buf`; returns the number of
 /// bytes read, `Ok(0)` at end of file, and `WouldBlock` when nothing is ready.
-pub fn read_fd(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<usize> {
+pub(crate) fn read_fd(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<usize> {
     loop {
         match unistd::read(fd, buf) {
             Err(Errno::EINTR) => continue,
@@ -539,7 +538,7 @@ pub fn read_fd(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<usize> {
 /// Registers an owned descriptor (a pidfd) with tokio's reactor, readable-only.
 ///
 /// Unsafe in tokio, not in the kernel: its registration trusts the descriptor to stay open.
-pub fn async_fd(fd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
+pub(crate) fn async_fd(fd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
     // SAFETY: an OwnedFd is a valid open descriptor for as long as it lives, and the AsyncFd
     // owns it, so it stays open until after the registration is dropped.
     unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
@@ -548,7 +547,7 @@ pub fn async_fd(fd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
 
 /// Restores the default action of SIGPIPE (Rust ignores it), so a client command whose output
 /// pipe closes (`sidejob tasks | head`) ends quietly like other Unix tools. Never for the daemon.
-pub fn default_sigpipe() {
+pub(crate) fn default_sigpipe() {
     // SAFETY: the default disposition runs no code of ours, so no handler can break an
     // invariant of the code it interrupts.
     let _ = unsafe { nsig::signal(Signal::SIGPIPE, SigHandler::SigDfl) };
@@ -556,7 +555,7 @@ pub fn default_sigpipe() {
 
 /// A user's credentials from the user database: `gid` as their primary group and their
 /// supplementary groups (`getgrouplist`). A uid with no entry has no supplementary groups.
-pub fn user_creds(uid: u32, gid: u32) -> dirfd::Creds {
+pub(crate) fn user_creds(uid: u32, gid: u32) -> dirfd::Creds {
     use nix::unistd::{getgrouplist, Gid, Uid, User};
     let groups = User::from_uid(Uid::from_raw(uid))
         .ok()
@@ -576,7 +575,7 @@ pub fn user_creds(uid: u32, gid: u32) -> dirfd::Creds {
 ///
 /// Raw: the check comes before there is a descriptor to hand to nix (which takes only
 /// descriptors known to be open).
-pub fn take_inherited_fd(fd: RawFd) -> io::Result<OwnedFd> {
+pub(crate) fn take_inherited_fd(fd: RawFd) -> io::Result<OwnedFd> {
     // SAFETY: F_GETFD only reads the descriptor's flags; it fails with EBADF if not open.
     cvt(unsafe { libc::fcntl(fd, libc::F_GETFD) })?;
     // SAFETY: the descriptor is open (checked above) and, by this function's contract, owned
@@ -594,7 +593,7 @@ pub fn take_inherited_fd(fd: RawFd) -> io::Result<OwnedFd> {
 /// Raw: nix's only non-deprecated flock is `Flock`, a guard that owns the descriptor and
 /// unlocks it on drop; git's stand-ins turn a shared hold into an exclusive one on the same
 /// open file and let the close release it, which that guard cannot express.
-pub fn flock(fd: std::os::fd::BorrowedFd<'_>, op: libc::c_int) -> io::Result<()> {
+pub(crate) fn flock(fd: std::os::fd::BorrowedFd<'_>, op: libc::c_int) -> io::Result<()> {
     loop {
         // SAFETY: integer arguments only; the descriptor is borrowed, so open for the call.
         match cvt(unsafe { libc::flock(fd.as_raw_fd(), op) }) {
@@ -606,7 +605,7 @@ pub fn flock(fd: std::os::fd::BorrowedFd<'_>, op: libc::c_int) -> io::Result<()>
 
 /// Returns the heap's free memory to the system (`malloc_trim`): glibc keeps what was freed
 /// for reuse, so a daemon that served a crowd of connections would otherwise stay at its peak.
-pub fn trim_heap() {
+pub(crate) fn trim_heap() {
     // SAFETY: malloc_trim takes an integer (the padding to keep) and only releases free
     // memory; it is safe to call from any thread at any time.
     unsafe {

@@ -31,7 +31,7 @@ fn cpath(p: &Path) -> io::Result<std::ffi::CString> {
 // ---- mounts ---------------------------------------------------------------------------------
 
 /// `mount(2)`.
-pub fn mount(
+pub(crate) fn mount(
     source: Option<&Path>,
     target: &Path,
     fstype: Option<&CStr>,
@@ -49,21 +49,21 @@ pub fn mount(
 }
 
 /// Detaches the mount at `target` (and everything below it) lazily.
-pub fn umount_detach(target: &Path) -> io::Result<()> {
+pub(crate) fn umount_detach(target: &Path) -> io::Result<()> {
     nix::mount::umount2(target, MntFlags::MNT_DETACH)?;
     Ok(())
 }
 
 /// `pivot_root(new_root, put_old)`.
-pub fn pivot_root(new_root: &Path, put_old: &Path) -> io::Result<()> {
+pub(crate) fn pivot_root(new_root: &Path, put_old: &Path) -> io::Result<()> {
     nix::unistd::pivot_root(new_root, put_old)?;
     Ok(())
 }
 
-pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
-pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
-pub const MOUNT_ATTR_NODEV: u64 = 0x4;
-pub const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+pub(crate) const MOUNT_ATTR_RDONLY: u64 = 0x1;
+pub(crate) const MOUNT_ATTR_NOSUID: u64 = 0x2;
+pub(crate) const MOUNT_ATTR_NODEV: u64 = 0x4;
+pub(crate) const MOUNT_ATTR_NOEXEC: u64 = 0x8;
 const AT_RECURSIVE: libc::c_uint = 0x8000;
 
 #[repr(C)]
@@ -78,7 +78,7 @@ struct MountAttr {
 /// mount at `fd` and every mount below it, in one call.
 ///
 /// Raw: nix 0.32 has no `mount_setattr`.
-pub fn mount_setattr(fd: &OwnedFd, set: u64, clear: u64) -> io::Result<()> {
+pub(crate) fn mount_setattr(fd: &OwnedFd, set: u64, clear: u64) -> io::Result<()> {
     let attr = MountAttr {
         attr_set: set,
         attr_clr: clear,
@@ -103,7 +103,7 @@ pub fn mount_setattr(fd: &OwnedFd, set: u64, clear: u64) -> io::Result<()> {
 /// Like [`mount_setattr`], on the mount at `path` (and every mount below it).
 ///
 /// Raw: nix 0.32 has no `mount_setattr`.
-pub fn mount_setattr_path(path: &Path, set: u64, clear: u64) -> io::Result<()> {
+pub(crate) fn mount_setattr_path(path: &Path, set: u64, clear: u64) -> io::Result<()> {
     let p = cpath(path)?;
     let attr = MountAttr {
         attr_set: set,
@@ -130,7 +130,7 @@ pub fn mount_setattr_path(path: &Path, set: u64, clear: u64) -> io::Result<()> {
 /// the file) at `fd`, ready to be attached elsewhere with [`move_mount`].
 ///
 /// Raw: nix 0.32 has no `open_tree`.
-pub fn open_tree_clone(fd: &OwnedFd) -> io::Result<OwnedFd> {
+pub(crate) fn open_tree_clone(fd: &OwnedFd) -> io::Result<OwnedFd> {
     const OPEN_TREE_CLONE: libc::c_uint = 1;
     // SAFETY: a valid descriptor, an empty path and integer flags; returns a new descriptor.
     let r = cvt_long(unsafe {
@@ -149,7 +149,7 @@ pub fn open_tree_clone(fd: &OwnedFd) -> io::Result<OwnedFd> {
 /// so no path is looked up again between the check and the mount).
 ///
 /// Raw: nix 0.32 has no `move_mount`.
-pub fn move_mount(from: &OwnedFd, to: &OwnedFd) -> io::Result<()> {
+pub(crate) fn move_mount(from: &OwnedFd, to: &OwnedFd) -> io::Result<()> {
     const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
     const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
     // SAFETY: two valid descriptors with empty paths and integer flags.
@@ -168,31 +168,31 @@ pub fn move_mount(from: &OwnedFd, to: &OwnedFd) -> io::Result<()> {
 
 /// Opens `path` as an `O_PATH` descriptor (no read or write access, just a handle on the
 /// inode); with `nofollow`, a symlink in the last component is opened itself.
-pub fn open_path(path: &Path, nofollow: bool) -> io::Result<OwnedFd> {
+pub(crate) fn open_path(path: &Path, nofollow: bool) -> io::Result<OwnedFd> {
     let mut flags = OFlag::O_PATH | OFlag::O_CLOEXEC;
     flags.set(OFlag::O_NOFOLLOW, nofollow);
     Ok(nix::fcntl::open(path, flags, Mode::empty())?)
 }
 
 /// What `fstat` says about a descriptor: its type bits and link count.
-pub struct FileInfo {
+pub(crate) struct FileInfo {
     pub mode: u32,
     pub nlink: u64,
 }
 
 impl FileInfo {
-    pub fn is_dir(&self) -> bool {
+    pub(crate) fn is_dir(&self) -> bool {
         self.mode & libc::S_IFMT == libc::S_IFDIR
     }
-    pub fn is_file(&self) -> bool {
+    pub(crate) fn is_file(&self) -> bool {
         self.mode & libc::S_IFMT == libc::S_IFREG
     }
-    pub fn is_symlink(&self) -> bool {
+    pub(crate) fn is_symlink(&self) -> bool {
         self.mode & libc::S_IFMT == libc::S_IFLNK
     }
 }
 
-pub fn fstat(fd: &OwnedFd) -> io::Result<FileInfo> {
+pub(crate) fn fstat(fd: &OwnedFd) -> io::Result<FileInfo> {
     let st = nix::sys::stat::fstat(fd)?;
     Ok(FileInfo {
         mode: st.st_mode,
@@ -201,11 +201,11 @@ pub fn fstat(fd: &OwnedFd) -> io::Result<FileInfo> {
 }
 
 /// The `/proc/self/fd/N` path of a descriptor, which mount(2) follows to exactly that inode.
-pub fn fd_path(fd: &OwnedFd) -> std::path::PathBuf {
+pub(crate) fn fd_path(fd: &OwnedFd) -> std::path::PathBuf {
     format!("/proc/self/fd/{}", fd.as_raw_fd()).into()
 }
 
-pub fn sethostname(name: &str) -> io::Result<()> {
+pub(crate) fn sethostname(name: &str) -> io::Result<()> {
     nix::unistd::sethostname(name)?;
     Ok(())
 }
@@ -213,7 +213,7 @@ pub fn sethostname(name: &str) -> io::Result<()> {
 /// Brings the loopback interface of the current network namespace up.
 ///
 /// Raw (the ioctls only): nix has no call that sets an interface's flags.
-pub fn loopback_up() -> io::Result<()> {
+pub(crate) fn loopback_up() -> io::Result<()> {
     let sock = nix::sys::socket::socket(
         AddressFamily::Inet,
         SockType::Datagram,
@@ -237,25 +237,25 @@ pub fn loopback_up() -> io::Result<()> {
 
 // ---- process attributes ---------------------------------------------------------------------
 
-pub fn set_no_new_privs() -> io::Result<()> {
+pub(crate) fn set_no_new_privs() -> io::Result<()> {
     nix::sys::prctl::set_no_new_privs()?;
     Ok(())
 }
 
 /// A non-dumpable process's `/proc/<pid>` entries (environ, mem, fd, root…) are root-owned
 /// and need `CAP_SYS_PTRACE`, so a sandboxed command cannot look into its init.
-pub fn set_dumpable(on: bool) -> io::Result<()> {
+pub(crate) fn set_dumpable(on: bool) -> io::Result<()> {
     nix::sys::prctl::set_dumpable(on)?;
     Ok(())
 }
 
-pub fn setrlimit(resource: Resource, soft: u64, hard: u64) -> io::Result<()> {
+pub(crate) fn setrlimit(resource: Resource, soft: u64, hard: u64) -> io::Result<()> {
     nix::sys::resource::setrlimit(resource, soft, hard)?;
     Ok(())
 }
 
 /// The highest capability number this kernel knows.
-pub fn last_cap() -> u32 {
+pub(crate) fn last_cap() -> u32 {
     std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
         .ok()
         .and_then(|s| s.trim().parse().ok())
@@ -266,7 +266,7 @@ pub fn last_cap() -> u32 {
 /// the ambient set. Needs `CAP_SETPCAP`, so it runs before the uid changes.
 ///
 /// Raw: nix's prctl module has neither `PR_CAPBSET_DROP` nor `PR_CAP_AMBIENT`.
-pub fn drop_bounding_and_ambient_caps(last: u32) -> io::Result<()> {
+pub(crate) fn drop_bounding_and_ambient_caps(last: u32) -> io::Result<()> {
     for cap in 0..=last {
         // SAFETY: integer arguments only.
         let r = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
@@ -294,7 +294,7 @@ pub fn drop_bounding_and_ambient_caps(last: u32) -> io::Result<()> {
 /// Empties the effective, permitted and inheritable sets (a uid-0 run keeps none).
 ///
 /// Raw: nix has no `capset`.
-pub fn clear_caps() -> io::Result<()> {
+pub(crate) fn clear_caps() -> io::Result<()> {
     #[repr(C)]
     struct Header {
         version: u32,
@@ -322,19 +322,6 @@ pub fn clear_caps() -> io::Result<()> {
     Ok(())
 }
 
-/// True when the effective set is empty (read from `/proc/self/status`).
-pub fn has_no_effective_caps() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| {
-                l.strip_prefix("CapEff:")
-                    .map(|v| v.trim().trim_start_matches('0').is_empty())
-            })
-        })
-        .unwrap_or(false)
-}
-
 // ---- landlock -------------------------------------------------------------------------------
 
 const LANDLOCK_CREATE_RULESET_VERSION: u32 = 1;
@@ -346,7 +333,7 @@ const LANDLOCK_CREATE_RULESET_VERSION: u32 = 1;
 /// rights and read the `RulesetStatus`, not branch on versions), but `sidejob doctor` and the
 /// coverage report name the ABI and say why landlock is missing. Rulesets themselves are
 /// built with the crate.
-pub fn landlock_abi() -> io::Result<u32> {
+pub(crate) fn landlock_abi() -> io::Result<u32> {
     // SAFETY: NULL attr with size 0 and the VERSION flag is the documented probe; no memory
     // is read or written.
     let r = cvt_long(unsafe {
@@ -365,7 +352,7 @@ pub fn landlock_abi() -> io::Result<u32> {
 /// Is seccomp filtering compiled into this kernel?
 ///
 /// Raw: nix's prctl module has no `PR_GET_SECCOMP`.
-pub fn seccomp_available() -> bool {
+pub(crate) fn seccomp_available() -> bool {
     // SAFETY: integer arguments only; EINVAL means no CONFIG_SECCOMP.
     unsafe { libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0) != -1 }
 }
@@ -374,7 +361,7 @@ pub fn seccomp_available() -> bool {
 /// across exec). Needs `no_new_privs` (or `CAP_SYS_ADMIN`).
 ///
 /// Raw: neither nix nor the landlock crate installs seccomp filters.
-pub fn seccomp_install(filter: &[libc::sock_filter]) -> io::Result<()> {
+pub(crate) fn seccomp_install(filter: &[libc::sock_filter]) -> io::Result<()> {
     let prog = libc::sock_fprog {
         len: filter.len() as libc::c_ushort,
         filter: filter.as_ptr() as *mut libc::sock_filter,

@@ -22,7 +22,7 @@ fn cstring(s: &OsStr) -> io::Result<CString> {
 ///
 /// Raw (the ownership only): nix's `fcntl` returns `F_DUPFD_CLOEXEC`'s descriptor as a
 /// number.
-pub fn dup_at_least(fd: BorrowedFd<'_>, min: RawFd) -> io::Result<OwnedFd> {
+pub(crate) fn dup_at_least(fd: BorrowedFd<'_>, min: RawFd) -> io::Result<OwnedFd> {
     let new = fcntl(fd, FcntlArg::F_DUPFD_CLOEXEC(min))?;
     // SAFETY: fcntl just returned this new descriptor; nothing else owns it.
     Ok(unsafe { OwnedFd::from_raw_fd(new) })
@@ -33,7 +33,7 @@ pub fn dup_at_least(fd: BorrowedFd<'_>, min: RawFd) -> io::Result<OwnedFd> {
 /// `i` of the child (0 = stdin, …); nothing else is inherited (everything this process opens
 /// is close-on-exec, and the child closes what is above its own descriptors first thing).
 /// Returns the child's pid; the caller reaps it.
-pub fn spawn(program: &Path, args: &[&OsStr], fds: &[BorrowedFd<'_>]) -> io::Result<i32> {
+pub(crate) fn spawn(program: &Path, args: &[&OsStr], fds: &[BorrowedFd<'_>]) -> io::Result<i32> {
     let prog = cstring(program.as_os_str())?;
     let mut argv = vec![prog.clone()];
     for a in args {
@@ -76,7 +76,7 @@ pub fn spawn(program: &Path, args: &[&OsStr], fds: &[BorrowedFd<'_>]) -> io::Res
 /// has exactly one thread (see [`super::fork`]).
 ///
 /// Raw: neither libc nor nix wraps `clone` without a new stack.
-pub fn fork_sibling() -> io::Result<super::Fork> {
+pub(crate) fn fork_sibling() -> io::Result<super::Fork> {
     super::single_threaded()?;
     // SAFETY: clone with no new stack and no shared memory is fork: the child runs on a
     // copy of this process's memory from this very instruction. The process has one thread
@@ -106,7 +106,7 @@ pub fn fork_sibling() -> io::Result<super::Fork> {
 /// have now, and closes the originals. For the spawner's forked child, before it becomes
 /// the supervisor: the caller must own nothing at `0..fds.len()` besides stdio (which is
 /// replaced).
-pub fn place_fds(fds: Vec<OwnedFd>) -> io::Result<()> {
+pub(crate) fn place_fds(fds: Vec<OwnedFd>) -> io::Result<()> {
     // Each is copied above every target first, so one dup2 never clobbers a source another
     // still needs; the originals are closed before anything lands on their numbers.
     let high: Vec<OwnedFd> = fds
@@ -128,7 +128,7 @@ pub fn place_fds(fds: Vec<OwnedFd>) -> io::Result<()> {
 
 /// Makes the calling process the leader of a process group of its own (as
 /// `POSIX_SPAWN_SETPGROUP` does for [`spawn`]).
-pub fn own_process_group() -> io::Result<()> {
+pub(crate) fn own_process_group() -> io::Result<()> {
     nix::unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0))?;
     Ok(())
 }
@@ -136,7 +136,7 @@ pub fn own_process_group() -> io::Result<()> {
 /// Names the calling thread (`comm` in `/proc`, what `ps -o comm` and `top` show): a
 /// supervisor forked by the spawner keeps the spawner's command line, so its name tells
 /// them apart.
-pub fn set_name(name: &std::ffi::CStr) -> io::Result<()> {
+pub(crate) fn set_name(name: &std::ffi::CStr) -> io::Result<()> {
     nix::sys::prctl::set_name(name)?;
     Ok(())
 }

@@ -7,7 +7,7 @@
 //! reading gets one `events.gap {from_seq}` and nothing more until it subscribes again, so it
 //! never stalls the daemon, the runs or the other subscribers.
 
-pub mod text;
+pub(crate) mod text;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -20,11 +20,11 @@ use crate::protocol::{NotificationNotification, TaskUpdatedNotification};
 use crate::registry::{Entity, EventRef, Registry, RegistryError, Routable};
 
 /// Pushes a connection may have queued before it is cut off with `events.gap`.
-pub const PUSH_QUEUE: usize = 4096;
+pub(crate) const PUSH_QUEUE: usize = 4096;
 
 /// Where one connection's pushes go.
 #[derive(Debug, Clone)]
-pub struct PushChannel {
+pub(crate) struct PushChannel {
     pub push: mpsc::Sender<String>,
     pub gap: watch::Sender<Option<i64>>,
 }
@@ -43,7 +43,7 @@ struct State {
     owners: HashMap<String, u32>,
 }
 
-pub struct Hub {
+pub(crate) struct Hub {
     registry: Arc<Registry>,
     state: Mutex<State>,
     /// Wakes the scheduler when routes come and go.
@@ -55,7 +55,7 @@ fn push_line(method: &str, params: Value) -> String {
 }
 
 impl Hub {
-    pub fn new(registry: Arc<Registry>) -> Result<Arc<Hub>, RegistryError> {
+    pub(crate) fn new(registry: Arc<Registry>) -> Result<Arc<Hub>, RegistryError> {
         let cursor = registry.last_seq()?;
         Ok(Arc::new(Hub {
             registry,
@@ -69,7 +69,7 @@ impl Hub {
     }
 
     /// Follows the event log for the daemon's life.
-    pub async fn run(self: Arc<Self>) {
+    pub(crate) async fn run(self: Arc<Self>) {
         let mut seq = self.registry.subscribe_seq();
         loop {
             {
@@ -175,7 +175,7 @@ impl Hub {
     /// The backlog is sent before the route goes live, waiting for the connection to take
     /// it (a slow reader slows only its own subscribe); what happened meanwhile is sent as
     /// the route goes live, so nothing falls between the two.
-    pub async fn subscribe(
+    pub(crate) async fn subscribe(
         &self,
         conn_id: u64,
         uid: u32,
@@ -310,14 +310,14 @@ impl Hub {
     }
 
     /// Forgets a connection's route (it closed).
-    pub async fn unsubscribe(&self, conn_id: u64) {
+    pub(crate) async fn unsubscribe(&self, conn_id: u64) {
         if self.state.lock().await.routes.remove(&conn_id).is_some() {
             self.routes_changed.notify_one();
         }
     }
 
     /// The sessions that have a live route now.
-    pub async fn routable(&self) -> Routable {
+    pub(crate) async fn routable(&self) -> Routable {
         let st = self.state.lock().await;
         let mut r = Routable::default();
         for route in st.routes.values() {

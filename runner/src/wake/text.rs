@@ -8,7 +8,7 @@ use crate::registry::{Settlement, TaskRow};
 const TAIL_LINES: usize = 20;
 
 /// `(severity, kind, text)` of a background completion.
-pub fn completion(
+pub(crate) fn completion(
     task: &TaskRow,
     s: &Settlement,
     proactive: bool,
@@ -92,7 +92,7 @@ fn human_ms(ms: u64) -> String {
 }
 
 /// The text of a scheduled prompt occurrence.
-pub fn scheduled_prompt(schedule_id: &str, occurrence: u32, prompt: &str) -> String {
+pub(crate) fn scheduled_prompt(schedule_id: &str, occurrence: u32, prompt: &str) -> String {
     format!(
         "[automatic] Scheduled prompt (schedule {schedule_id}, occurrence {occurrence}):\n{prompt}\n\
          This is an automatic message from sidejob, not a message from the user."

@@ -16,7 +16,7 @@ use crate::protocol::RpcError;
 
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Value, RpcError>>>>>;
 
-pub struct Daemon {
+pub(super) struct Daemon {
     writer: tokio::sync::Mutex<OwnedWriteHalf>,
     pending: Pending,
     next_id: AtomicU64,
@@ -31,7 +31,7 @@ fn lost() -> RpcError {
 
 impl Daemon {
     /// Connects; pushes (`task.updated`, `notification`, `tools.changed`, ...) go to `pushes`.
-    pub async fn connect(
+    pub(super) async fn connect(
         socket: &Path,
         pushes: mpsc::UnboundedSender<Value>,
     ) -> std::io::Result<Arc<Daemon>> {
@@ -77,7 +77,7 @@ impl Daemon {
     }
 
     /// Sends one request and waits for its reply.
-    pub async fn call(&self, method: &str, params: Value) -> Result<Value, RpcError> {
+    pub(super) async fn call(&self, method: &str, params: Value) -> Result<Value, RpcError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.pending

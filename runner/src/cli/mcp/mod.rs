@@ -34,7 +34,7 @@ use tokio::sync::mpsc;
 use crate::protocol::{Notification, ToolInfo};
 use daemon::Daemon;
 
-pub struct McpArgs {
+pub(super) struct McpArgs {
     pub session: Option<String>,
     pub adopt: bool,
     pub start_daemon: bool,
@@ -57,7 +57,7 @@ struct State {
 #[derive(Clone)]
 struct Server(Arc<State>);
 
-pub fn run(socket: &Path, a: McpArgs) -> Result<i32> {
+pub(super) fn run(socket: &Path, a: McpArgs) -> Result<i32> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -37,7 +37,7 @@ fn tool(v: Value) -> Tool {
 }
 
 /// A daemon tool as an MCP tool.
-pub fn daemon_tool(t: &ToolInfo) -> Tool {
+pub(super) fn daemon_tool(t: &ToolInfo) -> Tool {
     let mut schema = t.input_schema.clone();
     if let Some(props) = schema.get_mut("properties").and_then(Value::as_object_mut) {
         props.insert(
@@ -60,7 +60,7 @@ pub fn daemon_tool(t: &ToolInfo) -> Tool {
     }))
 }
 
-pub fn job_tools() -> Vec<Tool> {
+pub(super) fn job_tools() -> Vec<Tool> {
     let id = json!({"type": "string", "description": "The job's task id"});
     let read_only = json!({"readOnlyHint": true, "destructiveHint": false, "idempotentHint": true, "openWorldHint": false});
     vec![
@@ -99,7 +99,7 @@ pub fn job_tools() -> Vec<Tool> {
     ]
 }
 
-pub fn describe_task(t: &Task) -> String {
+pub(super) fn describe_task(t: &Task) -> String {
     let mut s = format!("job {} is {}", t.task_id, t.state.as_str());
     if let Some(c) = t.exit_code {
         s.push_str(&format!(" (exit code {c})"));
@@ -110,7 +110,7 @@ pub fn describe_task(t: &Task) -> String {
 
 /// A result: this call's own text first, then each background completion as its own,
 /// labelled content block (never mixed into the text of this call).
-pub fn result(
+pub(super) fn result(
     text: String,
     mut structured: Value,
     is_error: bool,

@@ -12,14 +12,14 @@ use std::path::{Path, PathBuf};
 use crate::sandbox::profile::Limits;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Controller {
+pub(crate) enum Controller {
     Memory,
     Pids,
     Cpu,
 }
 
 impl Controller {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Controller::Memory => "memory",
             Controller::Pids => "pids",
@@ -27,25 +27,25 @@ impl Controller {
         }
     }
 
-    pub const ALL: [Controller; 3] = [Controller::Memory, Controller::Pids, Controller::Cpu];
+    pub(crate) const ALL: [Controller; 3] = [Controller::Memory, Controller::Pids, Controller::Cpu];
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Version {
+pub(crate) enum Version {
     V1,
     V2,
 }
 
 /// Where each controller we can use lives: the `sidejob` directory under our own cgroup.
 #[derive(Debug, Clone)]
-pub struct Hierarchy {
+pub(crate) struct Hierarchy {
     pub version: Version,
     /// `(controller, <mount>/<our cgroup>/sidejob)`; for v2 all share one directory.
     pub bases: Vec<(Controller, PathBuf)>,
 }
 
 /// The controllers a set of limits needs.
-pub fn needed(limits: &Limits) -> Vec<Controller> {
+pub(crate) fn needed(limits: &Limits) -> Vec<Controller> {
     let mut v = Vec::new();
     if limits.memory.is_some() {
         v.push(Controller::Memory);
@@ -128,7 +128,7 @@ fn words(path: &Path) -> Vec<String> {
 
 /// Finds where `want` can be limited: v2 if every one of them is delegated to our cgroup
 /// (listed in its `cgroup.subtree_control`), else v1 if each has a v1 hierarchy.
-pub fn detect(want: &[Controller]) -> Result<Hierarchy, String> {
+pub(crate) fn detect(want: &[Controller]) -> Result<Hierarchy, String> {
     let cgroup_file = std::fs::read_to_string("/proc/self/cgroup")
         .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
     let mounts = mounts();
@@ -184,14 +184,14 @@ pub fn detect(want: &[Controller]) -> Result<Hierarchy, String> {
 
 /// The cgroup of one run.
 #[derive(Debug)]
-pub struct RunCgroup {
+pub(crate) struct RunCgroup {
     pub version: Version,
     pub dirs: Vec<(Controller, PathBuf)>,
 }
 
 #[derive(Debug, thiserror::Error)]
 #[error("cgroup {step} {path}: {source}")]
-pub struct CgroupError {
+pub(crate) struct CgroupError {
     pub step: &'static str,
     pub path: PathBuf,
     pub source: io::Error,
@@ -224,7 +224,11 @@ fn sweep(base: &Path) {
 
 /// Creates the run's cgroup(s) and writes the limits. The processes join later (the run's
 /// init writes itself into `cgroup.procs` before it starts anything).
-pub fn create(h: &Hierarchy, task_id: &str, limits: &Limits) -> Result<RunCgroup, CgroupError> {
+pub(crate) fn create(
+    h: &Hierarchy,
+    task_id: &str,
+    limits: &Limits,
+) -> Result<RunCgroup, CgroupError> {
     let name = format!("{task_id}-{}", crate::sys::getpid());
     let mut run = RunCgroup {
         version: h.version,
@@ -331,7 +335,7 @@ impl RunCgroup {
     }
 
     /// The `cgroup.procs` files the run's init writes itself into.
-    pub fn procs_files(&self) -> Vec<PathBuf> {
+    pub(crate) fn procs_files(&self) -> Vec<PathBuf> {
         let mut v: Vec<PathBuf> = self
             .dirs
             .iter()
@@ -354,7 +358,7 @@ impl RunCgroup {
     }
 
     /// Which limits the run ran into, from the kernel's own counters.
-    pub fn violations(&self) -> Vec<&'static str> {
+    pub(crate) fn violations(&self) -> Vec<&'static str> {
         let v2 = self.version == Version::V2;
         let mut out = Vec::new();
         let oom = if v2 {
@@ -376,7 +380,7 @@ impl RunCgroup {
     }
 
     /// Removes the run's directories (every process of the run is gone by now).
-    pub fn remove(&self) {
+    pub(crate) fn remove(&self) {
         for (_, d) in &self.dirs {
             for _ in 0..20 {
                 match std::fs::remove_dir(d) {

@@ -66,7 +66,7 @@ const PROTECTED_DIRS: &[&str] = &["hooks", "info"];
 
 /// The part of a run's view that protects git, worked out before the run starts.
 #[derive(Debug, Default)]
-pub struct Guard {
+pub(crate) struct Guard {
     /// Mounted read-only over themselves (host paths, the same in the view).
     pub read_only: Vec<PathBuf>,
     /// Made mount points so they cannot be renamed or replaced as a whole (the git directory).
@@ -92,7 +92,7 @@ struct Held {
 
 /// Works out (and makes the stand-ins for) the protection of the writable `workspace`, with
 /// `caller`'s credentials: nothing is made that the caller could not make.
-pub fn prepare(workspace: &Path, caller: Option<&Creds>) -> io::Result<Guard> {
+pub(crate) fn prepare(workspace: &Path, caller: Option<&Creds>) -> io::Result<Guard> {
     let since = std::time::SystemTime::now()
         .checked_sub(std::time::Duration::from_millis(20))
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
@@ -217,7 +217,7 @@ impl Guard {
     /// or that `.git`'s `config` or `hooks`, changed during the run, so that host git at the
     /// top does not enter it and run its configuration. Returns the paths set aside (relative
     /// to the workspace). With `caller`'s credentials.
-    pub fn quarantine_staged_repositories(&self, caller: Option<&Creds>) -> Vec<String> {
+    pub(crate) fn quarantine_staged_repositories(&self, caller: Option<&Creds>) -> Vec<String> {
         let Some(gitdir) = &self.gitdir else {
             return Vec::new();
         };
@@ -272,7 +272,7 @@ impl Guard {
 
     /// After the run: drops this run's hold on its stand-ins, removing each one no other run
     /// holds any more (and that still is the stand-in). With `caller`'s credentials.
-    pub fn release(mut self, caller: Option<&Creds>) {
+    pub(crate) fn release(mut self, caller: Option<&Creds>) {
         let held = std::mem::take(&mut self.held);
         let _ = dirfd::with_creds_here(caller, || {
             for h in held {

@@ -32,10 +32,10 @@ use crate::sys::sandbox as sys;
 
 /// The ABI that has everything we use: filesystem (with refer, truncate and device ioctl),
 /// TCP, and scoping of abstract sockets and signals. Rights of later ABIs are not asked for.
-pub const FULL_ABI: ABI = ABI::V6;
+pub(crate) const FULL_ABI: ABI = ABI::V6;
 
-pub const READ: BitFlags<AccessFs> = make_bitflags!(AccessFs::{ReadFile | ReadDir});
-pub const WRITE: BitFlags<AccessFs> = make_bitflags!(AccessFs::{
+pub(crate) const READ: BitFlags<AccessFs> = make_bitflags!(AccessFs::{ReadFile | ReadDir});
+pub(crate) const WRITE: BitFlags<AccessFs> = make_bitflags!(AccessFs::{
     ReadFile
         | ReadDir
         | WriteFile
@@ -50,7 +50,7 @@ pub const WRITE: BitFlags<AccessFs> = make_bitflags!(AccessFs::{
         | Truncate
 });
 /// For the device nodes of the minimal `/dev`.
-pub const DEVICE: BitFlags<AccessFs> =
+pub(crate) const DEVICE: BitFlags<AccessFs> =
     make_bitflags!(AccessFs::{ReadFile | WriteFile | Truncate | IoctlDev});
 /// The rights that apply to a file; the others apply to directories only, and the kernel
 /// refuses them in a rule on a file.
@@ -58,7 +58,10 @@ const FILE_RIGHTS: BitFlags<AccessFs> =
     make_bitflags!(AccessFs::{Execute | WriteFile | ReadFile | Truncate | IoctlDev});
 
 /// What a ruleset on this ABI enforces, by layer name, and what it cannot.
-pub fn coverage(abi: u32, network: Network) -> (Vec<&'static str>, Vec<(&'static str, String)>) {
+pub(crate) fn coverage(
+    abi: u32,
+    network: Network,
+) -> (Vec<&'static str>, Vec<(&'static str, String)>) {
     let mut active = Vec::new();
     let mut missing = Vec::new();
     if abi == 0 {
@@ -102,7 +105,7 @@ pub fn coverage(abi: u32, network: Network) -> (Vec<&'static str>, Vec<(&'static
 
 /// How the profile's `best_effort` maps onto landlock's compatibility levels (see the module
 /// documentation).
-pub fn compat_level(sb: &SandboxPlan) -> CompatLevel {
+pub(crate) fn compat_level(sb: &SandboxPlan) -> CompatLevel {
     if sb.best_effort {
         CompatLevel::BestEffort
     } else {
@@ -112,7 +115,7 @@ pub fn compat_level(sb: &SandboxPlan) -> CompatLevel {
 
 /// One rule: a path in the view and the rights granted beneath it.
 #[derive(Debug, Clone)]
-pub struct PathRule {
+pub(crate) struct PathRule {
     pub path: PathBuf,
     pub access: BitFlags<AccessFs>,
 }
@@ -120,7 +123,7 @@ pub struct PathRule {
 /// A run's ruleset as the supervisor decides it before forking; built and enforced in the
 /// command's process ([`ruleset`], [`restrict`]).
 #[derive(Debug, Clone)]
-pub struct Plan {
+pub(crate) struct Plan {
     rules: Vec<PathRule>,
     network: Network,
     level: CompatLevel,
@@ -131,7 +134,7 @@ pub struct Plan {
 
 impl Plan {
     /// The ruleset for `sb` (whose mounts are the view) on a kernel with landlock ABI `abi`.
-    pub fn new(abi: u32, sb: &SandboxPlan) -> Plan {
+    pub(crate) fn new(abi: u32, sb: &SandboxPlan) -> Plan {
         let mounts: Vec<(PathBuf, bool, bool)> = sb
             .mounts
             .iter()
@@ -148,7 +151,7 @@ impl Plan {
 
 /// Why the ruleset could not be built or enforced; the message names the step and the path.
 #[derive(Debug, thiserror::Error)]
-pub enum LandlockError {
+pub(crate) enum LandlockError {
     #[error("landlock ruleset: {0}")]
     Ruleset(#[source] RulesetError),
     #[error("landlock rule {}: {source}", path.display())]
@@ -170,7 +173,7 @@ pub enum LandlockError {
 
 /// Builds the ruleset (opening each rule's path in the current view). A path that is gone is
 /// skipped: it was optional and is not in the view.
-pub fn ruleset(plan: &Plan) -> Result<RulesetCreated, LandlockError> {
+pub(crate) fn ruleset(plan: &Plan) -> Result<RulesetCreated, LandlockError> {
     let mut ruleset = Ruleset::default()
         .set_compatibility(plan.level)
         .handle_access(AccessFs::from_all(FULL_ABI))
@@ -214,7 +217,7 @@ pub fn ruleset(plan: &Plan) -> Result<RulesetCreated, LandlockError> {
 /// Enforces the ruleset on this process and what it executes, then checks that the kernel
 /// enforced what the run's layers claim: all of it when no landlock layer is reported
 /// missing, at least part of it otherwise. Needs `no_new_privs` (the crate sets it again).
-pub fn restrict(ruleset: RulesetCreated, plan: &Plan) -> Result<(), LandlockError> {
+pub(crate) fn restrict(ruleset: RulesetCreated, plan: &Plan) -> Result<(), LandlockError> {
     let status = ruleset.restrict_self().map_err(LandlockError::Restrict)?;
     let kept = match status.ruleset {
         RulesetStatus::FullyEnforced => true,

@@ -3,12 +3,12 @@
 //! may allocate or fail early) and the run's init calls [`launch`], the one linear function
 //! that builds the sandbox and starts the command in it.
 
-pub mod cgroup;
-pub mod git;
-pub mod landlock;
-pub mod netns;
-pub mod seccomp;
-pub mod view;
+pub(crate) mod cgroup;
+pub(crate) mod git;
+pub(crate) mod landlock;
+pub(crate) mod netns;
+pub(crate) mod seccomp;
+pub(crate) mod view;
 
 use std::ffi::{CString, OsStr};
 use std::io;
@@ -28,7 +28,7 @@ use crate::sys::{self, sandbox as ssys, SigSet};
 /// A step of [`launch`] that failed: which step, on which path, and the OS error.
 #[derive(Debug, thiserror::Error)]
 #[error("{step}{}: {source}", path.as_ref().map(|p| format!(" {}", p.display())).unwrap_or_default())]
-pub struct LaunchError {
+pub(crate) struct LaunchError {
     pub step: &'static str,
     pub path: Option<PathBuf>,
     pub source: io::Error,
@@ -43,7 +43,7 @@ fn step(step: &'static str) -> impl FnOnce(io::Error) -> LaunchError {
 }
 
 /// The command, ready to exec (strings converted before any fork).
-pub struct Command {
+pub(crate) struct Command {
     pub program: CString,
     pub argv: Vec<CString>,
     pub envp: Vec<CString>,
@@ -56,7 +56,7 @@ pub struct Command {
 
 /// One layer as `sidejob doctor` shows it.
 #[derive(Debug, Clone, Serialize)]
-pub struct LayerStatus {
+pub(crate) struct LayerStatus {
     pub layer: &'static str,
     pub active: bool,
     pub detail: String,
@@ -64,7 +64,7 @@ pub struct LayerStatus {
 
 /// What the kernel and our privileges allow, probed without forking (the daemon calls this).
 #[derive(Debug, Clone)]
-pub struct Availability {
+pub(crate) struct Availability {
     pub kernel: String,
     pub root: bool,
     /// Needed for every namespace when not root.
@@ -84,7 +84,7 @@ fn read_trim(path: &str) -> Option<String> {
 }
 
 impl Availability {
-    pub fn probe() -> Availability {
+    pub(crate) fn probe() -> Availability {
         let root = sys::getuid() == 0;
         let user_namespaces = if root {
             Ok(())
@@ -117,7 +117,7 @@ impl Availability {
     }
 
     /// Where memory, pids and cpu can be limited, or why not.
-    pub fn cgroup(&self) -> &Result<cgroup::Hierarchy, String> {
+    pub(crate) fn cgroup(&self) -> &Result<cgroup::Hierarchy, String> {
         self.cgroup.get_or_init(|| {
             cgroup::detect(&cgroup::Controller::ALL).and_then(|h| {
                 if self.root {
@@ -140,13 +140,13 @@ impl Availability {
     }
 
     /// Probed once per process.
-    pub fn cached() -> &'static Availability {
+    pub(crate) fn cached() -> &'static Availability {
         static CELL: OnceLock<Availability> = OnceLock::new();
         CELL.get_or_init(Availability::probe)
     }
 
     /// Every layer with whether this host can apply it, and why not.
-    pub fn report(&self) -> Vec<LayerStatus> {
+    pub(crate) fn report(&self) -> Vec<LayerStatus> {
         let mut v = Vec::new();
         let mut push = |layer, active, detail: String| {
             v.push(LayerStatus {
@@ -261,7 +261,7 @@ impl Availability {
     }
 
     /// The layers `plan` needs that this host cannot give it, with the reason.
-    pub fn missing(&self, plan: &SandboxPlan) -> Vec<(&'static str, String)> {
+    pub(crate) fn missing(&self, plan: &SandboxPlan) -> Vec<(&'static str, String)> {
         let mut out = Vec::new();
         if let Err(e) = &self.user_namespaces {
             out.push(("mount_namespace", e.clone()));
@@ -301,7 +301,7 @@ fn cgroup_layer(c: cgroup::Controller) -> &'static str {
 }
 
 /// Formats missing layers for an error message.
-pub fn describe_missing(missing: &[(&'static str, String)]) -> String {
+pub(crate) fn describe_missing(missing: &[(&'static str, String)]) -> String {
     missing
         .iter()
         .map(|(l, why)| format!("{l} ({why})"))
@@ -312,7 +312,7 @@ pub fn describe_missing(missing: &[(&'static str, String)]) -> String {
 // ---- the supervisor's half ------------------------------------------------------------------
 
 #[derive(Debug, thiserror::Error)]
-pub enum PrepareError {
+pub(crate) enum PrepareError {
     #[error("sandbox unavailable: {}", describe_missing(.0))]
     Unavailable(Vec<(&'static str, String)>),
     #[error("protect git in {path}: {source}")]
@@ -324,7 +324,7 @@ pub enum PrepareError {
 }
 
 /// Everything [`launch`] needs, computed by the supervisor before it forks.
-pub struct Prepared {
+pub(crate) struct Prepared {
     /// The layers the run will have, for `result.json`.
     pub layers: Vec<String>,
     /// Whose credentials the caller's paths are opened with.
@@ -352,7 +352,7 @@ pub struct Prepared {
 impl Prepared {
     /// After the run: sets aside the repositories it staged in the workspace's index (see
     /// [`git::Guard::quarantine_staged_repositories`]); returns their paths.
-    pub fn quarantine_git(&self) -> Vec<String> {
+    pub(crate) fn quarantine_git(&self) -> Vec<String> {
         self.git
             .as_ref()
             .map(|g| g.quarantine_staged_repositories(self.caller.as_ref()))
@@ -360,7 +360,7 @@ impl Prepared {
     }
 
     /// After the run: lets go of its git stand-ins (the last run out removes them).
-    pub fn release_git(&mut self) {
+    pub(crate) fn release_git(&mut self) {
         if let Some(g) = self.git.take() {
             g.release(self.caller.as_ref());
         }
@@ -368,7 +368,7 @@ impl Prepared {
 }
 
 /// Checks the plan against this host, creates the cgroup and compiles the filters.
-pub fn prepare(plan: &LaunchPlan) -> Result<Prepared, PrepareError> {
+pub(crate) fn prepare(plan: &LaunchPlan) -> Result<Prepared, PrepareError> {
     let mut sb = plan.sandbox.clone();
     // The run's bridge socket is the one socket of the host the run may reach (docs/plugins.md).
     if let Some(bridge) = &plan.bridge_socket {
@@ -600,7 +600,7 @@ fn egress_mounts(
 /// PID namespace the supervisor created), which stays outside the confinement so it can
 /// reap and stop everything; returns the command's pid. The order of the steps matters and
 /// each says why it comes where it does.
-pub fn launch(
+pub(crate) fn launch(
     p: &Prepared,
     cmd: &Command,
     output: &OwnedFd,

@@ -23,7 +23,7 @@ use nix::sys::socket::{self as ns, MsgFlags, SockFlag, SockType, UnixAddr};
 use crate::egress::{kind, DNS_PORT, PROXY_PORT};
 
 /// The relay's listening sockets, bound inside the run's network namespace.
-pub struct Listeners {
+pub(crate) struct Listeners {
     proxy: TcpListener,
     dns_tcp: TcpListener,
     dns_udp: UdpSocket,
@@ -31,7 +31,7 @@ pub struct Listeners {
 
 /// Binds the proxy and DNS ports on the run's loopback (which must be up). Runs in init,
 /// which still has the privilege port 53 needs.
-pub fn bind() -> io::Result<Listeners> {
+pub(crate) fn bind() -> io::Result<Listeners> {
     let lo = |port| SocketAddr::from(([127, 0, 0, 1], port));
     Ok(Listeners {
         proxy: TcpListener::bind(lo(PROXY_PORT))?,
@@ -41,7 +41,7 @@ pub fn bind() -> io::Result<Listeners> {
 }
 
 /// A channel from init to the supervisor for the listening sockets (made before the fork).
-pub fn channel() -> io::Result<(OwnedFd, OwnedFd)> {
+pub(crate) fn channel() -> io::Result<(OwnedFd, OwnedFd)> {
     ns::socketpair(
         ns::AddressFamily::Unix,
         SockType::Stream,
@@ -52,7 +52,7 @@ pub fn channel() -> io::Result<(OwnedFd, OwnedFd)> {
 }
 
 /// Init's side: sends the listening sockets to the supervisor (they close here).
-pub fn send(l: Listeners, chan: &OwnedFd) -> io::Result<()> {
+pub(crate) fn send(l: Listeners, chan: &OwnedFd) -> io::Result<()> {
     let fds = [
         l.proxy.as_raw_fd(),
         l.dns_tcp.as_raw_fd(),
@@ -71,7 +71,7 @@ pub fn send(l: Listeners, chan: &OwnedFd) -> io::Result<()> {
 }
 
 /// The supervisor's side: the listening sockets, served from its poll loop.
-pub struct Relay {
+pub(crate) struct Relay {
     proxy: TcpListener,
     dns_tcp: TcpListener,
     dns_udp: UdpSocket,
@@ -82,7 +82,7 @@ pub struct Relay {
 
 impl Relay {
     /// Receives the listening sockets init sent over `chan` (readable by now).
-    pub fn receive(chan: &OwnedFd, socket: &Path) -> io::Result<Relay> {
+    pub(crate) fn receive(chan: &OwnedFd, socket: &Path) -> io::Result<Relay> {
         let mut byte = [0u8; 1];
         let (n, fds) = crate::sys::fdpass::recv_with_fds(chan.as_fd(), &mut byte)?;
         let [proxy, dns_tcp, dns_udp]: [OwnedFd; 3] = fds
@@ -105,7 +105,7 @@ impl Relay {
     }
 
     /// The descriptors to poll for readability, in the order [`Relay::ready`] takes them.
-    pub fn fds(&self) -> [BorrowedFd<'_>; 3] {
+    pub(crate) fn fds(&self) -> [BorrowedFd<'_>; 3] {
         [
             self.proxy.as_fd(),
             self.dns_tcp.as_fd(),
@@ -116,7 +116,7 @@ impl Relay {
     /// Hands over what is waiting on the ready sockets. Never blocks: a connection or query
     /// that cannot be handed over at once (no daemon, a full backlog) is closed or dropped —
     /// the run's network fails closed, never open.
-    pub fn ready(&mut self, ready: [bool; 3]) {
+    pub(crate) fn ready(&mut self, ready: [bool; 3]) {
         // Bounded per wake-up, like the output, so a flood cannot starve the rest of the loop.
         const BATCH: usize = 64;
         if ready[0] {

@@ -12,7 +12,7 @@ use crate::sandbox::profile::Network;
 
 /// What the filter does with a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Action {
+pub(crate) enum Action {
     /// Fails with `EPERM`.
     Deny,
     /// Fails with `ENOSYS`, as if the kernel did not have it: callers fall back to an older
@@ -31,11 +31,15 @@ pub enum Action {
     DenySetidCreate { flags: u32, mode: u32 },
 }
 
-/// One rule: the call, what happens to it, and why.
-pub struct Rule {
+/// One rule: the call, what happens to it, and why. `name` and `why` are the table's
+/// documentation, which the tests check (each call once, each explained); the filter is
+/// built from `nr` and `action`.
+pub(crate) struct Rule {
+    #[cfg_attr(not(test), allow(dead_code))]
     pub name: &'static str,
     pub nr: libc::c_long,
     pub action: Action,
+    #[cfg_attr(not(test), allow(dead_code))]
     pub why: &'static str,
 }
 
@@ -50,7 +54,7 @@ const fn rule(name: &'static str, nr: libc::c_long, action: Action, why: &'stati
 
 /// Every `CLONE_NEW*` flag: creating namespaces is how most container escapes begin (new
 /// user namespaces hand out capabilities over fresh kernel attack surface).
-pub const NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWNS
+pub(crate) const NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWNS
     | libc::CLONE_NEWCGROUP
     | libc::CLONE_NEWUTS
     | libc::CLONE_NEWIPC
@@ -61,7 +65,7 @@ pub const NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWNS
 
 /// The mode bits no run may give a file: a set-uid or set-gid file left in the workspace would
 /// grant whoever runs it on the host the owner's (for a root caller's run: root's) authority.
-pub const SETID_BITS: u32 = libc::S_ISUID | libc::S_ISGID;
+pub(crate) const SETID_BITS: u32 = libc::S_ISUID | libc::S_ISGID;
 
 /// The flags with which `open`/`openat` create a file (`O_TMPFILE` without its `O_DIRECTORY`).
 const CREATE_FLAGS: u32 = (libc::O_CREAT | (libc::O_TMPFILE & !libc::O_DIRECTORY)) as u32;
@@ -70,7 +74,7 @@ const TIOCSTI: u32 = 0x5412;
 const TIOCLINUX: u32 = 0x541C;
 
 /// The policy. The order does not matter: every rule matches a distinct call number.
-pub const RULES: &[Rule] = &[
+pub(crate) const RULES: &[Rule] = &[
     rule(
         "ptrace",
         libc::SYS_ptrace,
@@ -327,7 +331,7 @@ pub const RULES: &[Rule] = &[
 /// `chmod` family and the mode given when a file or directory is made. Capabilities are gone,
 /// so file capabilities (`security.capability`) cannot be set either, and writing to an
 /// existing set-id file clears its bits.
-pub const SETID_RULES: &[Rule] = &[
+pub(crate) const SETID_RULES: &[Rule] = &[
     rule(
         "fchmod",
         libc::SYS_fchmod,
@@ -408,7 +412,7 @@ pub const SETID_RULES: &[Rule] = &[
 ];
 
 /// The `socket` rule, added when the profile's network is off.
-pub const SOCKET_RULE: Rule = rule(
+pub(crate) const SOCKET_RULE: Rule = rule(
     "socket",
     libc::SYS_socket,
     Action::UnixOnly,
@@ -462,7 +466,7 @@ fn errno(e: i32) -> u32 {
 }
 
 /// Compiles the policy for a run with this network setting.
-pub fn build(network: Network) -> Vec<sock_filter> {
+pub(crate) fn build(network: Network) -> Vec<sock_filter> {
     let mut rules: Vec<&Rule> = RULES.iter().chain(SETID_RULES).collect();
     match network {
         Network::None => rules.push(&SOCKET_RULE),

@@ -15,7 +15,7 @@ use crate::sys::sandbox::{
 };
 
 /// The device nodes of the minimal `/dev`, bound from the host's.
-pub const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
+pub(crate) const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 
 const NOSUID: libc::c_ulong = libc::MS_NOSUID;
 const NODEV: libc::c_ulong = libc::MS_NODEV;
@@ -30,7 +30,7 @@ fn err<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Laun
 }
 
 /// A profile path, opened before anything is mounted over the host's tree.
-pub enum Source {
+pub(crate) enum Source {
     Bind {
         fd: OwnedFd,
         dir: bool,
@@ -53,7 +53,7 @@ pub enum Source {
 /// named (`as_caller`: the workspace above all) is opened with `caller`'s filesystem
 /// credentials and with no symlink on the way, so the view never holds what the caller could
 /// not open themselves — a parent directory they may not search included.
-pub fn open_sources(
+pub(crate) fn open_sources(
     mounts: &[MountSpec],
     caller: Option<&Creds>,
 ) -> Result<Vec<Source>, LaunchError> {
@@ -132,7 +132,7 @@ pub fn open_sources(
 }
 
 /// `staging` + an absolute `target`.
-pub fn in_view(staging: &Path, target: &Path) -> PathBuf {
+pub(crate) fn in_view(staging: &Path, target: &Path) -> PathBuf {
     staging.join(target.strip_prefix("/").unwrap_or(target))
 }
 
@@ -169,7 +169,7 @@ fn bind(src: &Path, dst: &Path, set: u64) -> Result<(), LaunchError> {
 }
 
 /// The new root: an empty tmpfs (made read-only with the read-only binds, below).
-pub fn mount_root(staging: &Path) -> Result<(), LaunchError> {
+pub(crate) fn mount_root(staging: &Path) -> Result<(), LaunchError> {
     tmpfs(staging, NOSUID | NODEV, c"mode=0755,size=1m,nr_inodes=4096")
 }
 
@@ -185,7 +185,7 @@ fn mount_point(dst: &Path, dir: bool) -> Result<(), LaunchError> {
 /// first and made read-only (with the root tmpfs itself) by one recursive `mount_setattr`;
 /// the writable ones (private tmpfs, workspace), `/proc` and `/dev` are mounted after it,
 /// so their mount points are made now, while the root is still writable.
-pub fn mount_sources(
+pub(crate) fn mount_sources(
     staging: &Path,
     sources: &[Source],
     tmp_options: &CStr,
@@ -292,7 +292,7 @@ pub fn mount_sources(
 /// A fresh `/proc` for the run's PID namespace (it shows only the run's processes), with
 /// `/proc/sys` and `/proc/sysrq-trigger` read-only. Before `/proc/sys` is locked,
 /// `vm.memfd_noexec = 2` makes this PID namespace refuse executable memfds (fileless exec).
-pub fn mount_proc(staging: &Path, root_run: bool) -> Result<bool, LaunchError> {
+pub(crate) fn mount_proc(staging: &Path, root_run: bool) -> Result<bool, LaunchError> {
     let proc_dir = staging.join("proc");
     std::fs::create_dir_all(&proc_dir).map_err(err("mkdir", &proc_dir))?;
     sys::mount(
@@ -333,14 +333,14 @@ pub fn mount_proc(staging: &Path, root_run: bool) -> Result<bool, LaunchError> {
 /// `/proc` entries that stay readable but never writable (what container runtimes lock). The
 /// first two always; the rest only for a run whose uid is 0, the one uid their owner-write
 /// permission lets through (runs hold no capability).
-pub const PROC_READ_ONLY: &[&str] = &["sys", "sysrq-trigger", "bus", "fs", "irq"];
+pub(crate) const PROC_READ_ONLY: &[&str] = &["sys", "sysrq-trigger", "bus", "fs", "irq"];
 
 /// `/proc` entries the run does not see at all (what container runtimes mask): the keyrings'
 /// descriptions, timers and scheduler internals that leak other processes' activity, and
 /// hardware information. A file reads as empty (`/dev/null` over it), a directory as empty
 /// (a read-only tmpfs over it). Entries only a capability opens (`kcore`, `kpageflags`, …)
 /// need no mask: runs hold none.
-pub const PROC_MASKED: &[&str] = &[
+pub(crate) const PROC_MASKED: &[&str] = &[
     "keys",
     "key-users",
     "timer_list",
@@ -385,10 +385,10 @@ fn mask(dir: &Path, names: &[&str]) -> Result<(), LaunchError> {
 }
 
 /// `/sys` entries masked the same way, when a profile puts `/sys` in the view.
-pub const SYS_MASKED: &[&str] = &["firmware", "devices/virtual/powercap", "kernel/security"];
+pub(crate) const SYS_MASKED: &[&str] = &["firmware", "devices/virtual/powercap", "kernel/security"];
 
 /// Masks [`SYS_MASKED`] if the view holds `/sys` (no shipped profile does).
-pub fn mask_sys(staging: &Path) -> Result<(), LaunchError> {
+pub(crate) fn mask_sys(staging: &Path) -> Result<(), LaunchError> {
     let sys_dir = staging.join("sys");
     if sys_dir.join("kernel").exists() {
         mask(&sys_dir, SYS_MASKED)?;
@@ -398,7 +398,7 @@ pub fn mask_sys(staging: &Path) -> Result<(), LaunchError> {
 
 /// A minimal `/dev`: the harmless character devices, a private devpts instance and a
 /// private shm.
-pub fn mount_dev(staging: &Path) -> Result<(), LaunchError> {
+pub(crate) fn mount_dev(staging: &Path) -> Result<(), LaunchError> {
     let dev = staging.join("dev");
     tmpfs(&dev, NOSUID | NOEXEC, c"mode=0755,size=64k,nr_inodes=64")?;
     for d in DEVICES {
@@ -478,7 +478,7 @@ fn check_tree(dir: &Path, depth: u32) -> Result<(), LaunchError> {
 /// mounted over: a symlink or hard link swapped in before launch is refused, and a rename
 /// or link during the run fails (a mount point cannot be renamed, and links do not cross
 /// mounts).
-pub fn protect(
+pub(crate) fn protect(
     staging: &Path,
     pinned: &[PathBuf],
     protected: &[PathBuf],
@@ -559,7 +559,7 @@ pub fn protect(
 
 /// A private tmpfs on the empty `.git` stand-in at the workspace root (see `git`): a
 /// repository the run makes there lives and dies with the run, and never reaches the host.
-pub fn shadow_git(staging: &Path, shadow: &Path, options: &CStr) -> Result<(), LaunchError> {
+pub(crate) fn shadow_git(staging: &Path, shadow: &Path, options: &CStr) -> Result<(), LaunchError> {
     let path = in_view(staging, shadow);
     sys::mount(
         Some(Path::new("tmpfs")),
@@ -573,7 +573,7 @@ pub fn shadow_git(staging: &Path, shadow: &Path, options: &CStr) -> Result<(), L
 
 /// Makes the staged tmpfs (already read-only) the root and detaches the host's tree from
 /// this namespace.
-pub fn pivot(staging: &Path) -> Result<(), LaunchError> {
+pub(crate) fn pivot(staging: &Path) -> Result<(), LaunchError> {
     std::env::set_current_dir(staging).map_err(err("chdir", staging))?;
     // pivot_root(".", ".") stacks the old root on top of the new one; detaching "." then
     // removes the old root and leaves the new one.

@@ -14,6 +14,8 @@ pub(super) fn initialize(peer: &Peer, p: InitializeParams) -> Result<Reply, RpcE
             format!("unsupported protocol_version {v}; this server speaks {PROTOCOL_VERSION}"),
         ));
     }
+    // What the client says it is goes to the log only: it decides nothing.
+    tracing::debug!(uid = peer.uid, client = ?p.client, "initialize");
     to_value(InitializeResult {
         protocol_version: PROTOCOL_VERSION,
         server: ServerInfo {
