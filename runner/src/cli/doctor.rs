@@ -167,27 +167,19 @@ fn trial_run() -> serde_json::Value {
                 caches: None,
             },
         )?;
-        let plan = LaunchPlan {
-            task_id: crate::ids::ulid(),
-            session_id: "doctor".into(),
-            tool: "doctor".into(),
-            profile: profile.name.clone(),
-            argv: vec!["/bin/true".into()],
-            env: r.env,
-            cwd: ws.clone(),
-            output_dir: run_dir.clone(),
-            output_owner: None,
-            caller: None,
-            run_dir: run_dir.clone(),
-            uid: None,
-            gid: None,
-            timeout_ms: Some(10_000),
-            kill_grace_ms: 1_000,
-            max_output_bytes: 1 << 20,
-            tee_stdout: false,
-            bridge_socket: None,
-            sandbox: r.sandbox,
-        };
+        let plan = LaunchPlan::builder(
+            "doctor",
+            &profile.name,
+            vec!["/bin/true".into()],
+            r.env,
+            ws.clone(),
+            run_dir.clone(),
+            r.sandbox,
+        )
+        .timeout_ms(Some(10_000))
+        .kill_grace_ms(Some(1_000))
+        .max_output_bytes(Some(1 << 20))
+        .build();
         let t = Instant::now();
         let res = crate::sys::dirfd::open_dir(&run_dir)
             .map_err(|e| crate::supervisor::SuperviseError::Output {

@@ -316,27 +316,22 @@ pub(super) fn exec(a: ExecArgs) -> i32 {
         .timeout
         .map(|d| d.as_millis() as u64)
         .or(resolved.timeout_ms);
-    let plan = LaunchPlan {
-        task_id,
-        session_id: "exec".into(),
-        tool: "exec".into(),
-        profile: profile.name.clone(),
-        argv: a.command.clone(),
+    let plan = LaunchPlan::builder(
+        "exec",
+        &profile.name,
+        a.command.clone(),
         env,
         cwd,
-        run_dir: run_dir.clone(),
-        output_dir: run_dir.clone(),
-        output_owner: None,
-        caller: None,
-        uid,
-        gid,
-        timeout_ms,
-        kill_grace_ms: resolved.kill_grace_ms.unwrap_or(5_000),
-        max_output_bytes: profile.limits.output.unwrap_or(64 << 20),
-        tee_stdout: true,
-        bridge_socket: None,
+        run_dir.clone(),
         sandbox,
-    };
+    )
+    .task(&task_id, "exec")
+    .run_as(uid, gid)
+    .timeout_ms(timeout_ms)
+    .kill_grace_ms(resolved.kill_grace_ms)
+    .max_output_bytes(profile.limits.output)
+    .tee_stdout()
+    .build();
     let copier = match command_stdin(a.stdin) {
         Ok(c) => c,
         Err(e) => {

@@ -185,29 +185,28 @@ impl Executor {
         let cap = sb.timeout_ms.map_or(self.cfg.detached_cap_ms, |t| {
             t.min(self.cfg.detached_cap_ms)
         });
-        let plan = LaunchPlan {
-            task_id: task_id.to_owned(),
-            session_id: req.session.session_id.clone(),
-            tool: req.tool.clone(),
-            profile: sb.profile.clone(),
-            argv: tool_plan.argv,
+        let plan = LaunchPlan::builder(
+            &req.tool,
+            &sb.profile,
+            tool_plan.argv,
             env,
-            cwd: tool_plan.cwd,
-            run_dir: private.path().to_path_buf(),
-            output_dir: public_path.clone(),
-            output_owner: Some(owner),
-            caller: Some(req.owner.clone()),
-            uid: run_as.0,
-            gid: run_as.1,
-            timeout_ms: Some(req.timeout_ms.map_or(cap, |t| t.min(cap))),
-            kill_grace_ms: sb.kill_grace_ms.unwrap_or(self.cfg.cancel_grace_ms),
-            max_output_bytes: sb.max_output_bytes.map_or(self.cfg.max_output_bytes, |m| {
+            tool_plan.cwd,
+            private.path().to_path_buf(),
+            plan_files::mount(files_dir, sb.sandbox),
+        )
+        .task(task_id, &req.session.session_id)
+        .public_dir(public_path.clone(), Some(owner))
+        .caller(req.owner.clone())
+        .run_as(run_as.0, run_as.1)
+        .timeout_ms(Some(req.timeout_ms.map_or(cap, |t| t.min(cap))))
+        .kill_grace_ms(Some(sb.kill_grace_ms.unwrap_or(self.cfg.cancel_grace_ms)))
+        .max_output_bytes(Some(
+            sb.max_output_bytes.map_or(self.cfg.max_output_bytes, |m| {
                 m.min(self.cfg.max_output_bytes)
             }),
-            tee_stdout: false,
-            bridge_socket: extras.bridge_socket.clone(),
-            sandbox: plan_files::mount(files_dir, sb.sandbox),
-        };
+        ))
+        .bridge(extras.bridge_socket.clone())
+        .build();
         let plan_bytes = serde_json::to_vec_pretty(&plan)
             .map_err(|e| ExecError::InvalidParams(e.to_string()))?;
         std::fs::write(private.plan(), plan_bytes)

@@ -70,7 +70,49 @@ pub(crate) struct LaunchPlan {
     pub sandbox: SandboxPlan,
 }
 
+/// The SIGTERM → SIGKILL grace of a run whose profile and configuration name none.
+pub(crate) const DEFAULT_KILL_GRACE_MS: u64 = 5_000;
+/// The head of the output kept in `output.log` when nothing names a smaller one.
+pub(crate) const DEFAULT_MAX_OUTPUT_BYTES: u64 = 64 * 1024 * 1024;
+
 impl LaunchPlan {
+    /// The one way a plan is made (the daemon's submission, `sidejob exec`, `sidejob doctor`):
+    /// `argv` in `cwd` with exactly `env`, inside `sandbox`, its files in `run_dir`. Until the
+    /// builder says otherwise: a fresh task id, the session named after the tool, the public
+    /// files in `run_dir` too and left the supervisor's, the supervisor's credentials, no
+    /// timeout, [`DEFAULT_KILL_GRACE_MS`], [`DEFAULT_MAX_OUTPUT_BYTES`], no bridge.
+    pub(crate) fn builder(
+        tool: &str,
+        profile: &str,
+        argv: Vec<String>,
+        env: Vec<(String, String)>,
+        cwd: PathBuf,
+        run_dir: PathBuf,
+        sandbox: SandboxPlan,
+    ) -> PlanBuilder {
+        PlanBuilder(LaunchPlan {
+            task_id: crate::ids::ulid(),
+            session_id: tool.to_owned(),
+            tool: tool.to_owned(),
+            profile: profile.to_owned(),
+            argv,
+            env,
+            cwd,
+            output_dir: run_dir.clone(),
+            run_dir,
+            output_owner: None,
+            caller: None,
+            uid: None,
+            gid: None,
+            timeout_ms: None,
+            kill_grace_ms: DEFAULT_KILL_GRACE_MS,
+            max_output_bytes: DEFAULT_MAX_OUTPUT_BYTES,
+            tee_stdout: false,
+            bridge_socket: None,
+            sandbox,
+        })
+    }
+
     /// `output.log` as hosts see its path.
     pub(crate) fn output_path(&self) -> PathBuf {
         self.output_dir.join(crate::run_dir::OUTPUT)
@@ -78,6 +120,65 @@ impl LaunchPlan {
 
     pub(crate) fn private_dir(&self) -> crate::run_dir::PrivateDir {
         crate::run_dir::PrivateDir::at(self.run_dir.clone())
+    }
+}
+
+/// What differs from [`LaunchPlan::builder`]'s defaults; `None` keeps a default.
+pub(crate) struct PlanBuilder(LaunchPlan);
+
+impl PlanBuilder {
+    pub(crate) fn task(mut self, task_id: &str, session_id: &str) -> Self {
+        self.0.task_id = task_id.to_owned();
+        self.0.session_id = session_id.to_owned();
+        self
+    }
+
+    /// Where `output.log` and `result.json` go (as hosts see the path), handed to `owner`.
+    pub(crate) fn public_dir(mut self, dir: PathBuf, owner: Option<(u32, u32)>) -> Self {
+        self.0.output_dir = dir;
+        self.0.output_owner = owner;
+        self
+    }
+
+    /// The credentials the caller's paths are opened with.
+    pub(crate) fn caller(mut self, creds: crate::sys::dirfd::Creds) -> Self {
+        self.0.caller = Some(creds);
+        self
+    }
+
+    pub(crate) fn run_as(mut self, uid: Option<u32>, gid: Option<u32>) -> Self {
+        (self.0.uid, self.0.gid) = (uid, gid);
+        self
+    }
+
+    pub(crate) fn timeout_ms(mut self, ms: Option<u64>) -> Self {
+        self.0.timeout_ms = ms;
+        self
+    }
+
+    pub(crate) fn kill_grace_ms(mut self, ms: Option<u64>) -> Self {
+        self.0.kill_grace_ms = ms.unwrap_or(self.0.kill_grace_ms);
+        self
+    }
+
+    pub(crate) fn max_output_bytes(mut self, bytes: Option<u64>) -> Self {
+        self.0.max_output_bytes = bytes.unwrap_or(self.0.max_output_bytes);
+        self
+    }
+
+    /// Also copies the output to the supervisor's stdout (`sidejob exec`).
+    pub(crate) fn tee_stdout(mut self) -> Self {
+        self.0.tee_stdout = true;
+        self
+    }
+
+    pub(crate) fn bridge(mut self, socket_dir: Option<PathBuf>) -> Self {
+        self.0.bridge_socket = socket_dir;
+        self
+    }
+
+    pub(crate) fn build(self) -> LaunchPlan {
+        self.0
     }
 }
 
