@@ -342,17 +342,25 @@ fn stream(
             Ok(Err(e)) => bail!("lost the wait for task {task_id}: {e}"),
             Err(Ok(())) if !interrupted => {
                 interrupted = true;
-                // The cancel waits while the run winds down (up to the grace): ask for it on
-                // its own connection, so a second Ctrl+C is still heard meanwhile.
-                eprintln!("\nsidejob: canceling {task_id}; Ctrl+C again leaves it running");
-                let (socket, id) = (socket.to_path_buf(), task_id.to_owned());
-                std::thread::spawn(move || {
-                    let sent = Client::connect(&socket)
-                        .and_then(|mut c| c.call("task.cancel", json!({ "task_id": id })));
-                    if let Err(e) = sent {
-                        eprintln!("sidejob: cannot cancel {id}: {e}");
-                    }
+                // The cancel is sent before anything is said, so a second Ctrl+C cannot
+                // come before it; its answer waits while the run winds down (up to the
+                // grace), so it is read on a thread and a second Ctrl+C is still heard.
+                let cancel = Client::connect(socket).and_then(|mut c| {
+                    let id = c.send("task.cancel", json!({ "task_id": task_id }))?;
+                    Ok((c, id))
                 });
+                match cancel {
+                    Ok((mut c, id)) => {
+                        eprintln!("\nsidejob: canceling {task_id}; Ctrl+C again leaves it running");
+                        let task_id = task_id.to_owned();
+                        std::thread::spawn(move || {
+                            if let Err(e) = c.reply(id) {
+                                eprintln!("sidejob: cannot cancel {task_id}: {e}");
+                            }
+                        });
+                    }
+                    Err(e) => eprintln!("\nsidejob: cannot cancel {task_id}: {e}"),
+                }
             }
             Err(Ok(())) => {
                 eprintln!("\nsidejob: left {task_id} running in the background");

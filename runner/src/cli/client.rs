@@ -108,6 +108,13 @@ impl Client {
 
     /// Sends one request and waits for its reply.
     pub fn call(&mut self, method: &str, params: Value) -> Result<Value, ClientError> {
+        let id = self.send(method, params)?;
+        self.reply(id)
+    }
+
+    /// Sends one request (the daemon has it once this returns); [`Client::reply`] reads the
+    /// answer.
+    pub(crate) fn send(&mut self, method: &str, params: Value) -> Result<u64, ClientError> {
         let id = self.next_id;
         self.next_id += 1;
         let mut line = serde_json::to_vec(
@@ -116,6 +123,11 @@ impl Client {
         .map_err(|e| ClientError::Protocol(e.to_string()))?;
         line.push(b'\n');
         self.writer.write_all(&line)?;
+        Ok(id)
+    }
+
+    /// The reply to request `id` (pushes that come first are kept for [`Client::next_push`]).
+    pub(crate) fn reply(&mut self, id: u64) -> Result<Value, ClientError> {
         loop {
             let mut buf = String::new();
             if self.reader.read_line(&mut buf)? == 0 {

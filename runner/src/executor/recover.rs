@@ -37,110 +37,14 @@ pub(super) fn recover(ex: &Arc<Executor>) -> Result<Recovered, ExecError> {
     // Queued tasks start after every re-attached run holds its slot again.
     let mut to_start = Vec::new();
     for row in rows {
-        let private = PrivateDir::new(&ex.cfg.runs_dir(), &row.task_id);
-        let public = Path::new(&row.run_dir)
-            .parent()
-            .and_then(Path::parent)
-            .and_then(|session_dir| {
-                run_dir::open_public(session_dir, row.owner_uid, &row.task_id).ok()
-            });
-        let live = Live::new(&row, private, public);
-        ex.live_map().insert(row.task_id.clone(), live.clone());
-        let settle = |s| ex.settle_and_finish(&live, live.lock(), s);
-        // The run directory's result.json is its owner's to write: it settles a task only once
-        // the task's supervisor is known to be gone, never in place of a live one.
-        let from_result_or_lost = |why: String| match live.read_result() {
-            Ok(Some(result)) => (settlement_from_result(&result), true),
-            Ok(None) => (lost_settlement(FailReason::Lost, why), false),
-            Err(e) => (
-                lost_settlement(FailReason::Lost, format!("{why}; result.json: {e}")),
-                false,
-            ),
-        };
-        let recorded = row
-            .supervisor_pid
-            .zip(row.supervisor_start_time)
-            .or_else(|| read_pid_file(&live.private));
-        if let Some((pid, start)) = recorded {
-            match attach(pid, start) {
-                Some(pidfd) => {
-                    live.lock().supervisor = Some(pidfd.clone());
-                    if row.state == TaskState::Queued {
-                        let _ = ex.registry.mark_started(
-                            &row.task_id,
-                            &row.session_id,
-                            pid,
-                            start,
-                            &crate::ids::now_rfc3339(),
-                        );
-                    }
-                    info!(task_id = %row.task_id, pid, "re-attached to a running supervisor");
-                    ex.reopen_egress(&row);
-                    let ex2 = ex.clone();
-                    // A re-attached run counts against the concurrency bounds like any other.
-                    let permits = ex.try_slots(&row.session_id, row.owner_uid);
-                    tokio::spawn(async move {
-                        let watched = super::Watched {
-                            pidfd,
-                            child: None,
-                            report: None,
-                        };
-                        ex2.watch(live, watched).await;
-                        drop(permits);
-                    });
-                    out.reattached += 1;
-                }
-                None => {
-                    let (s, from_result) = from_result_or_lost(format!(
-                        "supervisor (pid {pid}) ended without writing result.json while sidejob was down"
-                    ));
-                    settle(s);
-                    if from_result {
-                        out.settled_from_result += 1;
-                    } else {
-                        out.lost += 1;
-                    }
-                }
+        match recover_one(ex, &row) {
+            Outcome::Reattached => out.reattached += 1,
+            Outcome::Settled { from_result: true } => out.settled_from_result += 1,
+            Outcome::Settled { from_result: false } => out.lost += 1,
+            Outcome::Restart(live) => {
+                to_start.push(live);
+                out.restarted += 1;
             }
-            continue;
-        }
-        if row.state == TaskState::Queued {
-            // Never started: the plan is in the private directory, where only the daemon
-            // writes.
-            match std::fs::read(live.private.plan())
-                .ok()
-                .and_then(|b| serde_json::from_slice::<LaunchPlan>(&b).ok())
-            {
-                Some(_) if live.public.is_some() => {
-                    ex.reopen_egress(&row);
-                    to_start.push(live);
-                    out.restarted += 1;
-                }
-                Some(_) => {
-                    settle(lost_settlement(
-                        FailReason::Lost,
-                        "the run directory is gone or is not the session owner's".into(),
-                    ));
-                    out.lost += 1;
-                }
-                None => {
-                    settle(lost_settlement(
-                        FailReason::Lost,
-                        "the launch plan is missing".into(),
-                    ));
-                    out.lost += 1;
-                }
-            }
-            continue;
-        }
-        warn!(task_id = %row.task_id, "running task has no supervisor on record");
-        let (s, from_result) =
-            from_result_or_lost("no supervisor was recorded for this run".into());
-        settle(s);
-        if from_result {
-            out.settled_from_result += 1;
-        } else {
-            out.lost += 1;
         }
     }
     for live in to_start {
@@ -149,6 +53,122 @@ pub(super) fn recover(ex: &Arc<Executor>) -> Result<Recovered, ExecError> {
         ex.enqueue(live, None);
     }
     Ok(out)
+}
+
+/// What became of one task a previous daemon left live.
+enum Outcome {
+    Reattached,
+    Settled {
+        from_result: bool,
+    },
+    /// Never started: to start once every re-attached run holds its slot.
+    Restart(Arc<Live>),
+}
+
+fn recover_one(ex: &Arc<Executor>, row: &crate::registry::TaskRow) -> Outcome {
+    let private = PrivateDir::new(&ex.cfg.runs_dir(), &row.task_id);
+    let public = Path::new(&row.run_dir)
+        .parent()
+        .and_then(Path::parent)
+        .and_then(|session_dir| {
+            run_dir::open_public(session_dir, row.owner_uid, &row.task_id).ok()
+        });
+    let live = Live::new(row, private, public);
+    ex.live_map().insert(row.task_id.clone(), live.clone());
+    let recorded = row
+        .supervisor_pid
+        .zip(row.supervisor_start_time)
+        .or_else(|| read_pid_file(&live.private));
+    match recorded {
+        Some((pid, start)) => match attach(pid, start) {
+            Some(pidfd) => {
+                reattach(ex, row, live, pid, start, pidfd);
+                Outcome::Reattached
+            }
+            None => settle_from_result_or_lost(
+                ex,
+                &live,
+                format!("supervisor (pid {pid}) ended without writing result.json while sidejob was down"),
+            ),
+        },
+        None if row.state == TaskState::Queued => {
+            // A registry restored from a backup can be older than its runs: a result means
+            // the run happened, and it is never run twice.
+            if let Ok(Some(result)) = live.read_result() {
+                ex.settle_and_finish(&live, live.lock(), settlement_from_result(&result));
+                return Outcome::Settled { from_result: true };
+            }
+            // Never started: the plan is in the private directory, where only the daemon
+            // writes.
+            let plan = std::fs::read(live.private.plan())
+                .ok()
+                .and_then(|b| serde_json::from_slice::<LaunchPlan>(&b).ok());
+            let why = match plan {
+                Some(_) if live.public.is_some() => {
+                    ex.reopen_egress(row);
+                    return Outcome::Restart(live);
+                }
+                Some(_) => "the run directory is gone or is not the session owner's",
+                None => "the launch plan is missing",
+            };
+            ex.settle_and_finish(&live, live.lock(), lost_settlement(FailReason::Lost, why.into()));
+            Outcome::Settled { from_result: false }
+        }
+        None => {
+            warn!(task_id = %row.task_id, "running task has no supervisor on record");
+            settle_from_result_or_lost(ex, &live, "no supervisor was recorded for this run".into())
+        }
+    }
+}
+
+/// Watches a supervisor that outlived the previous daemon, as if this one had started it.
+fn reattach(
+    ex: &Arc<Executor>,
+    row: &crate::registry::TaskRow,
+    live: Arc<Live>,
+    pid: i32,
+    start: u64,
+    pidfd: Arc<AsyncFd<std::os::fd::OwnedFd>>,
+) {
+    live.lock().supervisor = Some(pidfd.clone());
+    if row.state == TaskState::Queued {
+        let _ = ex.registry.mark_started(
+            &row.task_id,
+            &row.session_id,
+            pid,
+            start,
+            &crate::ids::now_rfc3339(),
+        );
+    }
+    info!(task_id = %row.task_id, pid, "re-attached to a running supervisor");
+    ex.reopen_egress(row);
+    let ex2 = ex.clone();
+    // A re-attached run counts against the concurrency bounds like any other.
+    let permits = ex.try_slots(&row.session_id, row.owner_uid);
+    tokio::spawn(async move {
+        let watched = super::Watched {
+            pidfd,
+            child: None,
+            report: None,
+        };
+        ex2.watch(live, watched).await;
+        drop(permits);
+    });
+}
+
+/// Settles a task whose supervisor is known to be gone: from the run's `result.json` (its
+/// owner's to write, so it never stands in for a live supervisor), or `failed/lost` for `why`.
+fn settle_from_result_or_lost(ex: &Executor, live: &Arc<Live>, why: String) -> Outcome {
+    let (s, from_result) = match live.read_result() {
+        Ok(Some(result)) => (settlement_from_result(&result), true),
+        Ok(None) => (lost_settlement(FailReason::Lost, why), false),
+        Err(e) => (
+            lost_settlement(FailReason::Lost, format!("{why}; result.json: {e}")),
+            false,
+        ),
+    };
+    ex.settle_and_finish(live, live.lock(), s);
+    Outcome::Settled { from_result }
 }
 
 fn read_pid_file(private: &PrivateDir) -> Option<(i32, u64)> {

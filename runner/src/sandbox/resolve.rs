@@ -146,6 +146,35 @@ fn env_allowed(name: &str, allow: &[String]) -> bool {
 }
 
 pub(crate) fn resolve(profile: &Profile, ctx: &Context) -> Result<Resolved, String> {
+    Ok(Resolved {
+        sandbox: SandboxPlan {
+            mounts: mounts_of(profile, ctx)?,
+            protected: profile
+                .protected
+                .iter()
+                .map(|rel| ctx.workspace.join(rel))
+                .collect(),
+            network: profile.network,
+            limits: profile.limits,
+            best_effort: profile.best_effort,
+            // The socket directory is filled in by whoever serves the proxy.
+            egress: profile
+                .egress
+                .clone()
+                .map(|policy| crate::egress::EgressPlan {
+                    policy,
+                    socket_dir: PathBuf::new(),
+                }),
+        },
+        env: env_of(profile, ctx),
+        timeout_ms: profile.timeout_ms,
+        kill_grace_ms: profile.kill_grace_ms,
+    })
+}
+
+/// The view's mounts: what the profile makes readable, executable and writable, and its
+/// caches, parents before children.
+fn mounts_of(profile: &Profile, ctx: &Context) -> Result<Vec<MountSpec>, String> {
     let mut mounts: Vec<MountSpec> = Vec::new();
     let mut add = |path: &str, exec: bool, write: bool| -> Result<(), String> {
         let (source, target, required) = match substitute(path, ctx)? {
@@ -206,13 +235,12 @@ pub(crate) fn resolve(profile: &Profile, ctx: &Context) -> Result<Resolved, Stri
     }
     // Parents before children, so a child mount lands on top of its parent's.
     mounts.sort_by_key(|m| m.target.components().count());
+    Ok(mounts)
+}
 
-    let protected = profile
-        .protected
-        .iter()
-        .map(|rel| ctx.workspace.join(rel))
-        .collect();
-
+/// The command's whole environment: the profile's fixed values, the caller's variables the
+/// profile lets through, and an allow-list run's proxy settings.
+fn env_of(profile: &Profile, ctx: &Context) -> Vec<(String, String)> {
     // Fixed values first; an allowed variable the caller sets replaces its fixed default.
     let mut env: Vec<(String, String)> = profile
         .env_set
@@ -233,27 +261,7 @@ pub(crate) fn resolve(profile: &Profile, ctx: &Context) -> Result<Resolved, Stri
             env.push((k, v));
         }
     }
-
-    Ok(Resolved {
-        sandbox: SandboxPlan {
-            mounts,
-            protected,
-            network: profile.network,
-            limits: profile.limits,
-            best_effort: profile.best_effort,
-            // The socket directory is filled in by whoever serves the proxy.
-            egress: profile
-                .egress
-                .clone()
-                .map(|policy| crate::egress::EgressPlan {
-                    policy,
-                    socket_dir: PathBuf::new(),
-                }),
-        },
-        env,
-        timeout_ms: profile.timeout_ms,
-        kill_grace_ms: profile.kill_grace_ms,
-    })
+    env
 }
 
 #[cfg(test)]

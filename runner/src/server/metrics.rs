@@ -103,48 +103,53 @@ pub(super) fn render(s: &DaemonStatusResult) -> String {
         "Runs settled since the daemon started, by terminal state.",
         &settled,
     );
-    let one = |v: f64| vec![(String::new(), v)];
-    metric(
-        "sidejob_queue_depth",
-        "gauge",
-        "Calls waiting for a run slot.",
-        &one(s.queue_depth as f64),
-    );
-    metric(
-        "sidejob_sessions_open",
-        "gauge",
-        "Open sessions.",
-        &one(s.sessions as f64),
-    );
-    metric(
-        "sidejob_wakes_pushed_total",
-        "counter",
-        "Notifications pushed to at least one subscribed host.",
-        &one(s.wakes_pushed as f64),
-    );
-    metric(
-        "sidejob_violations_total",
-        "counter",
-        "Resource limits hit by runs (timeout, output cap, memory, ...).",
-        &one(s.violations as f64),
-    );
-    metric(
-        "sidejob_tools_loaded",
-        "gauge",
-        "Tools loaded from plugins.",
-        &one(s.tools.len() as f64),
-    );
-    metric(
-        "sidejob_plugin_errors",
-        "gauge",
-        "Plugin files refused at the last (re)load.",
-        &one(s.plugin_errors.len() as f64),
-    );
-    metric(
-        "sidejob_uptime_seconds",
-        "gauge",
-        "Seconds since the daemon started.",
-        &one(s.uptime_ms as f64 / 1000.0),
-    );
+    // One sample each, no labels.
+    let single: [(&str, &str, &str, f64); 7] = [
+        (
+            "sidejob_queue_depth",
+            "gauge",
+            "Calls waiting for a run slot.",
+            s.queue_depth as f64,
+        ),
+        (
+            "sidejob_sessions_open",
+            "gauge",
+            "Open sessions.",
+            s.sessions as f64,
+        ),
+        (
+            "sidejob_wakes_pushed_total",
+            "counter",
+            "Notifications pushed to at least one subscribed host.",
+            s.wakes_pushed as f64,
+        ),
+        (
+            "sidejob_violations_total",
+            "counter",
+            "Resource limits hit by runs (timeout, output cap, memory, ...).",
+            s.violations as f64,
+        ),
+        (
+            "sidejob_tools_loaded",
+            "gauge",
+            "Tools loaded from plugins.",
+            s.tools.len() as f64,
+        ),
+        (
+            "sidejob_plugin_errors",
+            "gauge",
+            "Plugin files refused at the last (re)load.",
+            s.plugin_errors.len() as f64,
+        ),
+        (
+            "sidejob_uptime_seconds",
+            "gauge",
+            "Seconds since the daemon started.",
+            s.uptime_ms as f64 / 1000.0,
+        ),
+    ];
+    for (name, kind, help, value) in single {
+        metric(name, kind, help, &[(String::new(), value)]);
+    }
     out
 }

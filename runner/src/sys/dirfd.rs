@@ -228,25 +228,8 @@ pub(crate) fn write_visible_at(
     mode: u32,
     owner: Option<(u32, u32)>,
 ) -> io::Result<std::fs::File> {
-    let f = write_temporary_at(dir, name, data, mode, owner)?;
-    rename_at(dir, &temporary_name(name), name)?;
-    Ok(f)
-}
-
-fn temporary_name(name: &str) -> String {
-    format!(".{name}.tmp")
-}
-
-/// The temporary file of [`write_visible_at`], written.
-fn write_temporary_at(
-    dir: BorrowedFd<'_>,
-    name: &str,
-    data: &[u8],
-    mode: u32,
-    owner: Option<(u32, u32)>,
-) -> io::Result<std::fs::File> {
     use std::io::Write;
-    let tmp = temporary_name(name);
+    let tmp = format!(".{name}.tmp");
     // A leftover (ours from a crash, or planted) is removed first; if something is put back
     // before the create, the create fails rather than write through it.
     match unlink_at(dir, &tmp) {
@@ -260,6 +243,7 @@ fn write_temporary_at(
     }
     let mut f = std::fs::File::from(fd);
     f.write_all(data)?;
+    rename_at(dir, &tmp, name)?;
     Ok(f)
 }
 

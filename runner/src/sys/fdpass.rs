@@ -18,16 +18,7 @@ pub(crate) fn send_with_fd(
     data: &[u8],
     fd: BorrowedFd<'_>,
 ) -> io::Result<usize> {
-    let fds = [fd.as_raw_fd()];
-    let cmsg = [ControlMessage::ScmRights(&fds)];
-    socket::sendmsg::<UnixAddr>(
-        sock.as_raw_fd(),
-        &[IoSlice::new(data)],
-        &cmsg,
-        MsgFlags::MSG_NOSIGNAL,
-        None,
-    )
-    .map_err(io::Error::from)
+    send_with_fds(sock, data, &[fd])
 }
 
 /// Sends `data` with every one of `fds` attached (at most [`MAX_FDS`]).
