@@ -151,6 +151,7 @@ pub(crate) async fn serve(cfg: Config) -> Result<(), ServeError> {
         }
     }
     info!("stopping: runs keep going under their supervisors");
+    daemon.hub.stop();
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     drop(listener);
     // An activated socket belongs to the service manager, which keeps it for the next start.
@@ -190,7 +191,15 @@ fn start(cfg: Arc<Config>, activated: bool) -> Result<Arc<Daemon>, ServeError> {
     daemon.executor.set_hooks(daemon.bridges.clone())?;
     let recovered = daemon.executor.recover()?;
     daemon.bridges.after_restart(&daemon.executor);
-    tokio::spawn(daemon.hub.clone().run());
+    daemon
+        .hub
+        .clone()
+        .start()
+        .map_err(|source| ServeError::Io {
+            step: "start the event hub's thread in",
+            path: cfg.state_dir.clone(),
+            source,
+        })?;
     if cfg.backup_interval_ms > 0 {
         tokio::spawn(backups(
             daemon.executor.registry().clone(),

@@ -48,6 +48,9 @@ pub(crate) struct Hub {
     state: Mutex<State>,
     /// Wakes the scheduler when routes come and go.
     pub routes_changed: Arc<Notify>,
+    /// Set when the daemon stops; the hub's thread then ends.
+    stop: watch::Sender<bool>,
+    thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 fn push_line(method: &str, params: Value) -> String {
@@ -65,12 +68,39 @@ impl Hub {
                 owners: HashMap::new(),
             }),
             routes_changed: Arc::new(Notify::new()),
+            stop: watch::channel(false).0,
+            thread: std::sync::Mutex::new(None),
         }))
     }
 
-    /// Follows the event log for the daemon's life.
-    pub(crate) async fn run(self: Arc<Self>) {
+    /// Follows the event log for the daemon's life, on a thread of its own: the runtime's
+    /// workers are shared by every connection and run, and under load a push waiting for a
+    /// turn among them fell tens of milliseconds behind the commit it announces.
+    pub(crate) fn start(self: Arc<Self>) -> std::io::Result<()> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let me = self.clone();
+        let thread = std::thread::Builder::new()
+            .name("sidejob-hub".into())
+            .spawn(move || rt.block_on(me.run()))?;
+        *self.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(thread);
+        Ok(())
+    }
+
+    /// Ends the hub's thread (and with it its hold on the registry, which checkpoints when
+    /// the last holder lets go).
+    pub(crate) fn stop(&self) {
+        self.stop.send_replace(true);
+        let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
+    }
+
+    async fn run(self: Arc<Self>) {
         let mut seq = self.registry.subscribe_seq();
+        let mut stop = self.stop.subscribe();
         loop {
             {
                 let mut st = self.state.lock().await;
@@ -78,8 +108,11 @@ impl Hub {
                     warn!("cannot publish events: {e}");
                 }
             }
-            if seq.changed().await.is_err() {
-                return;
+            tokio::select! {
+                changed = seq.changed() => if changed.is_err() {
+                    return;
+                },
+                _ = stop.wait_for(|s| *s) => return,
             }
         }
     }
