@@ -72,6 +72,9 @@ fn daemon_dirs(cfg: &Config) -> Vec<(&'static str, PathBuf)> {
         .collect()
 }
 
+/// The directories a run's view makes anew (`sandbox/linux/view.rs`).
+const VIEW_OWN: [&str; 3] = ["/dev", "/proc", "/sys"];
+
 /// Resolves the workspace as the caller and checks it; returns its canonical path.
 pub(crate) fn check_workspace(
     cfg: &Config,
@@ -90,6 +93,14 @@ pub(crate) fn check_workspace(
         Ok(real)
     })
     .map_err(|e| io_refusal("workspace", path, &e))?;
+    // A run's view has a /dev, /proc and /sys of its own: a workspace there would be hidden
+    // under them, and every run would fail to start in it.
+    if let Some(own) = VIEW_OWN.iter().find(|d| real.starts_with(d)) {
+        return Err(invalid(format!(
+            "workspace {} is under {own}, which a run's view replaces with its own; choose a directory elsewhere",
+            real.display()
+        )));
+    }
     for (what, dir) in daemon_dirs(cfg) {
         if overlaps(&real, &dir) {
             return Err(invalid(format!(

@@ -236,6 +236,17 @@ fn session_open_refuses_bad_workspaces_and_a_session_dir_inside_the_workspace() 
         let (code, kind) = c.err("session.open", json!({"workspace": ws}));
         assert_eq!((code, kind.as_str()), (-32602, "invalid_params"), "{ws}");
     }
+    // Under a directory the run's view makes anew: said at once, not by every run failing.
+    let shm = std::path::Path::new("/dev/shm").join(format!("sidejob-ws-{}", std::process::id()));
+    std::fs::create_dir_all(&shm).expect("a directory in /dev/shm");
+    let refused = c.call("session.open", json!({"workspace": shm}));
+    std::fs::remove_dir(&shm).expect("remove it");
+    let e = refused.expect_err("a workspace under /dev");
+    assert_eq!(e["code"], -32602, "{e}");
+    assert!(
+        e["message"].as_str().unwrap_or("").contains("under /dev"),
+        "{e}"
+    );
     let inside = d.workspace.join("sessions-here");
     let (code, kind) = c.err(
         "session.open",
