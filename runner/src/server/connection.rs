@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::AsyncWriteExt;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, watch};
-use tracing::{debug, info_span, warn, Instrument};
+use tracing::{debug, debug_span, warn, Instrument};
 
 use super::rpc::{self, Outgoing};
 use super::scope::Caller;
@@ -66,7 +66,8 @@ pub(super) async fn control(d: Arc<Daemon>, stream: UnixStream) {
             tools_watched: Default::default(),
         }),
     };
-    let span = info_span!("connection", uid = peer.uid, conn = conn_id);
+    // Debug-level: see the request span (rpc.rs) for why, and for the uid at info level.
+    let span = debug_span!("connection", uid = peer.uid, conn = conn_id);
     async move {
         debug!("connected");
         let cfg = d.executor.config();
@@ -140,9 +141,12 @@ async fn serve(
     let (tx, rx) = mpsc::unbounded_channel::<Outgoing>();
     let writer = tokio::spawn(write_loop(wr, rx, pushes, d.executor.clone()).in_current_span());
     let (closed_tx, closed_rx) = watch::channel(false);
-    // Small to start (an idle connection costs little); a long line grows `line` only while
+    // Nothing is buffered while the connection is idle; a long line grows `line` only while
     // it is read.
-    let mut reader = BufReader::with_capacity(8 * 1024, rd);
+    let mut reader = LineReader {
+        rd,
+        pending: Vec::new(),
+    };
     let mut line = Vec::new();
     loop {
         match read_line(&mut reader, &mut line, &mut reading).await {
@@ -303,11 +307,45 @@ enum Line {
     Eof,
 }
 
+/// A connection's read side. Bytes read past a line wait in `pending`; an idle connection
+/// holds no buffer at all (thousands of them would otherwise hold a read buffer each, and
+/// leave the heap scattered when they close).
+struct LineReader {
+    rd: OwnedReadHalf,
+    pending: Vec<u8>,
+}
+
+impl LineReader {
+    /// Waits until bytes are pending; `false` at the end of the stream.
+    async fn fill(&mut self) -> std::io::Result<bool> {
+        while self.pending.is_empty() {
+            self.rd.readable().await?;
+            // On the stack, not in the connection's task: it is not held across the await.
+            let mut chunk = [0u8; 8 * 1024];
+            match self.rd.try_read(&mut chunk) {
+                Ok(0) => return Ok(false),
+                Ok(n) => self.pending.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
+    }
+
+    fn consume(&mut self, n: usize) {
+        if n >= self.pending.len() {
+            self.pending = Vec::new();
+        } else {
+            self.pending.drain(..n);
+        }
+    }
+}
+
 /// Reads one newline-terminated line of at most [`MAX_LINE_BYTES`] into `buf`. The bytes of a
 /// line not yet complete count against the user's share, and a line must be finished within
 /// the timeout of its first byte.
 async fn read_line(
-    r: &mut BufReader<OwnedReadHalf>,
+    r: &mut LineReader,
     buf: &mut Vec<u8>,
     reading: &mut Reading,
 ) -> std::io::Result<Line> {
@@ -315,9 +353,9 @@ async fn read_line(
     let _ = reading.hold(0);
     let mut deadline: Option<tokio::time::Instant> = None;
     loop {
-        let avail = match deadline {
-            None => r.fill_buf().await?,
-            Some(at) => match tokio::time::timeout_at(at, r.fill_buf()).await {
+        let more = match deadline {
+            None => r.fill().await?,
+            Some(at) => match tokio::time::timeout_at(at, r.fill()).await {
                 Ok(read) => read?,
                 Err(_) => {
                     let _ = reading.hold(0);
@@ -326,13 +364,14 @@ async fn read_line(
                 }
             },
         };
-        if avail.is_empty() {
+        if !more {
             return Ok(if buf.is_empty() {
                 Line::Eof
             } else {
                 Line::Complete
             });
         }
+        let avail = &r.pending;
         if let Some(i) = avail.iter().position(|&b| b == b'\n') {
             let too_long = buf.len() + i > MAX_LINE_BYTES;
             if !too_long {

@@ -147,7 +147,13 @@ pub(super) async fn handle_line(
         Ok(req) => req,
         Err((id, err)) => return Some(Outgoing::error(id, err)),
     };
-    let span = info_span!("request", method = %req.method);
+    // Who asks is on the request's span: a connection's own span is debug-level, since a
+    // span's data is kept for reuse, and thousands of idle connections would leave it
+    // scattered through the heap after they close.
+    let span = match caller {
+        Caller::Host(peer) => info_span!("request", uid = peer.uid, method = %req.method),
+        Caller::Bridge(_) => info_span!("request", method = %req.method),
+    };
     let outcome = handlers::route(d, caller, &req.method, req.params, closed)
         .instrument(span)
         .await;
