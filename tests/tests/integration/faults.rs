@@ -7,7 +7,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sidejob_tests::{is_root, sidejob_bin, skip_unless, wait_until, Daemon, TempDir};
+use sidejob_tests::{sidejob_bin, wait_until, Daemon, TempDir};
+use sidejob_tests::{skip_without, Need};
 
 /// A tmpfs mounted for the test, unmounted when dropped.
 struct Tmpfs(PathBuf);
@@ -58,7 +59,7 @@ fn gated(gate: &Path, then: &str) -> String {
 
 #[test]
 fn output_that_fills_the_disk_neither_loses_the_result_nor_contradicts_it() {
-    if skip_unless(is_root(), "needs root to mount a tmpfs") {
+    if skip_without(&[Need::Root]) {
         return;
     }
     let outside = TempDir::new("faults-sessions");
@@ -119,7 +120,7 @@ fn output_that_fills_the_disk_neither_loses_the_result_nor_contradicts_it() {
 
 #[test]
 fn a_settlement_the_full_registry_cannot_record_is_retried_until_it_is() {
-    if skip_unless(is_root(), "needs root to mount a tmpfs") {
+    if skip_without(&[Need::Root]) {
         return;
     }
     // The registry on a disk of its own; the runs' output elsewhere, so the run itself ends

@@ -5,14 +5,15 @@
 //! descriptor that is not an inet socket is a unit test in `egress`: the run cannot reach the
 //! socket to pass one.)
 
-use sidejob_tests::net::{have, HttpServer};
+use sidejob_tests::net::HttpServer;
 
 use crate::containment::Ws;
 use crate::network::{allow_profile, network_violations, run_sh};
+use sidejob_tests::{skip_without, Need};
 
 fn setup() -> Option<(Ws, HttpServer, String, String)> {
     let ws = Ws::new()?;
-    if sidejob_tests::skip_unless(have("python3"), "the attacks are Python scripts") {
+    if skip_without(&[Need::Python3]) {
         return None;
     }
     std::fs::write(

@@ -7,15 +7,13 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use sidejob_tests::net::HttpServer;
-use sidejob_tests::{is_root, skip_unless, wait_until, Client, Daemon, TempDir};
+use sidejob_tests::{skip_without, Need};
+use sidejob_tests::{wait_until, Client, Daemon, TempDir};
 
 /// A daemon whose profile directory holds `profiles` (`name`, `[network]` table), each
 /// extending workspace-write.
 fn daemon_with(profiles: &[(&str, String)]) -> Option<(Daemon, TempDir)> {
-    if skip_unless(
-        is_root(),
-        "network namespaces and the proxy's socket need root",
-    ) {
+    if skip_without(&[Need::Root]) {
         return None;
     }
     let dir = TempDir::new("profiles");

@@ -10,10 +10,11 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::json;
-use sidejob_tests::{is_root, skip_unless, wait_until, Client, Daemon, TempDir};
+use sidejob_tests::{wait_until, Client, Daemon, TempDir};
 
 use crate::isolation::NOBODY;
 use crate::plugins::{built_plugin, daemon_with_plugin_dir, install, tool_names};
+use sidejob_tests::{skip_without, Need};
 
 /// A directory that belongs to uid `NOBODY` (mode 0755).
 fn nobodys_dir(tag: &str) -> TempDir {
@@ -85,12 +86,7 @@ while True:
 
 #[test]
 fn a_library_swapped_in_through_a_symlink_by_another_user_is_never_loaded() {
-    if skip_unless(is_root(), "needs root to act as uid 65534")
-        || skip_unless(
-            Path::new("/usr/bin/python3").exists(),
-            "python3 is not installed",
-        )
-    {
+    if skip_without(&[Need::Root]) || skip_without(&[Need::Python3]) {
         return;
     }
     // The administrator's plugin directory holds a symlink to a library in a directory that
@@ -180,7 +176,7 @@ fn a_library_swapped_in_through_a_symlink_by_another_user_is_never_loaded() {
 
 #[test]
 fn a_plugin_directory_below_another_users_directory_is_refused() {
-    if skip_unless(is_root(), "needs root to act as uid 65534") {
+    if skip_without(&[Need::Root]) {
         return;
     }
     // The configured directory is root's, but it lives in a directory uid 65534 owns, so that

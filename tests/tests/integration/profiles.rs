@@ -9,9 +9,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::json;
-use sidejob_tests::{is_root, skip_unless, wait_until, Daemon, TempDir};
+use sidejob_tests::{wait_until, Daemon, TempDir};
 
 use crate::isolation::{open_socket_to_everyone, rpc_as_nobody, NOBODY};
+use sidejob_tests::{skip_without, Need};
 
 fn profile_text(mark: &str) -> String {
     let shipped = include_str!("../../../sandbox-profiles/workspace-write.toml");
@@ -105,7 +106,7 @@ fn as_nobody(script: &str, input: &str) {
 
 #[test]
 fn a_profile_another_user_could_write_is_refused_and_the_previous_stays_in_force() {
-    if skip_unless(is_root(), "needs root to act as uid 65534") {
+    if skip_without(&[Need::Root]) {
         return;
     }
     let dir = root_profiles_dir();
@@ -185,7 +186,7 @@ fn a_profile_another_user_could_write_is_refused_and_the_previous_stays_in_force
 
 #[test]
 fn a_profile_that_runs_as_root_is_for_roots_sessions_only() {
-    if skip_unless(is_root(), "needs root to connect as another uid") {
+    if skip_without(&[Need::Root]) {
         return;
     }
     let shipped = include_str!("../../../sandbox-profiles/workspace-write.toml");

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sidejob_tests::{wait_until, Client, Daemon};
+use sidejob_tests::{skip_without, wait_until, Client, Daemon, Need};
 
 fn agent_daemon() -> Option<Daemon> {
     if sidejob_tests::skip_without(&[sidejob_tests::Need::Python3]) {
@@ -258,10 +258,7 @@ print(f"skip={a.dangerously_skip_permissions} prompt={a.prompt!r} stdin={sys.std
 
 #[test]
 fn a_prompt_that_looks_like_a_flag_reaches_the_agent_as_a_prompt() {
-    if sidejob_tests::skip_unless(
-        std::path::Path::new("/usr/bin/python3").exists(),
-        "python3 is not installed",
-    ) {
+    if skip_without(&[Need::Python3]) {
         return;
     }
     let flag = "--dangerously-skip-permissions";

@@ -6,8 +6,9 @@
 use std::path::PathBuf;
 
 use serde_json::json;
-use sidejob_tests::net::{have, HttpServer};
-use sidejob_tests::{is_root, skip_unless, Daemon};
+use sidejob_tests::net::HttpServer;
+use sidejob_tests::Daemon;
+use sidejob_tests::{skip_without, Need};
 
 /// The agent's directory under root's home, removed on drop.
 struct Installed(PathBuf);
@@ -33,7 +34,7 @@ fn root_home() -> PathBuf {
 }
 
 fn setup(srv: &HttpServer) -> Option<(Daemon, Installed)> {
-    if skip_unless(is_root() && have("python3"), "needs root and python3") {
+    if skip_without(&[Need::Root, Need::Python3]) {
         return None;
     }
     let port = srv.port;

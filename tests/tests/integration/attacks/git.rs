@@ -9,9 +9,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::{json, Value};
-use sidejob_tests::{is_root, skip_unless, Client, Daemon, TempDir};
+use sidejob_tests::{skip_unless, Client, Daemon, TempDir};
 
 use super::{has, present, result_json};
+use sidejob_tests::{skip_without, Need};
 
 /// Host git in `dir`, with a fixed identity and no inherited `GIT_*` variables.
 fn git(dir: &Path, args: &[&str]) -> std::process::Output {
@@ -73,9 +74,7 @@ impl Fixture {
         setup: impl FnOnce(&Path),
         workspace: impl FnOnce(&Path) -> PathBuf,
     ) -> Option<Fixture> {
-        if skip_unless(is_root(), "git attacks run in a root daemon's sandbox")
-            || skip_unless(has("git"), "git is not installed")
-        {
+        if skip_without(&[Need::Root]) || skip_unless(has("git"), "git is not installed") {
             return None;
         }
         let ws = TempDir::new("git-ws");

@@ -6,9 +6,9 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 
 use serde_json::json;
-use sidejob_tests::{is_root, sidejob_bin, skip_unless, Daemon, TempDir};
+use sidejob_tests::{sidejob_bin, Daemon, TempDir};
 
-use super::has;
+use sidejob_tests::{skip_without, Need};
 
 /// Runs argv on a fresh pseudo-terminal (as an interactive shell would have it: the
 /// terminal is stdin, stdout and stderr) and returns what appeared on the terminal.
@@ -45,9 +45,7 @@ const WHICH_TTY: &str =
 
 #[test]
 fn attack_exec_never_hands_the_terminal_to_the_command() {
-    if skip_unless(is_root(), "sidejob exec builds its sandbox as root")
-        || skip_unless(has("python3"), "python3 is not installed (for the pty)")
-    {
+    if skip_without(&[Need::Root]) || skip_without(&[Need::Python3]) {
         return;
     }
     let ws = TempDir::new("tty-ws");
@@ -107,7 +105,7 @@ fn attack_exec_never_hands_the_terminal_to_the_command() {
 /// `/proc/timer_list` (every process's timers) read empty in a run.
 #[test]
 fn attack_proc_keys_and_timer_list_read_empty_inside_a_run() {
-    if skip_unless(is_root(), "needs root (the sandbox, root's keyrings)") {
+    if skip_without(&[Need::Root]) {
         return;
     }
     const READ: &str = "for f in keys timer_list sched_debug; do printf '%s=' $f; cat /proc/$f 2>/dev/null | wc -c; done";

@@ -20,7 +20,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sidejob_tests::{is_root, skip_unless, wait_until, Client, Daemon, TempDir};
+use sidejob_tests::{skip_without, Need};
+use sidejob_tests::{wait_until, Client, Daemon, TempDir};
 
 /// The attacker: another local user with access to the socket.
 pub(crate) use sidejob_tests::NOBODY;
@@ -33,10 +34,7 @@ pub(crate) fn daemon() -> Option<Daemon> {
 
 /// [`daemon`] with extra configuration.
 pub(crate) fn daemon_with(extra: &str) -> Option<Daemon> {
-    if skip_unless(
-        is_root(),
-        "attack tests need root (a root daemon, a second uid, the sandbox)",
-    ) {
+    if skip_without(&[Need::Root]) {
         return None;
     }
     let d = Daemon::start_with_config(&format!("socket_group = \"{NOBODY}\"\n{extra}"));

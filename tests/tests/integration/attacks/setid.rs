@@ -10,9 +10,10 @@ use std::path::Path;
 use std::process::Command;
 
 use serde_json::json;
-use sidejob_tests::{is_root, sidejob_bin, skip_unless, Daemon, TempDir};
+use sidejob_tests::{sidejob_bin, Daemon, TempDir};
 
-use super::{has, mode_uid, set_mode};
+use super::{mode_uid, set_mode};
+use sidejob_tests::{skip_without, Need};
 
 /// Every way to a set-id file or a file capability (each reports `NAME: ok|refused`), then
 /// the positive controls.
@@ -125,8 +126,7 @@ fn check_host(ws: &Path, output: &str) {
 }
 
 fn needs() -> bool {
-    !skip_unless(is_root(), "set-id attacks run as root")
-        && !skip_unless(has("python3"), "python3 is not installed")
+    !skip_without(&[Need::Root]) && !skip_without(&[Need::Python3])
 }
 
 #[test]

@@ -8,7 +8,8 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use sidejob_tests::{wait_until, Client};
 
-use super::{as_nobody, daemon, has, nobody, present, refused, Gate, NobodyDir, NOBODY};
+use super::{as_nobody, daemon, nobody, present, refused, Gate, NobodyDir, NOBODY};
+use sidejob_tests::{skip_without, Need};
 
 #[test]
 fn attack_reserved_session_ids_cannot_be_squatted() {
@@ -131,7 +132,7 @@ fn code(c: &mut Client, session: &str, script: &str, extra: Value) -> Value {
 
 #[test]
 fn attack_a_narrowed_code_run_cannot_write_through_its_bridge() {
-    if sidejob_tests::skip_unless(has("python3"), "python3 is not installed") {
+    if skip_without(&[Need::Python3]) {
         return;
     }
     let Some(d) = daemon() else { return };
@@ -193,7 +194,7 @@ except OSError as e:
 /// the run's bridge still serves only its own session, as its own uid.
 #[test]
 fn attack_a_restarted_daemon_takes_no_bridge_scope_from_files() {
-    if sidejob_tests::skip_unless(has("python3"), "python3 is not installed") {
+    if skip_without(&[Need::Python3]) {
         return;
     }
     let Some(mut d) = daemon() else { return };
