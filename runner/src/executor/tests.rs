@@ -4,7 +4,7 @@
 //! notification) and who heard the result.
 
 use super::*;
-use crate::registry::SessionRow;
+use crate::registry::{SessionRow, Settlement};
 use crate::run_dir::PrivateDir;
 
 struct Fixture {
