@@ -228,10 +228,7 @@ impl Daemon {
 
     /// Opens a session on the daemon's workspace; returns its id.
     pub fn open_session(&self, client: &mut Client) -> String {
-        let r = client
-            .call("session.open", json!({"workspace": self.workspace}))
-            .expect("session.open");
-        r["session_id"].as_str().expect("session_id").to_owned()
+        client.open_session_in(&self.workspace)
     }
 }
 
@@ -315,6 +312,12 @@ impl Client {
         assert_eq!(d.client().task(task_id)["state"], "running");
         release();
         self.reply_to(id).expect("task.wait")
+    }
+
+    /// Opens a session on `workspace`; returns its id.
+    pub fn open_session_in(&mut self, workspace: &Path) -> String {
+        let r = self.ok("session.open", json!({ "workspace": workspace }));
+        r["session_id"].as_str().expect("session_id").to_owned()
     }
 
     /// Calls a method that must fail; returns `(code, data.kind)`.

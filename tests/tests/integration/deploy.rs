@@ -55,7 +55,12 @@ impl Notify {
 /// listening socket is descriptor 3, `LISTEN_FDS=1`, `LISTEN_PID` is the service's own pid
 /// (set by a shell that then execs, keeping its pid), and `NOTIFY_SOCKET` is set.
 fn serve_activated(listener: &UnixListener, state_dir: &Path, notify: &Notify) -> Serve {
-    let fd = listener.as_raw_fd();
+    let mut cmd = activated(listener.as_raw_fd(), state_dir, notify);
+    Serve(cmd.spawn().expect("spawn sidejob serve"))
+}
+
+/// The command of [`serve_activated`], handed descriptor `fd` as its descriptor 3.
+fn activated(fd: std::os::fd::RawFd, state_dir: &Path, notify: &Notify) -> Command {
     let mut cmd = Command::new("sh");
     cmd.arg("-c")
         .arg("LISTEN_PID=$$ LISTEN_FDS=1 exec \"$0\" serve --state-dir \"$1\"")
@@ -66,7 +71,7 @@ fn serve_activated(listener: &UnixListener, state_dir: &Path, notify: &Notify) -
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
-    // SAFETY: dup2 and fcntl are async-signal-safe and touch only descriptors: the listener (open in
+    // SAFETY: dup2 and fcntl are async-signal-safe and touch only descriptors: `fd` (open in
     // the parent, so in the child) becomes descriptor 3 without close-on-exec.
     unsafe {
         cmd.pre_exec(move || {
@@ -82,7 +87,7 @@ fn serve_activated(listener: &UnixListener, state_dir: &Path, notify: &Notify) -
             Ok(())
         });
     }
-    Serve(cmd.spawn().expect("spawn sidejob serve"))
+    cmd
 }
 
 #[test]
@@ -102,10 +107,7 @@ fn a_socket_activated_daemon_serves_the_socket_it_was_given_and_says_ready() {
     assert_eq!(st["socket"], path.display().to_string(), "{st}");
     let ws = root.path().join("workspace");
     std::fs::create_dir(&ws).expect("workspace");
-    let s = c.ok("session.open", json!({ "workspace": ws }))["session_id"]
-        .as_str()
-        .expect("session")
-        .to_owned();
+    let s = c.open_session_in(&ws);
     let r = c.bash(&s, "echo activated", json!({}));
     assert_eq!(r["output"], "activated\n", "{r}");
     signal(child.0.id() as i32, libc::SIGTERM);
@@ -123,31 +125,11 @@ fn a_passed_descriptor_that_is_not_a_listening_socket_is_refused() {
     let root = TempDir::new("activation-bad");
     let not_listening = UnixDatagram::unbound().expect("socket");
     let notify = Notify::new(root.path());
-    let fd = not_listening.as_raw_fd();
-    let mut cmd = Command::new("sh");
-    cmd.arg("-c")
-        .arg("LISTEN_PID=$$ LISTEN_FDS=1 exec \"$0\" serve --state-dir \"$1\"")
-        .arg(sidejob_bin())
-        .arg(root.path().join("state"))
-        .env("NOTIFY_SOCKET", &notify.path)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    // SAFETY: as in `serve_activated`.
-    unsafe {
-        cmd.pre_exec(move || {
-            // dup2 onto itself would keep close-on-exec: clear it instead.
-            let ok = if fd == 3 {
-                libc::fcntl(3, libc::F_SETFD, 0) != -1
-            } else {
-                libc::dup2(fd, 3) != -1
-            };
-            if !ok {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    let mut cmd = activated(
+        not_listening.as_raw_fd(),
+        &root.path().join("state"),
+        &notify,
+    );
     let o = cmd.output().expect("run");
     assert_eq!(o.status.code(), Some(1));
     let err = String::from_utf8_lossy(&o.stderr);
@@ -207,10 +189,7 @@ fn json_logs_carry_a_plugin_panic_and_nothing_else_reaches_stderr() {
     let mut c = Client::connect(&socket);
     let ws = root.path().join("workspace");
     std::fs::create_dir(&ws).expect("workspace");
-    let s = c.ok("session.open", json!({ "workspace": ws }))["session_id"]
-        .as_str()
-        .expect("session")
-        .to_owned();
+    let s = c.open_session_in(&ws);
     let err = c
         .call(
             "tool.call",

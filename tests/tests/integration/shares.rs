@@ -20,10 +20,7 @@ fn daemon(per_user: &str) -> Daemon {
 /// Opens a session as 65534 in a workspace of its own.
 fn nobody_session(d: &Daemon, c: &mut Client, name: &str) -> String {
     let ws = d.nobody_workspace(name);
-    c.ok("session.open", json!({ "workspace": ws }))["session_id"]
-        .as_str()
-        .expect("session_id")
-        .to_owned()
+    c.open_session_in(&ws)
 }
 
 fn assert_limit(err: &Value, limit: &str) {

@@ -117,10 +117,7 @@ fn a_users_own_output_is_theirs_to_read_through_the_daemon_or_their_own_director
     let Some(d) = daemon() else { return };
     let mut n = nobody(&d);
     let ws = NobodyDir::new("ws");
-    let s = n.ok("session.open", json!({"workspace": ws.path()}))["session_id"]
-        .as_str()
-        .expect("session_id")
-        .to_owned();
+    let s = n.open_session_in(ws.path());
     let r = n.bash(&s, "head -c 200000 /dev/zero | tr '\\0' m", json!({}));
     let id = r["task_id"].as_str().expect("id").to_owned();
     let output_path = Path::new(r["output_path"].as_str().expect("output_path"));

@@ -135,10 +135,7 @@ fn attack_proc_keys_and_timer_list_read_empty_inside_a_run() {
 
     let d = Daemon::start();
     let mut c = d.client();
-    let s = c.ok("session.open", json!({"workspace": ws.path()}))["session_id"]
-        .as_str()
-        .expect("session_id")
-        .to_owned();
+    let s = c.open_session_in(ws.path());
     let r = c.bash(&s, READ, json!({}));
     let by_daemon = r["output"].as_str().unwrap_or("").to_owned();
 

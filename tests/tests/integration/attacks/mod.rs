@@ -87,6 +87,23 @@ impl NobodyDir {
     }
 }
 
+/// Opens uid 65534's session `id` in a workspace of theirs, with its session directory `sd`
+/// in a directory of theirs (`home`), so they may swap anything under it. Returns
+/// `(workspace, home, sd)`; the directories go when the first two are dropped.
+pub(crate) fn open_with_own_session_dir(
+    n: &mut Client,
+    id: &str,
+) -> (NobodyDir, NobodyDir, PathBuf) {
+    let ws = NobodyDir::new("ws");
+    let home = NobodyDir::new("home");
+    let sd = home.join("sd");
+    n.ok(
+        "session.open",
+        json!({"session_id": id, "workspace": ws.path(), "session_dir": sd}),
+    );
+    (ws, home, sd)
+}
+
 pub(crate) fn set_mode(path: &Path, mode: u32) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
         .unwrap_or_else(|e| panic!("chmod {:o} {}: {e}", mode, path.display()));

@@ -10,8 +10,8 @@ use std::path::Path;
 use serde_json::json;
 
 use super::{
-    as_nobody, daemon, mode_uid, nobody, present, refused, set_mode, start_gated, unique,
-    NobodyDir, NOBODY,
+    as_nobody, daemon, mode_uid, nobody, open_with_own_session_dir, present, refused, set_mode,
+    start_gated, unique, NobodyDir, NOBODY,
 };
 
 #[test]
@@ -130,13 +130,7 @@ fn attack_swapped_session_directory_leads_root_nowhere() {
 fn swap_attack(swap: impl Fn(&Path, &str, &Path) -> String) {
     let Some(d) = daemon() else { return };
     let mut n = nobody(&d);
-    let ws = NobodyDir::new("ws");
-    let home = NobodyDir::new("home");
-    let sd = home.join("sd");
-    n.ok(
-        "session.open",
-        json!({"session_id": "swap", "workspace": ws.path(), "session_dir": sd}),
-    );
+    let (ws, _home, sd) = open_with_own_session_dir(&mut n, "swap");
     let shadow = Path::new("/etc/shadow");
     let shadow_before = (std::fs::read(shadow).expect("read shadow"), stat(shadow));
     let secret = first_line(&shadow_before.0);
@@ -202,13 +196,7 @@ impl Drop for Removed {
 fn attack_background_symlink_is_not_followed() {
     let Some(d) = daemon() else { return };
     let mut n = nobody(&d);
-    let ws = NobodyDir::new("ws");
-    let home = NobodyDir::new("home");
-    let sd = home.join("sd");
-    n.ok(
-        "session.open",
-        json!({"session_id": "bg-link", "workspace": ws.path(), "session_dir": sd}),
-    );
+    let (_ws, _home, sd) = open_with_own_session_dir(&mut n, "bg-link");
     // Positive control: a run before the swap works.
     let r = n.bash("bg-link", "echo before", json!({}));
     assert_eq!(r["state"], "succeeded", "{r}");
@@ -263,13 +251,7 @@ fn first_line(bytes: &[u8]) -> String {
 fn a_fifo_planted_as_output_log_stalls_nobody() {
     let Some(d) = daemon() else { return };
     let mut n = nobody(&d);
-    let ws = NobodyDir::new("ws");
-    let home = NobodyDir::new("home");
-    let sd = home.join("sd");
-    n.ok(
-        "session.open",
-        json!({"session_id": "fifo", "workspace": ws.path(), "session_dir": sd}),
-    );
+    let (_ws, _home, sd) = open_with_own_session_dir(&mut n, "fifo");
     let r = n.bash("fifo", "echo done", json!({}));
     assert_eq!(r["state"], "succeeded", "{r}");
     let id = r["task_id"].as_str().expect("task_id").to_owned();

@@ -157,10 +157,7 @@ fn attack_setid_files_through_a_root_session() {
     let ws = workspace();
     let d = Daemon::start();
     let mut c = d.client();
-    let s = c.ok("session.open", json!({"workspace": ws.path()}))["session_id"]
-        .as_str()
-        .expect("session_id")
-        .to_owned();
+    let s = c.open_session_in(ws.path());
     let r = c.bash(&s, ATTACK, json!({"yield_after_ms": 120_000}));
     let output = r["output"].as_str().unwrap_or("").to_owned();
     eprintln!("{output}");

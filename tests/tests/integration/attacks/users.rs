@@ -8,7 +8,9 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use sidejob_tests::{wait_until, Client};
 
-use super::{as_nobody, daemon, nobody, present, refused, Gate, NobodyDir, NOBODY};
+use super::{
+    as_nobody, daemon, nobody, open_with_own_session_dir, present, refused, Gate, NobodyDir, NOBODY,
+};
 use sidejob_tests::{skip_without, Need};
 
 #[test]
@@ -138,10 +140,7 @@ fn attack_a_narrowed_code_run_cannot_write_through_its_bridge() {
     let Some(d) = daemon() else { return };
     let mut n = nobody(&d);
     let ws = NobodyDir::new("ws");
-    let s = n.ok("session.open", json!({"workspace": ws.path()}))["session_id"]
-        .as_str()
-        .expect("session_id")
-        .to_owned();
+    let s = n.open_session_in(ws.path());
     let script = |file: &str| {
         format!(
             r#"
@@ -205,13 +204,7 @@ fn attack_a_restarted_daemon_takes_no_bridge_scope_from_files() {
         json!({"session_id": "root-s", "workspace": root_ws.path()}),
     );
     let mut n = nobody(&d);
-    let ws = NobodyDir::new("ws");
-    let home = NobodyDir::new("home");
-    let sd = home.join("sd");
-    n.ok(
-        "session.open",
-        json!({"session_id": "nb", "workspace": ws.path(), "session_dir": sd}),
-    );
+    let (ws, _home, sd) = open_with_own_session_dir(&mut n, "nb");
     let gate = Gate::new(ws.path());
     let script = format!(
         r#"

@@ -49,10 +49,7 @@ fn attack_workspace_below_a_directory_the_caller_cannot_search_is_refused() {
 
     // Positive control: the same layout under a parent they may search opens and runs.
     let (_open, open_pub) = private_parent(0o755);
-    let s = n.ok("session.open", json!({"workspace": open_pub}))["session_id"]
-        .as_str()
-        .expect("session_id")
-        .to_owned();
+    let s = n.open_session_in(&open_pub);
     let r = n.bash(&s, "cat secret", json!({}));
     assert_eq!(r["state"], "succeeded", "{r}");
     assert_eq!(r["output"], SECRET, "{r}");
@@ -107,10 +104,7 @@ fn attack_parent_closed_after_session_open_fails_the_next_run() {
     let Some(d) = daemon() else { return };
     let mut n = nobody(&d);
     let (parent, public) = private_parent(0o755);
-    let s = n.ok("session.open", json!({"workspace": public}))["session_id"]
-        .as_str()
-        .expect("session_id")
-        .to_owned();
+    let s = n.open_session_in(&public);
     // Positive control: while the parent is passable the run reads the secret.
     let r = n.bash(&s, "cat secret", json!({}));
     assert_eq!(r["output"], SECRET, "{r}");
@@ -134,10 +128,7 @@ fn attack_workspace_swapped_for_a_symlink_fails_the_run() {
     let home = NobodyDir::new("home");
     let ws = home.join("ws");
     as_nobody(&format!("mkdir {}", ws.display()));
-    let s = n.ok("session.open", json!({"workspace": ws}))["session_id"]
-        .as_str()
-        .expect("session_id")
-        .to_owned();
+    let s = n.open_session_in(&ws);
     let r = n.bash(&s, "echo ok", json!({}));
     assert_eq!(r["output"], "ok\n", "{r}");
 
