@@ -204,14 +204,7 @@ fn main() {
             );
             continue;
         }
-        if m["method"] == "notification" && m["params"]["notification"]["kind"] == "schedule" {
-            let text = m["params"]["notification"]["text"].as_str().unwrap();
-            let sid = text
-                .split("(schedule ")
-                .nth(1)
-                .and_then(|t| t.split(',').next())
-                .unwrap()
-                .to_owned();
+        if let Some(sid) = schedule_of(&m) {
             let id = m["params"]["notification"]["id"]
                 .as_str()
                 .unwrap()
@@ -236,16 +229,9 @@ fn main() {
         .to_owned();
     loop {
         let m = host.next();
-        if m["method"] != "notification" || m["params"]["notification"]["kind"] != "schedule" {
+        let Some(sid) = schedule_of(&m) else {
             continue;
-        }
-        let text = m["params"]["notification"]["text"].as_str().unwrap();
-        let sid = text
-            .split("(schedule ")
-            .nth(1)
-            .and_then(|t| t.split(',').next())
-            .unwrap()
-            .to_owned();
+        };
         if sid == sentinel {
             break;
         }
@@ -314,4 +300,20 @@ fn host_last_id(ctl: &mut Conn, task: &str) -> String {
         .find(|n| n["task_id"] == task)
         .map(|n| n["id"].as_str().unwrap().to_owned())
         .unwrap_or_default()
+}
+
+/// The schedule a `notification` push of kind `schedule` is from (its text names it as
+/// "(schedule <id>, ..."); `None` for any other message.
+fn schedule_of(m: &Value) -> Option<String> {
+    let n = &m["params"]["notification"];
+    if m["method"] != "notification" || n["kind"] != "schedule" {
+        return None;
+    }
+    let text = n["text"].as_str().unwrap();
+    let sid = text
+        .split("(schedule ")
+        .nth(1)
+        .and_then(|t| t.split(',').next())
+        .unwrap_or_else(|| panic!("a schedule's wake that names no schedule: {text}"));
+    Some(sid.to_owned())
 }

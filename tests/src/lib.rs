@@ -787,6 +787,24 @@ impl Daemon {
     }
 }
 
+/// The pid in a run's `supervisor.pid` (in its private directory), once it has been
+/// written whole; fails the test after 10 s without one.
+pub fn supervisor_pid(private_dir: &Path) -> i32 {
+    let file = private_dir.join("supervisor.pid");
+    assert!(
+        wait_until(Duration::from_secs(10), || std::fs::read_to_string(&file)
+            .is_ok_and(|s| s.ends_with('\n'))),
+        "no supervisor.pid in {}",
+        private_dir.display()
+    );
+    std::fs::read_to_string(&file)
+        .expect("supervisor.pid")
+        .split_whitespace()
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("a pid")
+}
+
 /// Runs `sh -c script` as `uid`/`gid` in `/` (std drops root's supplementary groups): what
 /// another local user does on the host between calls. Returns its output. Root only.
 pub fn sh_as(uid: u32, gid: u32, script: &str) -> std::process::Output {

@@ -33,19 +33,7 @@ fn private_dir(run_dir: &Path) -> PathBuf {
 /// The supervisor's pid, from `supervisor.pid` in the run's private directory (once it has
 /// written it).
 fn supervisor_pid(run_dir: &Path) -> i32 {
-    let file = private_dir(run_dir).join("supervisor.pid");
-    assert!(
-        wait_until(Duration::from_secs(10), || std::fs::read_to_string(&file)
-            .is_ok_and(|s| s.ends_with('\n'))),
-        "no supervisor.pid in {}",
-        run_dir.display()
-    );
-    std::fs::read_to_string(&file)
-        .expect("supervisor.pid")
-        .split_whitespace()
-        .next()
-        .and_then(|p| p.parse().ok())
-        .expect("a pid")
+    sidejob_tests::supervisor_pid(&private_dir(run_dir))
 }
 
 /// Starts a background task in `s` and reads `host`'s stream up to its wake: everything

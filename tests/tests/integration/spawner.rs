@@ -35,18 +35,7 @@ fn spawners(d: &Daemon) -> Vec<i32> {
 }
 
 fn supervisor_of(d: &Daemon, task_id: &str) -> i32 {
-    let file = d.private_dir(task_id).join("supervisor.pid");
-    assert!(
-        wait_until(Duration::from_secs(10), || std::fs::read_to_string(&file)
-            .is_ok_and(|s| s.ends_with('\n'))),
-        "no supervisor.pid for {task_id}"
-    );
-    std::fs::read_to_string(&file)
-        .expect("supervisor.pid")
-        .split_whitespace()
-        .next()
-        .and_then(|p| p.parse().ok())
-        .expect("a pid")
+    sidejob_tests::supervisor_pid(&d.private_dir(task_id))
 }
 
 #[test]
