@@ -72,9 +72,6 @@ fn daemon_dirs(cfg: &Config) -> Vec<(&'static str, PathBuf)> {
         .collect()
 }
 
-/// The directories a run's view makes anew (`sandbox/linux/view.rs`).
-const VIEW_OWN: [&str; 3] = ["/dev", "/proc", "/sys"];
-
 /// Resolves the workspace as the caller and checks it; returns its canonical path.
 pub(crate) fn check_workspace(
     cfg: &Config,
@@ -93,12 +90,20 @@ pub(crate) fn check_workspace(
         Ok(real)
     })
     .map_err(|e| io_refusal("workspace", path, &e))?;
-    // A run's view has a /dev, /proc and /sys of its own: a workspace there would be hidden
-    // under them, and every run would fail to start in it.
-    if let Some(own) = VIEW_OWN.iter().find(|d| real.starts_with(d)) {
+    // A run's view makes its own /dev and /proc, and takes no /sys from the host (no shipped
+    // profile lists it): a workspace there would be hidden, and every run would fail to
+    // start in it.
+    let not_from_host = crate::sandbox::linux::view::MADE_ANEW
+        .iter()
+        .chain(&["sys"]);
+    if let Some(own) = not_from_host
+        .map(|d| Path::new("/").join(d))
+        .find(|d| real.starts_with(d))
+    {
         return Err(invalid(format!(
-            "workspace {} is under {own}, which a run's view replaces with its own; choose a directory elsewhere",
-            real.display()
+            "workspace {} is under {}, which a run's view replaces with its own; choose a directory elsewhere",
+            real.display(),
+            own.display()
         )));
     }
     for (what, dir) in daemon_dirs(cfg) {

@@ -181,6 +181,9 @@ fn mount_point(dst: &Path, dir: bool) -> Result<(), LaunchError> {
     }
 }
 
+/// The directories every view makes anew instead of taking them from the host.
+pub(crate) const MADE_ANEW: [&str; 2] = ["proc", "dev"];
+
 /// Every profile path. To keep the number of mount calls down, the read-only ones are bound
 /// first and made read-only (with the root tmpfs itself) by one recursive `mount_setattr`;
 /// the writable ones (private tmpfs, workspace), `/proc` and `/dev` are mounted after it,
@@ -208,7 +211,7 @@ pub(crate) fn mount_sources(
             Source::Bind { .. } | Source::Symlink { .. } => {}
         }
     }
-    for d in ["proc", "dev"] {
+    for d in MADE_ANEW {
         mount_point(&staging.join(d), true)?;
     }
     for s in sources {
