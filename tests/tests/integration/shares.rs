@@ -43,6 +43,24 @@ fn admitted(c: &mut Client) -> bool {
     }
     c.read_message().is_some_and(|m| m.get("result").is_some())
 }
+
+/// A connection from `connect` once one is admitted: connections that closed just before
+/// (the test harness's own readiness probe included) may not have given their share back yet.
+fn admitted_client(connect: impl Fn() -> Client) -> Client {
+    let mut admitted_one = None;
+    assert!(
+        sidejob_tests::wait_until(Duration::from_secs(10), || {
+            let mut c = connect();
+            let ok = admitted(&mut c);
+            if ok {
+                admitted_one = Some(c);
+            }
+            ok
+        }),
+        "no connection was admitted within 10 s"
+    );
+    admitted_one.expect("admitted")
+}
 #[test]
 fn one_users_runs_never_take_anothers_slot() {
     if skip_without(&[Need::Root]) {
@@ -96,10 +114,7 @@ fn connections_past_the_share_are_refused_and_the_share_comes_back() {
         return;
     }
     let d = daemon("connections = 3");
-    let mut held: Vec<Client> = (0..3).map(|_| d.nobody()).collect();
-    for c in &mut held {
-        c.ok("initialize", json!({}));
-    }
+    let mut held: Vec<Client> = (0..3).map(|_| admitted_client(|| d.nobody())).collect();
     // The fourth is told why and closed.
     let mut fourth = d.nobody();
     fourth.set_read_timeout(Duration::from_secs(10));
@@ -113,18 +128,7 @@ fn connections_past_the_share_are_refused_and_the_share_comes_back() {
     d.client().ok("initialize", json!({}));
     // A closed connection gives its share back.
     drop(held.pop());
-    let mut again = None;
-    assert!(
-        sidejob_tests::wait_until(Duration::from_secs(10), || {
-            let mut c = d.nobody();
-            let ok = admitted(&mut c);
-            if ok {
-                again = Some(c);
-            }
-            ok
-        }),
-        "a connection of uid 65534 after one of its three closed"
-    );
+    admitted_client(|| d.nobody());
 }
 
 #[test]
@@ -266,10 +270,7 @@ fn output_kept_past_the_share_is_refused_until_a_session_is_deleted() {
 #[test]
 fn connections_past_the_daemons_cap_are_refused_with_the_limit_named() {
     let d = Daemon::start_with_config("max_connections = 3\n");
-    let mut held: Vec<Client> = (0..3).map(|_| d.client()).collect();
-    for c in &mut held {
-        c.ok("initialize", json!({}));
-    }
+    let mut held: Vec<Client> = (0..3).map(|_| admitted_client(|| d.client())).collect();
     let mut fourth = d.client();
     fourth.set_read_timeout(Duration::from_secs(10));
     let msg = fourth.read_message().expect("a refusal before the close");
@@ -279,8 +280,5 @@ fn connections_past_the_daemons_cap_are_refused_with_the_limit_named() {
         "then the connection closes"
     );
     drop(held.pop());
-    assert!(
-        sidejob_tests::wait_until(Duration::from_secs(10), || admitted(&mut d.client())),
-        "a connection once one of the three closed"
-    );
+    admitted_client(|| d.client());
 }
