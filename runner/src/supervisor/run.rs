@@ -98,7 +98,7 @@ impl<'p> Run<'p> {
         layers.extend(sandbox.layers.iter().cloned());
         layers.sort();
 
-        let init_pid = match sys::fork().map_err(setup("fork run init"))? {
+        let init_pid = match sys::spawn::lean_fork().map_err(setup("fork run init"))? {
             Fork::Child => {
                 drop((out_r, err_r, status_r, sigfd, lifeline_w, relay_r));
                 drop(keep_from_init.take());

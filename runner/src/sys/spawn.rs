@@ -1,6 +1,7 @@
 //! Starting processes: from the (multi-threaded) daemon, `posix_spawn`, which never runs our
 //! code in the child, with exactly the descriptors we name at exactly the numbers we name;
-//! from the (single-threaded) spawner, [`fork_sibling`], a fork whose child is the daemon's.
+//! from the (single-threaded) spawner, [`fork_sibling`], a fork whose child is the daemon's;
+//! from the supervisor, [`lean_fork`] for the run's init.
 
 use std::ffi::{CString, OsStr};
 use std::io;
@@ -72,23 +73,36 @@ pub(crate) fn spawn(program: &Path, args: &[&OsStr], fds: &[BorrowedFd<'_>]) -> 
 /// `fork(2)` with `CLONE_PARENT`: the child is a child of this process's *parent*, as if the
 /// parent had forked it — it reports its exit to the parent, which reaps it and may
 /// `pidfd_open` it with no chance of a reused pid. The spawner uses it so that the daemon
-/// owns every supervisor exactly as if it had started it itself. Refused unless this process
-/// has exactly one thread (see [`super::fork`]).
+/// owns every supervisor exactly as if it had started it itself. See [`raw_fork`].
+pub(crate) fn fork_sibling() -> io::Result<super::Fork> {
+    raw_fork(libc::CLONE_PARENT)
+}
+
+/// `fork(2)` straight to the kernel, for the run's init, which lives as long as the run:
+/// glibc's fork wrapper writes its lock words and thread list in the child (pages of libc's
+/// and the dynamic loader's data), each write a private copy of a page for every run. See
+/// [`raw_fork`].
+pub(crate) fn lean_fork() -> io::Result<super::Fork> {
+    raw_fork(0)
+}
+
+/// `clone(flags | SIGCHLD)` with no new stack, without glibc's wrapper. Refused unless this
+/// process has exactly one thread (see [`super::fork`]).
 ///
 /// Raw: neither libc nor nix wraps `clone` without a new stack.
-pub(crate) fn fork_sibling() -> io::Result<super::Fork> {
+fn raw_fork(flags: libc::c_int) -> io::Result<super::Fork> {
     super::single_threaded()?;
     // SAFETY: clone with no new stack and no shared memory is fork: the child runs on a
     // copy of this process's memory from this very instruction. The process has one thread
     // (checked above), so the copy holds no lock another thread owned. glibc's fork wrapper
     // is not used, so glibc's per-thread record in the child keeps the parent's thread id:
-    // nothing the child runs (the supervisor: single-threaded, no pthread mutexes, and a
-    // glibc whose raise() asks the kernel for the thread id) reads it, and the child's own
-    // forks (glibc's) set it right for their children. The pointer arguments are null.
+    // nothing the child runs (the supervisor and init: single-threaded, no pthread mutexes,
+    // and a glibc whose raise() asks the kernel for the thread id) reads it, and the child's
+    // own forks (glibc's) set it right for their children. The pointer arguments are null.
     let ret = unsafe {
         libc::syscall(
             libc::SYS_clone,
-            (libc::CLONE_PARENT | libc::SIGCHLD) as libc::c_ulong,
+            (flags | libc::SIGCHLD) as libc::c_ulong,
             0usize,
             0usize,
             0usize,
