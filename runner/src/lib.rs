@@ -27,3 +27,5 @@ mod wake;
 
 #[cfg(test)]
 mod layers;
+#[cfg(test)]
+mod scratch;

@@ -157,16 +157,14 @@ pub(crate) async fn serve_tcp(mut stream: TcpStream, run: Arc<Run>) -> io::Resul
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::egress::record;
+    use crate::scratch::ScratchDir;
     use hickory_proto::op::Query;
     use hickory_proto::rr::Name;
 
-    fn run(allow: &[&str], deny: &[&str], hosts: &[(&str, &str)]) -> (Run, std::path::PathBuf) {
-        let dir = std::env::temp_dir().join(format!(
-            "sidejob-dns-{}-{}",
-            std::process::id(),
-            crate::ids::ulid()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
+    /// A run with this policy, and the directory of its violation record (gone when dropped).
+    fn run(allow: &[&str], deny: &[&str], hosts: &[(&str, &str)]) -> (Run, ScratchDir) {
+        let dir = ScratchDir::new("dns");
         let policy = policy::Policy {
             allow: allow
                 .iter()
@@ -181,8 +179,12 @@ mod tests {
                 .map(|(n, a)| ((*n).to_owned(), a.parse().unwrap()))
                 .collect(),
         };
-        let path = dir.join(super::super::record::FILE);
-        (Run::new("t", policy, &path).unwrap(), path)
+        let run = Run::new("t", policy, &dir.path().join(record::FILE)).unwrap();
+        (run, dir)
+    }
+
+    fn violations(dir: &ScratchDir) -> Vec<record::NetworkViolation> {
+        record::read(&dir.path().join(record::FILE))
     }
 
     fn query(name: &str, ty: RecordType) -> Vec<u8> {
@@ -199,7 +201,7 @@ mod tests {
 
     #[tokio::test]
     async fn allowed_names_are_answered_and_others_refused_and_recorded() {
-        let (r, path) = run(
+        let (r, dir) = run(
             &["models.test", "127.0.0.1"],
             &[],
             &[("models.test", "127.0.0.1"), ("other.test", "127.0.0.1")],
@@ -217,7 +219,7 @@ mod tests {
         let other = ask(&r, "other.test", RecordType::A).await;
         assert_eq!(other.metadata.response_code, ResponseCode::Refused);
         assert!(other.answers.is_empty());
-        let v = super::super::record::read(&path);
+        let v = violations(&dir);
         assert_eq!(v.len(), 1, "{v:?}");
         assert_eq!(
             (v[0].host.as_str(), v[0].port, v[0].via),
@@ -233,13 +235,10 @@ mod tests {
 
     #[tokio::test]
     async fn an_allowed_name_on_a_private_address_is_refused_unless_the_address_is_allowed() {
-        let (r, path) = run(&["inside.test"], &[], &[("inside.test", "10.1.2.3")]);
+        let (r, dir) = run(&["inside.test"], &[], &[("inside.test", "10.1.2.3")]);
         let m = ask(&r, "inside.test", RecordType::A).await;
         assert_eq!(m.metadata.response_code, ResponseCode::Refused);
-        assert_eq!(
-            super::super::record::read(&path)[0].reason,
-            "private_address"
-        );
+        assert_eq!(violations(&dir)[0].reason, "private_address");
         let (ok, _) = run(
             &["inside.test", "10.0.0.0/8"],
             &[],
@@ -252,7 +251,7 @@ mod tests {
 
     #[tokio::test]
     async fn garbage_gets_formerr_or_nothing_and_odd_queries_no_violation() {
-        let (r, path) = run(&["a.test"], &[], &[]);
+        let (r, dir) = run(&["a.test"], &[], &[]);
         let reply = answer(&r, &[0xab, 0xcd, 0xff], Transport::Udp)
             .await
             .unwrap();
@@ -266,17 +265,16 @@ mod tests {
         assert_eq!(ptr.metadata.response_code, ResponseCode::Refused);
         let txt = ask(&r, "a.test", RecordType::TXT).await;
         assert_eq!(txt.metadata.response_code, ResponseCode::NoError);
-        assert!(super::super::record::read(&path).is_empty());
+        assert!(violations(&dir).is_empty());
     }
 
     proptest::proptest! {
         /// Random bytes: an answer or nothing, never a panic.
         #[test]
         fn random_bytes_never_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..600)) {
-            static RUN: std::sync::OnceLock<Run> = std::sync::OnceLock::new();
-            let r = RUN.get_or_init(|| run(&["a.test"], &[], &[("a.test", "192.0.2.1")]).0);
+            let (r, _dir) = run(&["a.test"], &[], &[("a.test", "192.0.2.1")]);
             let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-            let _ = rt.block_on(answer(r, &bytes, Transport::Udp));
+            let _ = rt.block_on(answer(&r, &bytes, Transport::Udp));
         }
     }
 }

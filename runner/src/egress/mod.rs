@@ -402,14 +402,11 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
-    fn run() -> Arc<Run> {
-        let dir = std::env::temp_dir().join(format!(
-            "sidejob-egress-{}-{}",
-            std::process::id(),
-            crate::ids::ulid()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        Arc::new(Run::new("t", Policy::default(), &dir.join(record::FILE)).unwrap())
+    /// A run, and the directory of its violation record (gone when dropped).
+    fn run() -> (Arc<Run>, crate::scratch::ScratchDir) {
+        let dir = crate::scratch::ScratchDir::new("egress");
+        let run = Run::new("t", Policy::default(), &dir.path().join(record::FILE)).unwrap();
+        (Arc::new(run), dir)
     }
 
     #[tokio::test]
@@ -421,7 +418,7 @@ mod tests {
         for fd in [OwnedFd::from(unix), pipe_r, OwnedFd::from(file)] {
             let (a, b) = UnixStream::pair().unwrap();
             crate::sys::fdpass::send_with_fd(a.as_fd(), &[kind::PROXY], fd.as_fd()).unwrap();
-            let e = from_relay(b, &run()).await.unwrap_err().to_string();
+            let e = from_relay(b, &run().0).await.unwrap_err().to_string();
             assert!(e.contains("not an inet socket"), "{e}");
         }
         // A UDP socket is not a proxy connection, nor a TCP one a UDP query.
@@ -439,6 +436,6 @@ mod tests {
         let mut a = a;
         a.write_all(&[kind::PROXY]).await.unwrap();
         drop(a);
-        assert!(from_relay(b, &run()).await.is_err());
+        assert!(from_relay(b, &run().0).await.is_err());
     }
 }
