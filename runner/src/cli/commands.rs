@@ -52,6 +52,7 @@ pub(super) fn serve(
             .with_span_list(false)
             .init(),
     }
+    crate::sys::one_heap_arena();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
