@@ -452,6 +452,19 @@ impl Client {
             offset = next;
         }
     }
+
+    /// Waits (up to 10 s) until the task's output contains `needle`: the command says it
+    /// is ready, so everything before it has happened.
+    pub fn wait_for_output(&mut self, task_id: &str, needle: &str) {
+        let mut out = String::new();
+        assert!(
+            wait_until(Duration::from_secs(10), || {
+                out = self.output(task_id);
+                out.contains(needle)
+            }),
+            "the run never printed {needle:?}; output: {out:?}"
+        );
+    }
 }
 
 /// Is `pid` alive (and not a zombie)?

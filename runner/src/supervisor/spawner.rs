@@ -141,11 +141,13 @@ fn fork_supervisor(runs_dir: &Path, request: &[u8], fds: Vec<OwnedFd>) -> io::Re
             // their numbers, a process group of its own. The signal mask and dispositions
             // are the spawner's, which posix_spawn reset. The spawner's socket is closed by
             // the supervisor's first step (it keeps descriptors 0 to 4 only).
-            // Its command line stays the spawner's; its name says what it is.
-            let _ = sys::spawn::set_name(SUPERVISOR_NAME);
             let code =
                 match sys::spawn::place_fds(fds).and_then(|()| sys::spawn::own_process_group()) {
-                    Ok(()) => super::forked_main(&private_dir),
+                    Ok(()) => {
+                        // Its command line stays the spawner's; its name says what it is.
+                        let _ = sys::spawn::set_name(SUPERVISOR_NAME);
+                        super::forked_main(&private_dir)
+                    }
                     Err(e) => {
                         eprintln!("sidejob spawner: cannot set up a supervisor: {e}");
                         2

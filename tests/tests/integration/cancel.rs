@@ -6,18 +6,6 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use sidejob_tests::{pids_mentioning, pids_running, unique_sleep, wait_until, Client, Daemon};
 
-/// Waits until the task's output contains `needle` (the command says it is ready).
-fn wait_for_output(c: &mut Client, id: &str, needle: &str) {
-    let mut out = String::new();
-    assert!(
-        wait_until(Duration::from_secs(10), || {
-            out = c.output(id);
-            out.contains(needle)
-        }),
-        "the run never printed {needle:?}; output: {out:?}"
-    );
-}
-
 #[test]
 fn cancel_stops_setsid_and_double_forked_processes() {
     let d = Daemon::start();
@@ -27,7 +15,7 @@ fn cancel_stops_setsid_and_double_forked_processes() {
     let cmd = format!("setsid sleep {mark} & (sleep {mark} &); sleep {mark} & echo ready; wait");
     let r = c.bash(&s, &cmd, json!({"background": true}));
     let id = r["task_id"].as_str().expect("id").to_owned();
-    wait_for_output(&mut c, &id, "ready");
+    c.wait_for_output(&id, "ready");
     assert!(
         wait_until(Duration::from_secs(10), || pids_running(&format!(
             "sleep {mark}"
@@ -62,7 +50,7 @@ fn a_process_ignoring_sigterm_is_killed_after_the_grace() {
     let cmd = format!("trap '' TERM; sleep {mark} & echo ready; while :; do sleep 0.05; done");
     let r = c.bash(&s, &cmd, json!({"background": true}));
     let id = r["task_id"].as_str().expect("id").to_owned();
-    wait_for_output(&mut c, &id, "ready");
+    c.wait_for_output(&id, "ready");
     assert!(wait_until(Duration::from_secs(10), || pids_running(
         &format!("sleep {mark}")
     )
@@ -93,7 +81,7 @@ fn the_configured_grace_applies_when_cancel_names_none() {
         json!({"background": true}),
     );
     let id = r["task_id"].as_str().expect("id").to_owned();
-    wait_for_output(&mut c, &id, "ready");
+    c.wait_for_output(&id, "ready");
     let started = Instant::now();
     let res = c.ok("task.cancel", json!({"task_id": id}));
     let took = started.elapsed();

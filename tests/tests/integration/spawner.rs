@@ -44,17 +44,18 @@ fn a_supervisor_is_the_daemons_child_in_a_process_group_of_its_own() {
     let mut c = d.client();
     let s = d.open_session(&mut c);
     let gate = Gate::new(&d.workspace, "held");
-    let r = c.bash(&s, &gate.wait_cmd(), json!({"background": true}));
+    let r = c.bash(
+        &s,
+        &format!("echo started; {}", gate.wait_cmd()),
+        json!({"background": true}),
+    );
     let id = r["task_id"].as_str().expect("id").to_owned();
     let sup = supervisor_of(&d, &id);
+    // The command runs: the supervisor is past its set-up (descriptors, process group).
+    c.wait_for_output(&id, "started");
     // Forked by the spawner, yet the daemon's child: it reaps it and watches its pidfd.
-    // It keeps the spawner's command line, and is named for what it is (first thing: the
-    // spawner writes its pid down as soon as it is forked).
-    assert!(
-        wait_until(Duration::from_secs(10), || comm(sup) == "sidejob-run"),
-        "supervisor {sup} is named {:?}",
-        comm(sup)
-    );
+    // It keeps the spawner's command line, and is named for what it is.
+    assert_eq!(comm(sup), "sidejob-run", "the name of supervisor {sup}");
     assert_eq!(spawners(&d).len(), 1, "one spawner");
     assert_eq!(
         stat_field(sup, 4),
