@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use sidejob_tests::{pids_mentioning, pids_running, unique_sleep, wait_until, Client, Daemon};
+use sidejob_tests::{pids_mentioning, pids_running, unique_sleep, wait_until, Daemon};
 
 #[test]
 fn cancel_stops_setsid_and_double_forked_processes() {
