@@ -344,9 +344,8 @@ mod tests {
 
     #[test]
     fn config_file_errors_name_the_line() {
-        let dir = std::env::temp_dir().join(format!("sidejob-config-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("bad.toml");
+        let dir = crate::scratch::ScratchDir::new("config-test");
+        let path = dir.path().join("bad.toml");
         std::fs::write(&path, "max_running = 4\nno_such_field = 1\n").unwrap();
         let err = Config::load(&path).unwrap_err().to_string();
         assert!(err.contains("line 2"), "{err}");
@@ -355,7 +354,6 @@ mod tests {
         let cfg = Config::load(&path).unwrap();
         assert_eq!(cfg.max_running, 4);
         assert_eq!(cfg.default_yield_after_ms, None);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
 

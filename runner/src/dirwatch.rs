@@ -84,8 +84,8 @@ mod tests {
     /// that is not relevant runs nothing.
     #[test]
     fn a_burst_is_one_change_and_irrelevant_files_are_ignored() {
-        let dir = std::env::temp_dir().join(format!("sidejob-dirwatch-{}", crate::ids::ulid()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let scratch = crate::scratch::ScratchDir::new("dirwatch");
+        let dir = scratch.path().to_path_buf();
         let calls = Arc::new(AtomicUsize::new(0));
         let seen = calls.clone();
         let _w = DirWatch::start(
@@ -118,6 +118,5 @@ mod tests {
         std::fs::remove_file(dir.join("a.toml")).unwrap();
         wait_for(2);
         assert_eq!(calls.load(Ordering::SeqCst), 2);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -182,10 +182,8 @@ mod tests {
 
     #[test]
     fn refusals_are_appended_capped_and_merged_on_reading() {
-        let dir = std::env::temp_dir().join(format!("sidejob-record-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(FILE);
+        let dir = crate::scratch::ScratchDir::new("record");
+        let path = dir.path().join(FILE);
         let r = Recorder::open(&path).unwrap();
         for _ in 0..3 {
             r.record(&NetworkViolation::new(
@@ -231,6 +229,5 @@ mod tests {
         }
         let lines = std::fs::read_to_string(&path).unwrap().lines().count() as u32;
         assert_eq!(lines, MAX_LINES);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -6,22 +6,18 @@
 use super::*;
 use crate::registry::{SessionRow, Settlement};
 use crate::run_dir::PrivateDir;
+use crate::scratch::ScratchDir;
 
 struct Fixture {
-    root: PathBuf,
     ex: Arc<Executor>,
     session: SessionRow,
-}
-
-impl Drop for Fixture {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.root);
-    }
+    // Last, so the directory goes after the executor and its registry.
+    _root: ScratchDir,
 }
 
 fn fixture() -> Fixture {
-    let root = std::env::temp_dir().join(format!("sidejob-settle-{}", ids::ulid()));
-    std::fs::create_dir_all(&root).expect("temp dir");
+    let scratch = ScratchDir::new("settle");
+    let root = scratch.path();
     let cfg = Arc::new(Config {
         state_dir: root.join("state"),
         shipped_plugins: false,
@@ -45,7 +41,11 @@ fn fixture() -> Fixture {
     registry.insert_session(&session).expect("session");
     let tools = ToolHost::start(&cfg);
     let ex = Executor::new(cfg, registry, tools, PathBuf::from("/nonexistent"));
-    Fixture { root, ex, session }
+    Fixture {
+        ex,
+        session,
+        _root: scratch,
+    }
 }
 
 impl Fixture {

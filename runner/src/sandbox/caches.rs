@@ -175,30 +175,29 @@ mod tests {
 
     #[test]
     fn caches_are_made_per_uid_and_profile_listed_and_cleared() {
-        let state = std::env::temp_dir().join(format!("sidejob-caches-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&state);
+        let scratch = crate::scratch::ScratchDir::new("caches");
+        let state = scratch.path();
         let mut p = Profile::empty("rusty");
         p.caches = vec![
             ("cargo".into(), "/cache/cargo".into()),
             ("pip".into(), "/cache/pip".into()),
         ];
         let (uid, gid) = (crate::sys::getuid(), crate::sys::getgid());
-        let dir = prepare(&state, uid, gid, &p).unwrap().unwrap();
-        assert_eq!(dir, dir_for(&state, uid, "rusty"));
+        let dir = prepare(state, uid, gid, &p).unwrap().unwrap();
+        assert_eq!(dir, dir_for(state, uid, "rusty"));
         std::fs::write(dir.join("cargo/x"), "12345").unwrap();
         // Again: nothing is lost.
-        prepare(&state, uid, gid, &p).unwrap();
-        let listed = list(&state);
+        prepare(state, uid, gid, &p).unwrap();
+        let listed = list(state);
         assert_eq!(listed.len(), 2);
         assert_eq!(listed[0].name, "cargo");
         assert!(listed[0].bytes >= 5);
-        assert!(clear(&state, Some(uid), Some("other")).unwrap().is_empty());
-        assert_eq!(clear(&state, Some(uid), Some("rusty")).unwrap().len(), 2);
-        assert!(list(&state).is_empty());
+        assert!(clear(state, Some(uid), Some("other")).unwrap().is_empty());
+        assert_eq!(clear(state, Some(uid), Some("rusty")).unwrap().len(), 2);
+        assert!(list(state).is_empty());
         assert_eq!(
-            prepare(&state, uid, gid, &Profile::empty("none")).unwrap(),
+            prepare(state, uid, gid, &Profile::empty("none")).unwrap(),
             None
         );
-        std::fs::remove_dir_all(&state).unwrap();
     }
 }

@@ -346,6 +346,7 @@ fn read_trusted(dir: &Path, file: &str) -> Result<Option<String>, CatalogError> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scratch::ScratchDir;
 
     #[test]
     fn every_shipped_profile_loads() {
@@ -360,9 +361,9 @@ mod tests {
 
     #[test]
     fn each_text_is_parsed_once_and_an_edit_is_parsed_again() {
-        let dir = std::env::temp_dir().join(format!("sidejob-catalog-memo-{}", crate::ids::ulid()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let c = Catalog::new(Some(dir.clone()));
+        let scratch = ScratchDir::new("catalog-memo");
+        let dir = scratch.path();
+        let c = Catalog::new(Some(dir.to_path_buf()));
         let memo = |c: &Catalog| lock(&c.layers).len();
         c.get("rust").unwrap();
         let chain = memo(&c);
@@ -372,7 +373,6 @@ mod tests {
         std::fs::write(dir.join("ci.toml"), "description = \"mine\"\n").unwrap();
         assert_eq!(c.get("ci").unwrap().description, "mine");
         assert_eq!(memo(&c), chain + 1, "the edited file is parsed");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -385,24 +385,23 @@ mod tests {
 
     #[test]
     fn an_on_disk_profile_overrides_and_adds() {
-        let dir = std::env::temp_dir().join(format!("sidejob-catalog-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let scratch = ScratchDir::new("catalog");
+        let dir = scratch.path();
         std::fs::write(dir.join("ci.toml"), "description = \"mine\"\n").unwrap();
         std::fs::write(dir.join("extra.toml"), "network = \"loopback\"\n").unwrap();
         std::fs::write(dir.join("broken.toml"), "[limits]\npids = -1\n").unwrap();
-        let c = Catalog::new(Some(dir.clone()));
+        let c = Catalog::new(Some(dir.to_path_buf()));
         assert_eq!(c.get("ci").unwrap().description, "mine");
         assert!(c.names().contains(&"extra".to_owned()));
         let e = c.get("broken").unwrap_err().to_string();
         assert!(e.contains("broken.toml:2: limits.pids"), "{e}");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn an_edit_that_does_not_validate_keeps_the_previous_version() {
-        let dir = std::env::temp_dir().join(format!("sidejob-catalog-edit-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let c = Catalog::new(Some(dir.clone()));
+        let scratch = ScratchDir::new("catalog-edit");
+        let dir = scratch.path();
+        let c = Catalog::new(Some(dir.to_path_buf()));
         std::fs::write(dir.join("mine.toml"), "description = \"v1\"\n").unwrap();
         assert_eq!(c.get("mine").unwrap().description, "v1");
         std::fs::write(dir.join("mine.toml"), "[limits]\npids = -1\n").unwrap();
@@ -420,7 +419,6 @@ mod tests {
         // A profile that never validated is an error, not a silent fallback.
         std::fs::write(dir.join("never.toml"), "[limits]\npids = -1\n").unwrap();
         assert!(c.get("never").is_err());
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -429,12 +427,10 @@ mod tests {
         let chmod = |p: &Path, mode: u32| {
             std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap()
         };
-        let dir =
-            std::env::temp_dir().join(format!("sidejob-catalog-trust-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        chmod(&dir, 0o755);
-        let c = Catalog::new(Some(dir.clone()));
+        let scratch = ScratchDir::new("catalog-trust");
+        let dir = scratch.path();
+        chmod(dir, 0o755);
+        let c = Catalog::new(Some(dir.to_path_buf()));
         let mine = dir.join("mine.toml");
         std::fs::write(&mine, "description = \"v1\"\n").unwrap();
         chmod(&mine, 0o644);
@@ -454,7 +450,7 @@ mod tests {
         std::fs::remove_file(&mine).unwrap();
         std::fs::write(&mine, "description = \"v4\"\n").unwrap();
         chmod(&mine, 0o644);
-        chmod(&dir, 0o777);
+        chmod(dir, 0o777);
         assert_eq!(c.get("mine").unwrap().description, "v1");
         // A profile never read is an error that names the rule and the fix, even for a
         // shipped name: the directory may hold an override that cannot be trusted.
@@ -467,16 +463,14 @@ mod tests {
                 && e.contains("chmod go-w"),
             "{e}"
         );
-        chmod(&dir, 0o755);
+        chmod(dir, 0o755);
         assert_eq!(c.get("mine").unwrap().description, "v4");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn a_profile_extends_another_and_adds_or_narrows() {
-        let dir = std::env::temp_dir().join(format!("sidejob-catalog-ext-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let scratch = ScratchDir::new("catalog-ext");
+        let dir = scratch.path();
         std::fs::write(
             dir.join("mine.toml"),
             "extends = \"ci\"\n[paths]\nreadable = [\"{home}/.cargo\"]\n[limits]\nmemory = \"1GiB\"\n[network]\nallow = [\"crates.io:443\"]\n",
@@ -487,7 +481,7 @@ mod tests {
             "extends = \"mine\"\n[network]\ndeny = [\"crates.io\"]\n",
         )
         .unwrap();
-        let c = Catalog::new(Some(dir.clone()));
+        let c = Catalog::new(Some(dir.to_path_buf()));
         let ci = c.get("ci").unwrap();
         let mine = c.get("mine").unwrap();
         assert_eq!(mine.extends.as_deref(), Some("ci"));
@@ -502,19 +496,17 @@ mod tests {
         let deeper = c.get("deeper").unwrap();
         let policy = deeper.egress.unwrap();
         assert_eq!((policy.allow.len(), policy.deny.len()), (1, 1));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn unknown_parents_and_cycles_are_refused_with_file_and_line() {
-        let dir = std::env::temp_dir().join(format!("sidejob-catalog-cyc-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let scratch = ScratchDir::new("catalog-cyc");
+        let dir = scratch.path();
         std::fs::write(dir.join("a.toml"), "description = \"a\"\nextends = \"b\"\n").unwrap();
         std::fs::write(dir.join("b.toml"), "\n\nextends = \"a\"\n").unwrap();
         std::fs::write(dir.join("orphan.toml"), "extends = \"nope\"\n").unwrap();
         std::fs::write(dir.join("me.toml"), "extends = \"me\"\n").unwrap();
-        let c = Catalog::new(Some(dir.clone()));
+        let c = Catalog::new(Some(dir.to_path_buf()));
         let e = c.get("a").unwrap_err().to_string();
         assert!(
             e.contains("b.toml:3: extends:") && e.contains("a → b → a"),
@@ -530,7 +522,6 @@ mod tests {
             e.contains("me.toml:1: extends:") && e.contains("cycle"),
             "{e}"
         );
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -61,7 +61,9 @@ mod tests {
 
     #[test]
     fn a_request_reads_back_and_a_missing_one_is_a_plain_cancel() {
-        let dir = std::env::temp_dir().join(format!("sidejob-cancel-{}", std::process::id()));
+        let scratch = crate::scratch::ScratchDir::new("cancel");
+        // A directory of its own inside: `create` makes it, and refuses one already there.
+        let dir = scratch.path().join("private");
         let private = PrivateDir::at(dir.clone());
         private.create().unwrap();
         assert!(!CancelRequest::requested(&private));

@@ -238,9 +238,8 @@ mod tests {
     /// Runs `feed` on a capture into a fresh output.log; returns the file, the count and
     /// whether it was truncated.
     fn capture(head: u64, tail: u64, feed: impl FnOnce(&mut Capture)) -> (Vec<u8>, u64, bool) {
-        let dir = std::env::temp_dir().join(format!("sidejob-capture-{}", crate::ids::ulid()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("output.log");
+        let dir = crate::scratch::ScratchDir::new("capture");
+        let path = dir.path().join("output.log");
         let mut c = Capture::new(File::create(&path).unwrap(), head, tail, false);
         feed(&mut c);
         let Captured {
@@ -251,7 +250,6 @@ mod tests {
         } = c.finish();
         assert!(err.is_none());
         let bytes = std::fs::read(&path).unwrap();
-        std::fs::remove_dir_all(&dir).unwrap();
         (bytes, total, truncated)
     }
 

@@ -334,13 +334,9 @@ mod tests {
 
     #[test]
     fn atomic_writes_work_through_a_path_only_directory_and_refuse_planted_names() {
-        let base = std::env::temp_dir().join(format!(
-            "sidejob-dirfd-{}-{}",
-            std::process::id(),
-            crate::ids::ulid()
-        ));
-        std::fs::create_dir(&base).unwrap();
-        let dir = open_dir(&base).unwrap();
+        let scratch = crate::scratch::ScratchDir::new("dirfd");
+        let base = scratch.path();
+        let dir = open_dir(base).unwrap();
         write_visible_at(dir.as_fd(), "r.json", b"one", 0o600, None).unwrap();
         write_visible_at(dir.as_fd(), "r.json", b"two", 0o600, None).unwrap();
         assert_eq!(std::fs::read(base.join("r.json")).unwrap(), b"two");
@@ -348,6 +344,5 @@ mod tests {
         std::os::unix::fs::symlink("/etc/hostname", base.join("planted")).unwrap();
         assert!(create_at(dir.as_fd(), "planted", 0o600).is_err());
         assert!(read_at(dir.as_fd(), Path::new("planted"), 1024).is_err());
-        std::fs::remove_dir_all(&base).unwrap();
     }
 }

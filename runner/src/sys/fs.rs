@@ -428,15 +428,16 @@ fn check(fd: &OwnedFd, part: Part, path: &Path, want: SFlag) -> Result<(), Refus
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::scratch::ScratchDir;
     use std::io::Read;
     use std::os::unix::fs::PermissionsExt;
 
-    fn temp(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("sidejob-sysfs-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
+    /// A directory of mode 0755, and the ScratchDir that removes it when dropped.
+    fn temp(tag: &str) -> (ScratchDir, PathBuf) {
+        let scratch = ScratchDir::new(&format!("sysfs-{tag}"));
+        let d = scratch.path().to_path_buf();
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
-        d
+        (scratch, d)
     }
 
     fn chmod(p: &Path, mode: u32) {
@@ -445,7 +446,7 @@ mod tests {
 
     #[test]
     fn a_checked_file_is_read_from_the_descriptor_that_was_checked() {
-        let d = temp("read");
+        let (_scratch, d) = temp("read");
         std::fs::write(d.join("a.toml"), b"x = 1\n").unwrap();
         chmod(&d.join("a.toml"), 0o644);
         let dir = TrustedDir::open(&d).unwrap();
@@ -464,12 +465,11 @@ mod tests {
         let odd = d.join("sub/../.");
         std::fs::create_dir_all(d.join("sub")).unwrap();
         assert_eq!(TrustedDir::open(&odd).unwrap().path(), d.as_path());
-        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
     fn writable_by_others_is_refused_with_the_reason_and_the_fix() {
-        let d = temp("mode");
+        let (_scratch, d) = temp("mode");
         let f = d.join("p.so");
         std::fs::write(&f, b"x").unwrap();
         for (mode, word) in [(0o666, "world-writable"), (0o620, "group-writable")] {
@@ -496,12 +496,11 @@ mod tests {
             "{e}"
         );
         chmod(&d, 0o755);
-        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
     fn a_sticky_directory_above_is_fine_a_writable_one_is_not() {
-        let d = temp("sticky");
+        let (_scratch, d) = temp("sticky");
         let inner = d.join("inner");
         std::fs::create_dir(&inner).unwrap();
         chmod(&inner, 0o755);
@@ -519,12 +518,11 @@ mod tests {
             "{e}"
         );
         chmod(&d, 0o755);
-        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
     fn symlinks_are_refused_not_followed() {
-        let d = temp("links");
+        let (_scratch, d) = temp("links");
         let real = d.join("real");
         std::fs::create_dir(&real).unwrap();
         chmod(&real, 0o755);
@@ -546,12 +544,11 @@ mod tests {
         assert!(matches!(e.problem, Problem::Symlink { .. }), "{e:?}");
         let e = TrustedDir::open(&d.join("linkdir/sub")).unwrap_err();
         assert_eq!(e.part, Part::Ancestor, "{e:?}");
-        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
     fn an_atomic_write_leaves_the_whole_file_or_nothing() {
-        let d = temp("atomic");
+        let (_scratch, d) = temp("atomic");
         let dir = TrustedDir::open(&d).unwrap();
         dir.write_atomically("copy.so", b"contents", 0o500).unwrap();
         assert_eq!(std::fs::read(d.join("copy.so")).unwrap(), b"contents");
@@ -575,6 +572,5 @@ mod tests {
             .filter(|n| is_temp_name(n))
             .collect();
         assert!(left.is_empty(), "{left:?}");
-        std::fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -507,11 +507,8 @@ mod tests {
             return;
         }
         for version in ["2", "3", "4"] {
-            let dir = std::env::temp_dir().join(format!(
-                "sidejob-gitindex-{}-{}",
-                std::process::id(),
-                crate::ids::ulid()
-            ));
+            let scratch = crate::scratch::ScratchDir::new("gitindex");
+            let dir = scratch.path();
             std::fs::create_dir_all(dir.join("sub/deeper")).unwrap();
             let git = |args: &[&str], at: &Path| {
                 let ok = Command::new("git")
@@ -522,26 +519,25 @@ mod tests {
                     .unwrap();
                 assert!(ok.status.success(), "git {args:?}: {ok:?}");
             };
-            git(&["init", "-q"], &dir);
+            git(&["init", "-q"], dir);
             std::fs::write(dir.join("a.txt"), "a").unwrap();
             std::fs::write(dir.join("sub/deeper/b.txt"), "b").unwrap();
-            git(&["init", "-q", "sub/deeper/repo"], &dir);
+            git(&["init", "-q", "sub/deeper/repo"], dir);
             git(
                 &["commit", "-q", "--allow-empty", "-m", "x"],
                 &dir.join("sub/deeper/repo"),
             );
             git(
                 &["add", "a.txt", "sub/deeper/b.txt", "sub/deeper/repo"],
-                &dir,
+                dir,
             );
-            git(&["update-index", "--index-version", version], &dir);
+            git(&["update-index", "--index-version", version], dir);
             let index = std::fs::read(dir.join(".git/index")).unwrap();
             assert_eq!(
                 gitlinks(&index, 20),
                 Some(vec!["sub/deeper/repo".to_owned()]),
                 "index version {version}"
             );
-            std::fs::remove_dir_all(&dir).unwrap();
         }
         assert_eq!(gitlinks(b"not an index", 20), None);
         assert_eq!(gitlinks(b"DIRC\0\0\0\x02\0\0\0\x05", 20), None);
