@@ -296,12 +296,12 @@ mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
 
-    fn temp(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("sidejob-loader-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
+    /// A directory of mode 0755, and the ScratchDir that removes it when dropped.
+    fn temp(tag: &str) -> (crate::scratch::ScratchDir, PathBuf) {
+        let scratch = crate::scratch::ScratchDir::new(&format!("loader-{tag}"));
+        let d = scratch.path().to_path_buf();
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
-        d
+        (scratch, d)
     }
 
     fn source(d: &Path, name: &str, bytes: &[u8], mode: u32) -> Result<Source, LoadError> {
@@ -313,7 +313,7 @@ mod tests {
 
     #[test]
     fn writable_by_others_is_refused_with_the_reason() {
-        let d = temp("mode");
+        let (_scratch, d) = temp("mode");
         for (mode, word) in [(0o666, "world-writable"), (0o620, "group-writable")] {
             let e = source(&d, "p.so", b"x", mode).err().unwrap().to_string();
             assert!(
@@ -328,12 +328,11 @@ mod tests {
         }
         let ok = source(&d, "p.so", b"x", 0o644).ok().unwrap();
         assert_eq!(ok.bytes, b"x");
-        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
     fn a_file_that_is_not_a_plugin_is_one_line() {
-        let d = temp("junk");
+        let (_scratch, d) = temp("junk");
         let src = source(&d, "junk.so", b"not an ELF file", 0o644)
             .ok()
             .unwrap();
@@ -341,12 +340,11 @@ mod tests {
         let e = load(&src, &copies).err().unwrap().to_string();
         assert!(e.contains("junk.so"), "{e}");
         assert_eq!(e.lines().count(), 1, "{e}");
-        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
     fn a_copy_is_made_once_and_checked_before_reuse() {
-        let d = temp("copies");
+        let (_scratch, d) = temp("copies");
         let src = source(&d, "p.so", b"version 1", 0o644).ok().unwrap();
         let copies = TrustedDir::open_or_create(&d, "copies", 0o700).unwrap();
         let copy = ensure_copy(&copies, &src).unwrap();
@@ -375,6 +373,5 @@ mod tests {
             .unwrap()
             .file_type()
             .is_symlink());
-        std::fs::remove_dir_all(&d).unwrap();
     }
 }
