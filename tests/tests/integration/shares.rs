@@ -131,6 +131,16 @@ fn connections_past_the_share_are_refused_and_the_share_comes_back() {
     admitted_client(|| d.nobody());
 }
 
+/// Bytes written to `s` that its peer has not read yet (`SIOCOUTQ`).
+fn unread(s: &std::os::unix::net::UnixStream) -> i32 {
+    use std::os::fd::AsRawFd;
+    let mut n: libc::c_int = 0;
+    // SAFETY: SIOCOUTQ writes one int through the pointer, which points at one.
+    let r = unsafe { libc::ioctl(s.as_raw_fd(), libc::TIOCOUTQ, &mut n) };
+    assert_eq!(r, 0, "SIOCOUTQ: {}", std::io::Error::last_os_error());
+    n
+}
+
 #[test]
 fn unfinished_lines_past_the_byte_share_are_cut_off_and_others_are_served() {
     if skip_without(&[Need::Root]) {
@@ -144,6 +154,12 @@ fn unfinished_lines_past_the_byte_share_are_cut_off_and_others_are_served() {
         .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"")
         .expect("write");
     first.write_all(&chunk).expect("write");
+    // Only once the daemon holds all of it is the second connection the one that passes the
+    // share (read in the other order, the first would be cut off instead).
+    assert!(
+        sidejob_tests::wait_until(Duration::from_secs(10), || unread(&first) == 0),
+        "the daemon did not read the first connection's line"
+    );
     let mut second = sidejob_tests::connect_as(&d.socket, NOBODY, NOBODY).expect("connect");
     second
         .set_read_timeout(Some(Duration::from_secs(20)))
