@@ -1,10 +1,24 @@
 //! The bridge (docs/plugins.md): scoped to the run's session, only the listed methods, and no way
 //! to the control socket through it.
 
-use serde_json::json;
-use sidejob_tests::Daemon;
+use serde_json::{json, Value};
+use sidejob_tests::{Client, Daemon};
 
 use crate::code::code;
+
+/// Runs a Python script with the code tool, which must succeed, and reads the JSON object it
+/// prints.
+fn python_json(d: &Daemon, c: &mut Client, session: &str, script: &str) -> Value {
+    let r = code(
+        c,
+        session,
+        "python",
+        script,
+        json!({"yield_after_ms": 60_000}),
+    );
+    assert_eq!(r["state"], "succeeded", "{r}\n{}", d.log());
+    serde_json::from_str(r["output"].as_str().unwrap().trim()).expect("script output")
+}
 
 #[test]
 fn the_bridge_refuses_other_sessions_tasks_and_every_method_not_listed() {
@@ -39,16 +53,7 @@ out["own task.list"] = kind("task.list", {{}})
 print(json.dumps(out))
 "#
     );
-    let r = code(
-        &mut c,
-        &s,
-        "python",
-        &script,
-        json!({"yield_after_ms": 60_000}),
-    );
-    assert_eq!(r["state"], "succeeded", "{r}");
-    let out: serde_json::Value =
-        serde_json::from_str(r["output"].as_str().unwrap().trim()).expect("script output");
+    let out = python_json(&d, &mut c, &s, &script);
     for m in ["task.get", "task.output", "task.wait", "task.cancel"] {
         assert_eq!(out[m], "not_found", "{m}: {out}");
     }
@@ -108,16 +113,7 @@ except OSError as e:
 print(json.dumps(res))
 "#
     );
-    let r = code(
-        &mut c,
-        &s,
-        "python",
-        &script,
-        json!({"yield_after_ms": 60_000}),
-    );
-    assert_eq!(r["state"], "succeeded", "{r}");
-    let out: serde_json::Value =
-        serde_json::from_str(r["output"].as_str().unwrap().trim()).expect("script output");
+    let out = python_json(&d, &mut c, &s, &script);
     assert_eq!(out["bridge_is_control"], false, "{out}");
     for m in ["session.list", "session.open", "events.subscribe"] {
         assert_eq!(out[m], "method_not_found", "{out}");
@@ -166,17 +162,8 @@ s.sendall(b'{"jsonrpc": "2.0", "method": "task.list"}\n{"jsonrpc": "2.0", "id": 
 out["after_notification"] = json.loads(f.readline()).get("id")
 print(json.dumps(out))
 "#;
-    let r = code(
-        &mut c,
-        &s,
-        "python",
-        script,
-        json!({"yield_after_ms": 60_000}),
-    );
-    assert_eq!(r["state"], "succeeded", "{r}");
-    let out: serde_json::Value =
-        serde_json::from_str(r["output"].as_str().unwrap().trim()).expect("script output");
-    let refused = |case: &str, id: serde_json::Value, kind: &str| {
+    let out = python_json(&d, &mut c, &s, script);
+    let refused = |case: &str, id: Value, kind: &str| {
         assert_eq!(out[case]["id"], id, "{case}: {out}");
         assert_eq!(out[case]["kind"], kind, "{case}: {out}");
         assert_eq!(out[case]["ok"], false, "{case}: {out}");
@@ -226,16 +213,7 @@ while time.monotonic() < deadline:
 s.close()
 print(json.dumps({"task_id": job and job["task_id"], "state": job and job["state"], "delivery": job and job.get("delivery")}))
 "#;
-    let r = code(
-        &mut c,
-        &s,
-        "python",
-        script,
-        json!({"yield_after_ms": 60_000}),
-    );
-    assert_eq!(r["state"], "succeeded", "{r}\n{}", d.log());
-    let out: serde_json::Value =
-        serde_json::from_str(r["output"].as_str().unwrap().trim()).expect("script output");
+    let out = python_json(&d, &mut c, &s, script);
     assert_eq!(out["state"], "succeeded", "{out}");
     assert_eq!(
         out["delivery"], "pending",
