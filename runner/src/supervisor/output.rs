@@ -11,6 +11,7 @@ use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::{AsFd, BorrowedFd};
 
+use crate::sys;
 use nix::errno::Errno;
 use nix::fcntl::{splice, SpliceFFlags};
 
@@ -98,7 +99,7 @@ impl Capture {
             self.scratch = vec![0; 64 * 1024];
         }
         let mut scratch = std::mem::take(&mut self.scratch);
-        let read = read_fd(pipe, &mut scratch);
+        let read = sys::read_fd(pipe, &mut scratch);
         if let Ok(n) = read {
             self.push(&scratch[..n]);
         }
@@ -210,9 +211,9 @@ impl Ring {
         if self.cap == 0 {
             // Nothing is kept past the head: the bytes are counted and dropped.
             let mut sink = [0u8; 8192];
-            return read_fd(fd, &mut sink);
+            return sys::read_fd(fd, &mut sink);
         }
-        let n = read_fd(fd, self.space())?;
+        let n = sys::read_fd(fd, self.space())?;
         self.advance(n);
         Ok(n)
     }
@@ -225,10 +226,6 @@ impl Ring {
             (&self.buf[self.pos..], &self.buf[..self.pos])
         }
     }
-}
-
-fn read_fd(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
-    Ok(nix::unistd::read(fd, buf)?)
 }
 
 #[cfg(test)]

@@ -526,9 +526,9 @@ pub(crate) fn write_all_fd(fd: &OwnedFd, data: &[u8]) {
 
 /// Reads what is available from a (non-blocking) descriptor into `buf`; returns the number of
 /// bytes read, `Ok(0)` at end of file, and `WouldBlock` when nothing is ready.
-pub(crate) fn read_fd(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<usize> {
+pub(crate) fn read_fd(fd: impl AsFd, buf: &mut [u8]) -> io::Result<usize> {
     loop {
-        match unistd::read(fd, buf) {
+        match unistd::read(&fd, buf) {
             Err(Errno::EINTR) => continue,
             other => return Ok(other?),
         }
