@@ -16,6 +16,16 @@ impl ScratchDir {
         ScratchDir(dir)
     }
 
+    /// [`ScratchDir::new`], with `mode` whatever the umask (for the tests of checks that
+    /// look at who may write a directory).
+    pub(crate) fn with_mode(tag: &str, mode: u32) -> ScratchDir {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = ScratchDir::new(tag);
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(mode))
+            .expect("set a scratch directory's mode");
+        dir
+    }
+
     pub(crate) fn path(&self) -> &Path {
         &self.0
     }

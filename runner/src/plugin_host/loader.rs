@@ -294,15 +294,8 @@ fn one_line(s: &str) -> String {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::scratch::ScratchDir;
     use std::os::unix::fs::PermissionsExt;
-
-    /// A directory of mode 0755, and the ScratchDir that removes it when dropped.
-    fn temp(tag: &str) -> (crate::scratch::ScratchDir, PathBuf) {
-        let scratch = crate::scratch::ScratchDir::new(&format!("loader-{tag}"));
-        let d = scratch.path().to_path_buf();
-        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
-        (scratch, d)
-    }
 
     fn source(d: &Path, name: &str, bytes: &[u8], mode: u32) -> Result<Source, LoadError> {
         let f = d.join(name);
@@ -313,9 +306,10 @@ mod tests {
 
     #[test]
     fn writable_by_others_is_refused_with_the_reason() {
-        let (_scratch, d) = temp("mode");
+        let scratch = ScratchDir::with_mode("loader-mode", 0o755);
+        let d = scratch.path();
         for (mode, word) in [(0o666, "world-writable"), (0o620, "group-writable")] {
-            let e = source(&d, "p.so", b"x", mode).err().unwrap().to_string();
+            let e = source(d, "p.so", b"x", mode).err().unwrap().to_string();
             assert!(
                 e.starts_with(&format!(
                     "refusing plugin {}: the file is",
@@ -326,17 +320,18 @@ mod tests {
             );
             assert_eq!(e.lines().count(), 1, "{e}");
         }
-        let ok = source(&d, "p.so", b"x", 0o644).ok().unwrap();
+        let ok = source(d, "p.so", b"x", 0o644).ok().unwrap();
         assert_eq!(ok.bytes, b"x");
     }
 
     #[test]
     fn a_file_that_is_not_a_plugin_is_one_line() {
-        let (_scratch, d) = temp("junk");
-        let src = source(&d, "junk.so", b"not an ELF file", 0o644)
+        let scratch = ScratchDir::with_mode("loader-junk", 0o755);
+        let d = scratch.path();
+        let src = source(d, "junk.so", b"not an ELF file", 0o644)
             .ok()
             .unwrap();
-        let copies = TrustedDir::open_or_create(&d, "copies", 0o700).unwrap();
+        let copies = TrustedDir::open_or_create(d, "copies", 0o700).unwrap();
         let e = load(&src, &copies).err().unwrap().to_string();
         assert!(e.contains("junk.so"), "{e}");
         assert_eq!(e.lines().count(), 1, "{e}");
@@ -344,9 +339,10 @@ mod tests {
 
     #[test]
     fn a_copy_is_made_once_and_checked_before_reuse() {
-        let (_scratch, d) = temp("copies");
-        let src = source(&d, "p.so", b"version 1", 0o644).ok().unwrap();
-        let copies = TrustedDir::open_or_create(&d, "copies", 0o700).unwrap();
+        let scratch = ScratchDir::with_mode("loader-copies", 0o755);
+        let d = scratch.path();
+        let src = source(d, "p.so", b"version 1", 0o644).ok().unwrap();
+        let copies = TrustedDir::open_or_create(d, "copies", 0o700).unwrap();
         let copy = ensure_copy(&copies, &src).unwrap();
         assert_eq!(
             copy.file_name().unwrap().to_str().unwrap(),

@@ -432,24 +432,17 @@ mod tests {
     use std::io::Read;
     use std::os::unix::fs::PermissionsExt;
 
-    /// A directory of mode 0755, and the ScratchDir that removes it when dropped.
-    fn temp(tag: &str) -> (ScratchDir, PathBuf) {
-        let scratch = ScratchDir::new(&format!("sysfs-{tag}"));
-        let d = scratch.path().to_path_buf();
-        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
-        (scratch, d)
-    }
-
     fn chmod(p: &Path, mode: u32) {
         std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
     }
 
     #[test]
     fn a_checked_file_is_read_from_the_descriptor_that_was_checked() {
-        let (_scratch, d) = temp("read");
+        let scratch = ScratchDir::with_mode("sysfs-read", 0o755);
+        let d = scratch.path();
         std::fs::write(d.join("a.toml"), b"x = 1\n").unwrap();
         chmod(&d.join("a.toml"), 0o644);
-        let dir = TrustedDir::open(&d).unwrap();
+        let dir = TrustedDir::open(d).unwrap();
         let mut text = String::new();
         dir.open_file(OsStr::new("a.toml"))
             .unwrap()
@@ -464,17 +457,18 @@ mod tests {
         // `..` and `.` are resolved before the walk.
         let odd = d.join("sub/../.");
         std::fs::create_dir_all(d.join("sub")).unwrap();
-        assert_eq!(TrustedDir::open(&odd).unwrap().path(), d.as_path());
+        assert_eq!(TrustedDir::open(&odd).unwrap().path(), d);
     }
 
     #[test]
     fn writable_by_others_is_refused_with_the_reason_and_the_fix() {
-        let (_scratch, d) = temp("mode");
+        let scratch = ScratchDir::with_mode("sysfs-mode", 0o755);
+        let d = scratch.path();
         let f = d.join("p.so");
         std::fs::write(&f, b"x").unwrap();
         for (mode, word) in [(0o666, "world-writable"), (0o620, "group-writable")] {
             chmod(&f, mode);
-            let e = TrustedDir::open(&d)
+            let e = TrustedDir::open(d)
                 .unwrap()
                 .open_file(OsStr::new("p.so"))
                 .unwrap_err();
@@ -488,25 +482,26 @@ mod tests {
         }
         chmod(&f, 0o644);
         // The directory holding it may not be writable by others, sticky or not.
-        chmod(&d, 0o1777);
-        let e = TrustedDir::open(&d).unwrap_err();
+        chmod(d, 0o1777);
+        let e = TrustedDir::open(d).unwrap_err();
         assert_eq!(e.part, Part::Directory);
         assert!(
             e.to_string().contains("its directory is world-writable"),
             "{e}"
         );
-        chmod(&d, 0o755);
+        chmod(d, 0o755);
     }
 
     #[test]
     fn a_sticky_directory_above_is_fine_a_writable_one_is_not() {
-        let (_scratch, d) = temp("sticky");
+        let scratch = ScratchDir::with_mode("sysfs-sticky", 0o755);
+        let d = scratch.path();
         let inner = d.join("inner");
         std::fs::create_dir(&inner).unwrap();
         chmod(&inner, 0o755);
-        chmod(&d, 0o1777);
+        chmod(d, 0o1777);
         TrustedDir::open(&inner).unwrap();
-        chmod(&d, 0o777);
+        chmod(d, 0o777);
         let e = TrustedDir::open(&inner).unwrap_err();
         assert_eq!(e.part, Part::Ancestor);
         assert_eq!(e.path, d);
@@ -517,12 +512,13 @@ mod tests {
             )),
             "{e}"
         );
-        chmod(&d, 0o755);
+        chmod(d, 0o755);
     }
 
     #[test]
     fn symlinks_are_refused_not_followed() {
-        let (_scratch, d) = temp("links");
+        let scratch = ScratchDir::with_mode("sysfs-links", 0o755);
+        let d = scratch.path();
         let real = d.join("real");
         std::fs::create_dir(&real).unwrap();
         chmod(&real, 0o755);
@@ -548,8 +544,9 @@ mod tests {
 
     #[test]
     fn an_atomic_write_leaves_the_whole_file_or_nothing() {
-        let (_scratch, d) = temp("atomic");
-        let dir = TrustedDir::open(&d).unwrap();
+        let scratch = ScratchDir::with_mode("sysfs-atomic", 0o755);
+        let d = scratch.path();
+        let dir = TrustedDir::open(d).unwrap();
         dir.write_atomically("copy.so", b"contents", 0o500).unwrap();
         assert_eq!(std::fs::read(d.join("copy.so")).unwrap(), b"contents");
         assert_eq!(
