@@ -95,12 +95,7 @@ fn sigterm_stops_the_daemon_and_leaves_runs_to_settle() {
         .to_path_buf();
     drop(c);
     assert_eq!(d.terminate(), Some(0), "SIGTERM is a clean stop");
-    let pid: i32 = sidejob_tests::wait_until(std::time::Duration::from_secs(10), || {
-        d.private_dir(&id).join("supervisor.pid").exists()
-    })
-    .then(|| std::fs::read_to_string(d.private_dir(&id).join("supervisor.pid")).expect("pid file"))
-    .and_then(|s| s.split_whitespace().next()?.parse().ok())
-    .expect("the run's supervisor.pid");
+    let pid = sidejob_tests::supervisor_pid(&d.private_dir(&id));
     assert!(
         sidejob_tests::process_alive(pid),
         "the run's supervisor died with the daemon"
