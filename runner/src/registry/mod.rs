@@ -183,6 +183,9 @@ impl Registry {
         conn.pragma_update(None, "cache_size", -1024)?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        // Every write parses its statements once: a patch's shape is a statement of its own
+        // (a handful per table), and each commit adds its event's insert.
+        conn.set_prepared_statement_cache_capacity(64);
         let mut conn = conn;
         migrate(&mut conn)?;
         let last: i64 =
@@ -273,9 +276,10 @@ impl Registry {
         patch: &Map<String, Value>,
     ) -> Result<i64> {
         apply_patch(tx, entity, id, op, patch)?;
-        tx.execute(
+        tx.prepare_cached(
             "INSERT INTO events (at, kind, entity, entity_id, op, session_id, patch) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-            params![crate::ids::now_rfc3339(), kind, entity.name(), id, op.name(), session_id, Value::Object(patch.clone()).to_string()],
+        )?
+        .execute(params![crate::ids::now_rfc3339(), kind, entity.name(), id, op.name(), session_id, Value::Object(patch.clone()).to_string()],
         )?;
         Ok(tx.last_insert_rowid())
     }
