@@ -276,11 +276,18 @@ impl Registry {
         patch: &Map<String, Value>,
     ) -> Result<i64> {
         apply_patch(tx, entity, id, op, patch)?;
-        tx.prepare_cached(
+        let mut insert = tx.prepare_cached(
             "INSERT INTO events (at, kind, entity, entity_id, op, session_id, patch) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-        )?
-        .execute(params![crate::ids::now_rfc3339(), kind, entity.name(), id, op.name(), session_id, Value::Object(patch.clone()).to_string()],
         )?;
+        insert.execute(params![
+            crate::ids::now_rfc3339(),
+            kind,
+            entity.name(),
+            id,
+            op.name(),
+            session_id,
+            Value::Object(patch.clone()).to_string()
+        ])?;
         Ok(tx.last_insert_rowid())
     }
 

@@ -427,9 +427,8 @@ mod tests {
         let chmod = |p: &Path, mode: u32| {
             std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap()
         };
-        let scratch = ScratchDir::new("catalog-trust");
+        let scratch = ScratchDir::with_mode("catalog-trust", 0o755);
         let dir = scratch.path();
-        chmod(dir, 0o755);
         let c = Catalog::new(Some(dir.to_path_buf()));
         let mine = dir.join("mine.toml");
         std::fs::write(&mine, "description = \"v1\"\n").unwrap();

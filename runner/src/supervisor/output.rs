@@ -11,9 +11,10 @@ use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::{AsFd, BorrowedFd};
 
-use crate::sys;
 use nix::errno::Errno;
 use nix::fcntl::{splice, SpliceFFlags};
+
+use crate::sys;
 
 /// The most one splice moves; the pipe holds at most this much anyway (see [`PIPE_SIZE`]).
 const SPLICE_CHUNK: usize = 1 << 20;
