@@ -149,10 +149,17 @@ struct Live {
     done: watch::Sender<bool>,
     stdin_queued: Arc<AtomicU64>,
     wake: WakeMode,
+    /// The shared offline network namespace the run may join (see `supervisor::spawner`).
+    netns_key: Option<String>,
 }
 
 impl Live {
-    fn new(row: &TaskRow, private: PrivateDir, public: Option<OwnedFd>) -> Arc<Live> {
+    fn new(
+        row: &TaskRow,
+        private: PrivateDir,
+        public: Option<OwnedFd>,
+        netns_key: Option<String>,
+    ) -> Arc<Live> {
         Arc::new(Live {
             task_id: row.task_id.clone(),
             session_id: row.session_id.clone(),
@@ -163,6 +170,7 @@ impl Live {
             done: watch::channel(false).0,
             stdin_queued: Arc::new(AtomicU64::new(0)),
             wake: row.wake,
+            netns_key,
         })
     }
 

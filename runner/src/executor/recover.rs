@@ -73,7 +73,8 @@ fn recover_one(ex: &Arc<Executor>, row: &crate::registry::TaskRow) -> Outcome {
         .and_then(|session_dir| {
             run_dir::open_public(session_dir, row.owner_uid, &row.task_id).ok()
         });
-    let live = Live::new(row, private, public);
+    // A run started again here makes its own network namespace.
+    let live = Live::new(row, private, public, None);
     ex.live_map().insert(row.task_id.clone(), live.clone());
     let recorded = row
         .supervisor_pid

@@ -70,9 +70,13 @@ impl Executor {
                 .map(OwnedFd::from),
         };
         let (report_r, report_w) = sys::pipe()?;
-        let pid =
-            self.spawner
-                .spawn_supervisor(&live.private, public.as_fd(), stdin_read, report_w)?;
+        let pid = self.spawner.spawn_supervisor(
+            &live.private,
+            live.netns_key.as_deref(),
+            public.as_fd(),
+            stdin_read,
+            report_w,
+        )?;
         // The child is ours and unreaped, so its pid cannot have been reused yet.
         let pidfd = Arc::new(sys::async_fd(sys::pidfd_open(pid)?)?);
         sys::set_nonblocking(&report_r, true)?;

@@ -58,10 +58,12 @@ impl Spawner {
     }
 
     /// Starts the supervisor of the run whose private directory is `private` and returns
-    /// its pid (the caller reaps it).
+    /// its pid (the caller reaps it). A run with a `netns_key` may share that offline
+    /// network namespace (only a forked supervisor is given one).
     pub(super) fn spawn_supervisor(
         &self,
         private: &PrivateDir,
+        netns_key: Option<&str>,
         public: BorrowedFd<'_>,
         stdin: Option<OwnedFd>,
         report: OwnedFd,
@@ -93,7 +95,7 @@ impl Spawner {
                 }
             }
             if let Some(z) = zygote.as_ref() {
-                match z.fork(private.path(), &fds) {
+                match z.fork(private.path(), netns_key, &fds) {
                     Ok(pid) => return Ok(pid),
                     // It said no before forking: nothing was started.
                     Err(Failed::Refused(e)) => return Err(e),
@@ -164,8 +166,13 @@ enum Failed {
 
 impl Zygote {
     /// One request, one reply (see `supervisor/spawner.rs`).
-    fn fork(&self, private_dir: &Path, fds: &[BorrowedFd<'_>]) -> Result<i32, Failed> {
-        let request = spawner::encode_request(private_dir);
+    fn fork(
+        &self,
+        private_dir: &Path,
+        netns_key: Option<&str>,
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<i32, Failed> {
+        let request = spawner::encode_request(private_dir, netns_key);
         fdpass::send_with_fds(self.sock.as_fd(), &request, fds).map_err(Failed::Unsent)?;
         let mut reply = [0u8; 8];
         let n = nix::sys::socket::recv(

@@ -28,6 +28,8 @@ struct Staged {
     extras: RunExtras,
     service: bool,
     summary: String,
+    /// The shared offline network namespace the run may join (network off only).
+    netns_key: Option<String>,
 }
 
 impl Executor {
@@ -160,6 +162,12 @@ impl Executor {
             .map_err(io("create run directory", &public_path))?;
         // Root runs other users' commands as those users, never as root.
         let run_as = sandbox::run_ids(sb.run_as, owner);
+        // A run whose network is off shares an empty network namespace with the session's
+        // other such runs of the same user (see `supervisor::spawner`).
+        let netns_key = (sb.sandbox.network == sandbox::Network::None).then(|| {
+            let uid = run_as.0.unwrap_or_else(sys::getuid);
+            format!("{uid}/{}", req.session.session_id)
+        });
         // An allow-list run: its proxy socket, bound now and served once the task is live.
         let egress = match &mut sb.sandbox.egress {
             Some(plan) => Some(egress::bind(task_id, private, plan)?),
@@ -220,6 +228,7 @@ impl Executor {
             extras,
             service: req.service || tool_plan.service,
             summary: tool_plan.summary,
+            netns_key,
         })
     }
 
@@ -243,6 +252,7 @@ impl Executor {
             extras,
             service,
             summary,
+            netns_key,
         } = staged;
         let row = TaskRow {
             mode: if foreground {
@@ -271,7 +281,7 @@ impl Executor {
             )
         };
         self.registry.insert_task(&row)?;
-        let live = Live::new(&row, private, Some(public));
+        let live = Live::new(&row, private, Some(public), netns_key);
         let rx = foreground.then(|| {
             let (tx, rx) = oneshot::channel();
             live.lock().fg = Some(tx);

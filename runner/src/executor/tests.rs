@@ -62,7 +62,7 @@ impl Fixture {
         row.wake = wake;
         self.ex.registry.insert_task(&row).expect("task");
         let private = PrivateDir::new(&self.ex.cfg.runs_dir(), &row.task_id);
-        Live::new(&row, private, None)
+        Live::new(&row, private, None, None)
     }
 
     fn settle(&self, live: &Arc<Live>) -> TaskRow {

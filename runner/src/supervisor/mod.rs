@@ -85,22 +85,32 @@ enum PidFile {
 /// run's public directory is descriptor 3; descriptor 4, when open, is the daemon's report
 /// pipe (`executor::spawn`).
 pub fn main(private_dir: &Path) -> i32 {
-    supervisor_main(private_dir, PidFile::Write)
+    supervisor_main(private_dir, PidFile::Write, false)
 }
 
-/// [`main`] for a supervisor the spawner forked (and whose pid file it wrote).
-fn forked_main(private_dir: &Path) -> i32 {
-    supervisor_main(private_dir, PidFile::Written)
+/// [`main`] for a supervisor the spawner forked (and whose pid file it wrote), with the
+/// shared offline network namespace the run may join at [`spawner::SHARED_NETNS_FD`] when
+/// `shared_netns`.
+fn forked_main(private_dir: &Path, shared_netns: bool) -> i32 {
+    supervisor_main(private_dir, PidFile::Written, shared_netns)
 }
 
-fn supervisor_main(private_dir: &Path, pid_file: PidFile) -> i32 {
+fn supervisor_main(private_dir: &Path, pid_file: PidFile, shared_netns: bool) -> i32 {
     let started = SystemTime::now();
     // Block the stop signals first: one that arrives during set-up stays pending and is read
     // from the signalfd later, instead of killing the supervisor before it can settle the run.
     let _ = stop_signals().block();
-    // Nothing the daemon might have leaked stays open here (stdio, the run directory and the
-    // report pipe excepted).
-    let _ = sys::close_from(crate::run_dir::SUPERVISOR_REPORT_FD as u32 + 1);
+    // Nothing the daemon might have leaked stays open here (stdio, the run directory, the
+    // report pipe and a shared network namespace excepted).
+    let keep = if shared_netns {
+        spawner::SHARED_NETNS_FD
+    } else {
+        crate::run_dir::SUPERVISOR_REPORT_FD
+    };
+    let _ = sys::close_from(keep as u32 + 1);
+    let shared_netns = shared_netns
+        .then(|| sys::take_inherited_fd(spawner::SHARED_NETNS_FD).ok())
+        .flatten();
     let public = match sys::take_inherited_fd(crate::run_dir::SUPERVISOR_PUBLIC_FD).and_then(|fd| {
         if dirfd::is_dir(&dirfd::stat_fd(fd.as_fd())?) {
             Ok(fd)
@@ -143,6 +153,7 @@ fn supervisor_main(private_dir: &Path, pid_file: PidFile) -> i32 {
     let opts = Options {
         egress_first_use: None,
         report,
+        shared_netns,
     };
     let (result, output, report) = match supervise_run(&plan, started, public.as_fd(), opts) {
         Ok(s) => (s.result, Some(s.output), s.report),
@@ -221,6 +232,9 @@ pub(crate) struct Options<'a> {
     /// The daemon's report pipe: kept out of the run's init (nothing of the run may hold it)
     /// and handed back with the result.
     pub report: Option<OwnedFd>,
+    /// An offline network namespace shared with the session's other runs (see `spawner`):
+    /// init joins it instead of making one when the run's network is off.
+    pub shared_netns: Option<OwnedFd>,
 }
 
 /// A supervised run: its result, `output.log` (complete, not yet made durable) and the
@@ -253,6 +267,7 @@ pub(crate) fn supervise_with(
     let opts = Options {
         egress_first_use,
         report: None,
+        shared_netns: None,
     };
     supervise_run(plan, started, out_dir, opts)
         .map(|s| s.result)
@@ -272,8 +287,9 @@ pub(crate) fn supervise_run(
     let Options {
         egress_first_use,
         mut report,
+        shared_netns,
     } = opts;
-    let mut run = match run::Run::start(plan, out_dir, &mut report) {
+    let mut run = match run::Run::start(plan, out_dir, &mut report, shared_netns) {
         Ok(run) => run,
         Err(e) => return Err((e, report)),
     };

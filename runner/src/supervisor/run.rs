@@ -44,11 +44,13 @@ pub(super) struct Run<'p> {
 
 impl<'p> Run<'p> {
     /// Everything before the run: signals, output.log, the sandbox prepared, the pipes, the
-    /// PID namespace, and init forked into it. `keep_from_init` is closed in init.
+    /// PID namespace, and init forked into it. `keep_from_init` is closed in init;
+    /// `shared_netns` is the offline network namespace init joins if the network is off.
     pub(super) fn start(
         plan: &'p LaunchPlan,
         out_dir: BorrowedFd<'_>,
         keep_from_init: &mut Option<OwnedFd>,
+        shared_netns: Option<OwnedFd>,
     ) -> Result<Run<'p>, SuperviseError> {
         let clock = Instant::now();
         let setup =
@@ -74,7 +76,10 @@ impl<'p> Run<'p> {
         let cmd = prepare_command(plan)?;
         // Checks the plan against this host, creates the run's cgroup, compiles the filters:
         // everything that can fail or allocate happens here, before any fork.
-        let sandbox = linux::prepare(plan)?;
+        let mut sandbox = linux::prepare(plan)?;
+        if let Some(netns) = shared_netns {
+            sandbox.share_netns(netns);
+        }
         let (out_r, out_w) = sys::pipe().map_err(setup("output pipe"))?;
         // Best effort: a smaller pipe only means more wake-ups.
         let _ = sys::set_pipe_size(&out_r, output::PIPE_SIZE);

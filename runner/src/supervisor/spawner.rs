@@ -12,13 +12,28 @@
 //!
 //! One request, one reply, on a `SOCK_SEQPACKET` socket pair (descriptor 3): the request is
 //! the run's private directory, with [`FDS`] descriptors attached (the supervisor's 0 to 4,
-//! see `executor::spawn`); the reply is the supervisor's pid, or a negated `errno`.
+//! see `executor::spawn`), and for a run whose network is off the key of the network
+//! namespace it may share; the reply is the supervisor's pid, or a negated `errno`.
 //! Encoded and decoded here only. A supervisor forked this way keeps the spawner's command
 //! line; its name (`comm`) is [`SUPERVISOR_NAME`].
+//!
+//! **Shared offline network namespaces.** A run whose network is off needs a network
+//! namespace of its own only to be kept apart from the host's network (its interfaces, its
+//! sockets in `/proc/net`, its abstract Unix sockets); making one and tearing it down is the
+//! costliest step of a run's start (about 0.5 ms of CPU each). The spawner therefore keeps
+//! one empty namespace (`lo` down, nothing in it) per key the daemon gives — the run's uid
+//! and session — and hands it to the supervisor as descriptor [`SHARED_NETNS_FD`]; the run's
+//! init joins it instead of making its own (`sandbox::linux::launch`). Runs of other
+//! sessions or other users never meet in one. A namespace unused for [`SHARED_NETNS_IDLE`]
+//! is let go (the runs still in it keep it alive), and at most [`SHARED_NETNS_MAX`] are
+//! kept. Only a root spawner makes them; without one, or when making one fails, the run
+//! makes its own as before.
 
+use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use crate::sys::{self, fdpass, Fork};
 
@@ -32,25 +47,130 @@ pub(crate) const SUPERVISOR_NAME: &std::ffi::CStr = c"sidejob-run";
 /// The spawner's socket, as it is inherited.
 const SOCKET_FD: i32 = 3;
 
-/// The longest request (a private directory's path).
+/// Where a forked supervisor finds the shared network namespace it was given, if any.
+pub(crate) const SHARED_NETNS_FD: i32 = FDS as i32;
+
+/// A shared network namespace no run has asked for in this long is let go.
+const SHARED_NETNS_IDLE: Duration = Duration::from_secs(600);
+
+/// The most shared network namespaces kept at once (the least recently used goes first).
+const SHARED_NETNS_MAX: usize = 256;
+
+/// The longest request (a private directory's path and a key).
 const MAX_REQUEST: usize = 4096;
 
-/// A request, as sent: the private directory's path.
-pub(crate) fn encode_request(private_dir: &Path) -> Vec<u8> {
+/// The longest key of a shared network namespace.
+const MAX_KEY: usize = 512;
+
+/// A request, as sent: the private directory's path, then, for a run that may share an
+/// offline network namespace, a NUL and that namespace's key.
+pub(crate) fn encode_request(private_dir: &Path, netns_key: Option<&str>) -> Vec<u8> {
     use std::os::unix::ffi::OsStrExt;
-    private_dir.as_os_str().as_bytes().to_vec()
+    let mut bytes = private_dir.as_os_str().as_bytes().to_vec();
+    if let Some(key) = netns_key.filter(|k| valid_key(k.as_bytes())) {
+        bytes.push(0);
+        bytes.extend_from_slice(key.as_bytes());
+    }
+    bytes
 }
 
-/// The private directory a request names: a directory directly beneath `runs_dir`, nothing
-/// else (the spawner takes requests only from the daemon, and checks them anyway).
-pub(crate) fn decode_request(runs_dir: &Path, bytes: &[u8]) -> Option<PathBuf> {
+fn valid_key(key: &[u8]) -> bool {
+    !key.is_empty() && key.len() <= MAX_KEY && !key.contains(&0)
+}
+
+/// What a request asks for.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Request {
+    /// A directory directly beneath the runs directory.
+    pub private_dir: PathBuf,
+    /// The shared offline network namespace the run may join.
+    pub netns_key: Option<Vec<u8>>,
+}
+
+/// The request these bytes make: a private directory directly beneath `runs_dir`, nothing
+/// else, and a well-formed key if there is one (the spawner takes requests only from the
+/// daemon, and checks them anyway).
+pub(crate) fn decode_request(runs_dir: &Path, bytes: &[u8]) -> Option<Request> {
     use std::os::unix::ffi::OsStrExt;
-    let path = Path::new(std::ffi::OsStr::from_bytes(bytes));
+    let (path, key) = match bytes.iter().position(|&b| b == 0) {
+        Some(i) => (&bytes[..i], Some(&bytes[i + 1..])),
+        None => (bytes, None),
+    };
+    if key.is_some_and(|k| !valid_key(k)) {
+        return None;
+    }
+    let path = Path::new(std::ffi::OsStr::from_bytes(path));
     let name = path.strip_prefix(runs_dir).ok()?;
     let mut parts = name.components();
     match (parts.next(), parts.next()) {
-        (Some(Component::Normal(_)), None) => Some(path.to_path_buf()),
+        (Some(Component::Normal(_)), None) => Some(Request {
+            private_dir: path.to_path_buf(),
+            netns_key: key.map(<[u8]>::to_vec),
+        }),
         _ => None,
+    }
+}
+
+/// The shared offline network namespaces (see the module's documentation).
+struct SharedNets {
+    /// The spawner's own network namespace, to return to after making one.
+    home: OwnedFd,
+    nets: HashMap<Vec<u8>, (OwnedFd, Instant)>,
+}
+
+impl SharedNets {
+    /// `None` when this spawner cannot make them (it is not root).
+    fn new() -> Option<SharedNets> {
+        if !nix::unistd::geteuid().is_root() {
+            return None;
+        }
+        let home = std::fs::File::open("/proc/thread-self/ns/net").ok()?;
+        Some(SharedNets {
+            home: home.into(),
+            nets: HashMap::new(),
+        })
+    }
+
+    /// The namespace for `key`, made now if there is none; `None` if it cannot be made.
+    fn get(&mut self, key: &[u8], now: Instant) -> Option<&OwnedFd> {
+        self.nets
+            .retain(|_, (_, used)| now.duration_since(*used) < SHARED_NETNS_IDLE);
+        if !self.nets.contains_key(key) {
+            if self.nets.len() >= SHARED_NETNS_MAX {
+                let oldest = self
+                    .nets
+                    .iter()
+                    .min_by_key(|(_, (_, used))| *used)
+                    .map(|(k, _)| k.clone());
+                if let Some(k) = oldest {
+                    self.nets.remove(&k);
+                }
+            }
+            match self.make() {
+                Ok(fd) => {
+                    self.nets.insert(key.to_vec(), (fd, now));
+                }
+                Err(e) => {
+                    eprintln!("sidejob spawner: cannot make a shared network namespace: {e}");
+                    return None;
+                }
+            }
+        }
+        let entry = self.nets.get_mut(key)?;
+        entry.1 = now;
+        Some(&entry.0)
+    }
+
+    /// A new, empty network namespace; this process is back in its own afterwards.
+    fn make(&self) -> io::Result<OwnedFd> {
+        sys::unshare(libc::CLONE_NEWNET)?;
+        let made = std::fs::File::open("/proc/thread-self/ns/net");
+        // Back home whatever happened: every later fork would inherit the new one.
+        if let Err(e) = nix::sched::setns(&self.home, nix::sched::CloneFlags::CLONE_NEWNET) {
+            eprintln!("sidejob spawner: cannot return to its network namespace: {e}");
+            std::process::exit(1);
+        }
+        Ok(made?.into())
     }
 }
 
@@ -99,6 +219,7 @@ pub fn main(runs_dir: &Path) -> i32 {
         }
     };
     let mut buf = vec![0u8; MAX_REQUEST];
+    let mut nets = SharedNets::new();
     loop {
         match sys::poll_readable(&[Some(sock.as_fd())], -1) {
             Ok(_) => {}
@@ -114,20 +235,40 @@ pub fn main(runs_dir: &Path) -> i32 {
         if n == 0 && fds.is_empty() {
             return 0; // the daemon is gone
         }
-        let result = fork_supervisor(runs_dir, &buf[..n], fds);
+        let result = fork_supervisor(runs_dir, &buf[..n], fds, nets.as_mut());
         if fdpass::send(sock.as_fd(), &encode_reply(&result)).is_err() {
             return 1;
         }
     }
 }
 
-/// Forks a supervisor for the run a request names, with the descriptors it came with.
-fn fork_supervisor(runs_dir: &Path, request: &[u8], fds: Vec<OwnedFd>) -> io::Result<i32> {
-    let private_dir = decode_request(runs_dir, request)
+/// Forks a supervisor for the run a request names, with the descriptors it came with (and
+/// the shared network namespace it may join, at [`SHARED_NETNS_FD`]).
+fn fork_supervisor(
+    runs_dir: &Path,
+    request: &[u8],
+    mut fds: Vec<OwnedFd>,
+    nets: Option<&mut SharedNets>,
+) -> io::Result<i32> {
+    let Request {
+        private_dir,
+        netns_key,
+    } = decode_request(runs_dir, request)
         .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
     if fds.len() != FDS {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
+    let netns = match (netns_key, nets) {
+        (Some(key), Some(nets)) => nets.get(&key, Instant::now()),
+        _ => None,
+    };
+    let shared_netns = match netns {
+        Some(fd) => {
+            fds.push(fd.try_clone()?);
+            true
+        }
+        None => false,
+    };
     match sys::spawn::fork_sibling()? {
         Fork::Parent(pid) => {
             // Before the daemon hears of it: a daemon that dies before it records the pid
@@ -146,7 +287,7 @@ fn fork_supervisor(runs_dir: &Path, request: &[u8], fds: Vec<OwnedFd>) -> io::Re
                     Ok(()) => {
                         // Its command line stays the spawner's; its name says what it is.
                         let _ = sys::spawn::set_name(SUPERVISOR_NAME);
-                        super::forked_main(&private_dir)
+                        super::forked_main(&private_dir, shared_netns)
                     }
                     Err(e) => {
                         eprintln!("sidejob spawner: cannot set up a supervisor: {e}");
@@ -167,7 +308,28 @@ mod tests {
     fn requests_name_a_directory_directly_beneath_the_runs() {
         let runs = Path::new("/var/lib/sidejob/runs");
         let ok = runs.join("01M8PG3K5F3FN1N1776JYV76XC");
-        assert_eq!(decode_request(runs, &encode_request(&ok)), Some(ok));
+        let plain = decode_request(runs, &encode_request(&ok, None)).unwrap();
+        assert_eq!(plain.private_dir, ok);
+        assert_eq!(plain.netns_key, None);
+        let keyed = decode_request(runs, &encode_request(&ok, Some("1000/s1"))).unwrap();
+        assert_eq!(keyed.private_dir, ok);
+        assert_eq!(keyed.netns_key.as_deref(), Some(&b"1000/s1"[..]));
+        // A key that cannot be sent is left out, not sent cut or empty.
+        assert_eq!(
+            decode_request(runs, &encode_request(&ok, Some(""))).unwrap().netns_key,
+            None
+        );
+        let long = "k".repeat(MAX_KEY + 1);
+        assert_eq!(
+            decode_request(runs, &encode_request(&ok, Some(&long))).unwrap().netns_key,
+            None
+        );
+        // Received, a malformed key makes the request malformed.
+        for bad in [&b"\0"[..], b"\0a\0b"] {
+            let mut bytes = encode_request(&ok, None);
+            bytes.extend_from_slice(bad);
+            assert_eq!(decode_request(runs, &bytes), None, "{bad:?}");
+        }
         for bad in [
             "/var/lib/sidejob/runs",
             "/var/lib/sidejob/runs/",
@@ -177,7 +339,7 @@ mod tests {
             "/tmp/a",
             "runs/a",
         ] {
-            assert_eq!(decode_request(runs, bad.as_bytes()), None, "{bad}");
+            assert!(decode_request(runs, bad.as_bytes()).is_none(), "{bad}");
         }
     }
 

@@ -68,6 +68,7 @@ fn main() {
         "unix" => std::os::unix::net::UnixStream::connect(a(1))
             .and_then(|mut s| s.write_all(b"probe\n").map(|_| "connected".into())),
         "abstract" => abstract_connect(&a(1)),
+        "abstract-listen" => abstract_listen(&a(1), a(2).parse().unwrap_or(10)),
         "ptrace" => {
             let pid: i32 = a(1).parse().unwrap_or(1);
             // SAFETY: PTRACE_ATTACH takes a pid; the other arguments are ignored.
@@ -250,7 +251,8 @@ fn relay(path: &str) -> Result<String, std::io::Error> {
     std::process::exit(0)
 }
 
-fn abstract_connect(name: &str) -> Result<String, std::io::Error> {
+/// A stream socket and the abstract address `name`.
+fn abstract_socket(name: &str) -> Result<(i32, libc::sockaddr_un, libc::socklen_t), std::io::Error> {
     // SAFETY: socket takes integers.
     let fd =
         cvt(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) } as libc::c_long)? as i32;
@@ -262,6 +264,34 @@ fn abstract_connect(name: &str) -> Result<String, std::io::Error> {
         addr.sun_path[i + 1] = *b as libc::c_char;
     }
     let len = (std::mem::size_of::<libc::sa_family_t>() + 1 + bytes.len()) as libc::socklen_t;
+    Ok((fd, addr, len))
+}
+
+/// Listens on the abstract address `name`: prints `listening` at once, then reports whether
+/// anyone connected within `secs` seconds (`ETIMEDOUT` if not).
+fn abstract_listen(name: &str, secs: i32) -> Result<String, std::io::Error> {
+    let (fd, addr, len) = abstract_socket(name)?;
+    // SAFETY: a valid socket and an address of `len` bytes.
+    cvt(unsafe { libc::bind(fd, &addr as *const _ as *const libc::sockaddr, len) } as libc::c_long)?;
+    // SAFETY: a bound socket.
+    cvt(unsafe { libc::listen(fd, 8) } as libc::c_long)?;
+    println!("listening");
+    let _ = std::io::stdout().flush();
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let n = cvt(unsafe { libc::poll(&mut pfd, 1, secs.saturating_mul(1000)) } as libc::c_long)?;
+    if n == 0 {
+        return Err(std::io::Error::from_raw_os_error(libc::ETIMEDOUT));
+    }
+    Ok("accepted".into())
+}
+
+fn abstract_connect(name: &str) -> Result<String, std::io::Error> {
+    let (fd, addr, len) = abstract_socket(name)?;
     // SAFETY: a valid socket and an address of `len` bytes.
     let r = unsafe { libc::connect(fd, &addr as *const _ as *const libc::sockaddr, len) };
     cvt(r as libc::c_long)?;

@@ -347,9 +347,24 @@ pub(crate) struct Prepared {
     last_cap: u32,
     /// An allow-list run: init binds the relay's ports and sends them to the supervisor.
     egress: bool,
+    /// An offline network namespace shared with the session's other runs, which init joins
+    /// instead of making one (see `supervisor::spawner`); only ever set when the network is
+    /// off.
+    shared_netns: Option<OwnedFd>,
 }
 
 impl Prepared {
+    /// Gives the run an offline network namespace to join instead of making its own. Taken
+    /// only when the run's network is off and landlock scopes its abstract sockets (so the
+    /// session's other runs in that namespace cannot reach them): any other run has a
+    /// namespace of its own.
+    pub(crate) fn share_netns(&mut self, netns: OwnedFd) {
+        let scoped = self.layers.iter().any(|l| l == "landlock_scope");
+        if self.plan.network == Network::None && scoped {
+            self.shared_netns = Some(netns);
+        }
+    }
+
     /// After the run: sets aside the repositories it staged in the workspace's index (see
     /// [`git::Guard::quarantine_staged_repositories`]); returns their paths.
     pub(crate) fn quarantine_git(&self) -> Vec<String> {
@@ -553,6 +568,7 @@ pub(crate) fn prepare(plan: &LaunchPlan) -> Result<Prepared, PrepareError> {
         rlimits,
         last_cap: ssys::last_cap(),
         egress,
+        shared_netns: None,
     })
 }
 
@@ -625,10 +641,17 @@ pub(crate) fn launch(
 
     // 3. The remaining namespaces. The supervisor already made us PID 1 of a new PID
     //    namespace; mount, IPC, UTS and network are unshared here, not in the supervisor, so
-    //    the supervisor keeps the host's view to write output.log and result.json.
+    //    the supervisor keeps the host's view to write output.log and result.json. A run
+    //    whose network is off joins the session's offline namespace when it was given one.
     let mut flags = libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
-    if p.plan.network != Network::Host {
-        flags |= libc::CLONE_NEWNET;
+    match (&p.shared_netns, p.plan.network) {
+        (_, Network::Host) => {}
+        (Some(netns), Network::None) => {
+            nix::sched::setns(netns, nix::sched::CloneFlags::CLONE_NEWNET)
+                .map_err(io::Error::from)
+                .map_err(step("join the session's offline network namespace"))?;
+        }
+        _ => flags |= libc::CLONE_NEWNET,
     }
     sys::unshare(flags).map_err(step("unshare mount, ipc, uts and network namespaces"))?;
     // 4. Loopback needs `lo` up in the new network namespace; `none` leaves it down.
