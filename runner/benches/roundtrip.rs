@@ -9,7 +9,7 @@
 //!
 //! Prints medians and p99 (ms) with the ratios beside them, then the target. A benchmark,
 //! not a test: machines are noisy. `sidejob-sandbox-bench` measures the same against
-//! `sidejob exec`, interleaved.
+//! `sidejob exec`, interleaved. `SIDEJOB_BIN=<path>` measures another build of the daemon.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark fails by panicking
 
@@ -66,12 +66,15 @@ impl Drop for Daemon {
 }
 
 fn main() {
-    let bin = env!("CARGO_BIN_EXE_sidejob");
+    // `SIDEJOB_BIN` measures another build (plugins beside it), for a before/after.
+    let bin = std::env::var_os("SIDEJOB_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_sidejob")));
     let root = std::env::temp_dir().join(format!("sidejob-bench-{}", std::process::id()));
     let socket = root.join("run").join("sidejob.sock");
     let workspace = root.join("ws");
     std::fs::create_dir_all(&workspace).expect("workspace");
-    let child = Command::new(bin)
+    let child = Command::new(&bin)
         .args(["serve", "--socket"])
         .arg(&socket)
         .arg("--state-dir")

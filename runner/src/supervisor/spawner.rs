@@ -116,11 +116,18 @@ struct SharedNets {
     /// The spawner's own network namespace, to return to after making one.
     home: OwnedFd,
     nets: HashMap<Vec<u8>, (OwnedFd, Instant)>,
+    /// [`SHARED_NETNS_IDLE`] and [`SHARED_NETNS_MAX`], but for tests.
+    idle: Duration,
+    max: usize,
 }
 
 impl SharedNets {
     /// `None` when this spawner cannot make them (it is not root).
     fn new() -> Option<SharedNets> {
+        SharedNets::with_limits(SHARED_NETNS_IDLE, SHARED_NETNS_MAX)
+    }
+
+    fn with_limits(idle: Duration, max: usize) -> Option<SharedNets> {
         if !nix::unistd::geteuid().is_root() {
             return None;
         }
@@ -128,15 +135,18 @@ impl SharedNets {
         Some(SharedNets {
             home: home.into(),
             nets: HashMap::new(),
+            idle,
+            max,
         })
     }
 
     /// The namespace for `key`, made now if there is none; `None` if it cannot be made.
     fn get(&mut self, key: &[u8], now: Instant) -> Option<&OwnedFd> {
+        let idle = self.idle;
         self.nets
-            .retain(|_, (_, used)| now.duration_since(*used) < SHARED_NETNS_IDLE);
+            .retain(|_, (_, used)| now.saturating_duration_since(*used) < idle);
         if !self.nets.contains_key(key) {
-            if self.nets.len() >= SHARED_NETNS_MAX {
+            if self.nets.len() >= self.max {
                 let oldest = self
                     .nets
                     .iter()
@@ -316,12 +326,16 @@ mod tests {
         assert_eq!(keyed.netns_key.as_deref(), Some(&b"1000/s1"[..]));
         // A key that cannot be sent is left out, not sent cut or empty.
         assert_eq!(
-            decode_request(runs, &encode_request(&ok, Some(""))).unwrap().netns_key,
+            decode_request(runs, &encode_request(&ok, Some("")))
+                .unwrap()
+                .netns_key,
             None
         );
         let long = "k".repeat(MAX_KEY + 1);
         assert_eq!(
-            decode_request(runs, &encode_request(&ok, Some(&long))).unwrap().netns_key,
+            decode_request(runs, &encode_request(&ok, Some(&long)))
+                .unwrap()
+                .netns_key,
             None
         );
         // Received, a malformed key makes the request malformed.
@@ -341,6 +355,57 @@ mod tests {
         ] {
             assert!(decode_request(runs, bad.as_bytes()).is_none(), "{bad}");
         }
+    }
+
+    /// The namespace's identity (its nsfs inode).
+    fn inode(fd: &OwnedFd) -> u64 {
+        crate::sys::dirfd::stat_fd(fd.as_fd()).unwrap().st_ino
+    }
+
+    #[test]
+    fn shared_namespaces_are_one_per_key_let_go_when_idle_or_past_the_cap() {
+        let Some(mut nets) = SharedNets::with_limits(Duration::from_secs(60), 2) else {
+            eprintln!("skipped: making network namespaces needs root");
+            return;
+        };
+        let here = || std::fs::metadata("/proc/thread-self/ns/net").unwrap();
+        let home = std::os::unix::fs::MetadataExt::ino(&here());
+        let t0 = Instant::now();
+        // Each namespace is held here too, so that none is freed and its inode number
+        // given to a later one.
+        let mut held = Vec::new();
+        let mut hold = |fd: &OwnedFd| {
+            held.push(fd.try_clone().unwrap());
+            inode(fd)
+        };
+        let a = hold(nets.get(b"1000/a", t0).unwrap());
+        assert_ne!(a, home, "a new namespace");
+        assert_eq!(
+            std::os::unix::fs::MetadataExt::ino(&here()),
+            home,
+            "the spawner is back in its own namespace"
+        );
+        assert_eq!(
+            inode(nets.get(b"1000/a", t0).unwrap()),
+            a,
+            "the same key, the same one"
+        );
+        let b = hold(nets.get(b"1000/b", t0 + Duration::from_secs(1)).unwrap());
+        assert_ne!(b, a);
+        // A third key passes the cap of two: the least recently used (a) goes.
+        let c = hold(nets.get(b"1001/a", t0 + Duration::from_secs(2)).unwrap());
+        assert!(![a, b].contains(&c));
+        assert_eq!(nets.nets.len(), 2);
+        assert!(!nets.nets.contains_key(&b"1000/a"[..]));
+        // Unused for the idle time, b is let go and made anew; c, used since, stays.
+        let c_again = inode(nets.get(b"1001/a", t0 + Duration::from_secs(50)).unwrap());
+        assert_eq!(c_again, c);
+        let b_again = hold(nets.get(b"1000/b", t0 + Duration::from_secs(62)).unwrap());
+        assert_ne!(b_again, b);
+        assert_eq!(
+            inode(nets.get(b"1001/a", t0 + Duration::from_secs(62)).unwrap()),
+            c
+        );
     }
 
     #[test]

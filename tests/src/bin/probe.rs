@@ -252,7 +252,9 @@ fn relay(path: &str) -> Result<String, std::io::Error> {
 }
 
 /// A stream socket and the abstract address `name`.
-fn abstract_socket(name: &str) -> Result<(i32, libc::sockaddr_un, libc::socklen_t), std::io::Error> {
+fn abstract_socket(
+    name: &str,
+) -> Result<(i32, libc::sockaddr_un, libc::socklen_t), std::io::Error> {
     // SAFETY: socket takes integers.
     let fd =
         cvt(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) } as libc::c_long)? as i32;
@@ -272,7 +274,9 @@ fn abstract_socket(name: &str) -> Result<(i32, libc::sockaddr_un, libc::socklen_
 fn abstract_listen(name: &str, secs: i32) -> Result<String, std::io::Error> {
     let (fd, addr, len) = abstract_socket(name)?;
     // SAFETY: a valid socket and an address of `len` bytes.
-    cvt(unsafe { libc::bind(fd, &addr as *const _ as *const libc::sockaddr, len) } as libc::c_long)?;
+    cvt(
+        unsafe { libc::bind(fd, &addr as *const _ as *const libc::sockaddr, len) } as libc::c_long,
+    )?;
     // SAFETY: a bound socket.
     cvt(unsafe { libc::listen(fd, 8) } as libc::c_long)?;
     println!("listening");

@@ -63,7 +63,10 @@ fn offline_runs_share_one_empty_namespace_with_their_own_session_only() {
     let s2 = d.open_session(&mut c);
     let first = netns_of(&mut c, &s1);
     assert!(first.starts_with("net:["), "{first}");
-    assert_ne!(first, host, "a run whose network is off is in the host's namespace");
+    assert_ne!(
+        first, host,
+        "a run whose network is off is in the host's namespace"
+    );
     // The session's next run, in the foreground or the background, joins the same one.
     assert_eq!(netns_of(&mut c, &s1), first);
     let bg = c.bash(
@@ -92,7 +95,11 @@ fn offline_runs_share_one_empty_namespace_with_their_own_session_only() {
         .filter_map(|l| l.split_once(':').map(|(name, _)| name.trim()))
         .collect();
     assert_eq!(interfaces, ["lo"], "{dev}");
-    let lo = run(&mut c, &s1, "cat /sys/class/net/lo/flags 2>/dev/null || echo none");
+    let lo = run(
+        &mut c,
+        &s1,
+        "cat /sys/class/net/lo/flags 2>/dev/null || echo none",
+    );
     if let Ok(flags) = u32::from_str_radix(lo.trim().trim_start_matches("0x"), 16) {
         assert_eq!(flags & 1, 0, "lo is up: {lo}");
     }
@@ -103,7 +110,10 @@ fn offline_runs_share_one_empty_namespace_with_their_own_session_only() {
     assert!(host_unix.contains(&name), "control: the host lists @{name}");
     let inside = run(&mut c, &s1, "cat /proc/net/unix");
     assert!(!inside.contains(&name), "{inside}");
-    assert!(inside.lines().count() <= 2, "another run's sockets: {inside}");
+    assert!(
+        inside.lines().count() <= 2,
+        "another run's sockets: {inside}"
+    );
 }
 
 #[test]
