@@ -274,9 +274,8 @@ fn abstract_socket(
 fn abstract_listen(name: &str, secs: i32) -> Result<String, std::io::Error> {
     let (fd, addr, len) = abstract_socket(name)?;
     // SAFETY: a valid socket and an address of `len` bytes.
-    cvt(
-        unsafe { libc::bind(fd, &addr as *const _ as *const libc::sockaddr, len) } as libc::c_long,
-    )?;
+    let r = unsafe { libc::bind(fd, &addr as *const _ as *const libc::sockaddr, len) };
+    cvt(r as libc::c_long)?;
     // SAFETY: a bound socket.
     cvt(unsafe { libc::listen(fd, 8) } as libc::c_long)?;
     println!("listening");
