@@ -96,7 +96,10 @@ fn main() {
     // 10 000 armed schedules for one user is the point of the burst, not a share to enforce.
     let config = root.join("config.toml");
     std::fs::write(&config, "[per_user]\nschedules = 20000\n").unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_sidejob"))
+    // `SIDEJOB_BIN` measures another build (plugins beside it), for a before/after.
+    let bin =
+        std::env::var_os("SIDEJOB_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_sidejob").into());
+    let child = Command::new(bin)
         .arg("serve")
         .arg("--config")
         .arg(&config)
