@@ -26,8 +26,9 @@
 //! init joins it instead of making its own (`sandbox::linux::launch`). Runs of other
 //! sessions or other users never meet in one. A namespace unused for [`SHARED_NETNS_IDLE`]
 //! is let go (the runs still in it keep it alive), and at most [`SHARED_NETNS_MAX`] are
-//! kept. Only a root spawner makes them; without one, or when making one fails, the run
-//! makes its own as before.
+//! kept. Only a root spawner on a kernel whose landlock scopes abstract sockets makes them
+//! (runs in one namespace must not reach each other's); otherwise, or when making one
+//! fails, the run makes its own.
 
 use std::collections::HashMap;
 use std::io;
@@ -122,13 +123,18 @@ struct SharedNets {
 }
 
 impl SharedNets {
-    /// `None` when this spawner cannot make them (it is not root).
+    /// `None` when this spawner cannot make them (it is not root) or runs must not share
+    /// them (landlock cannot scope their abstract sockets: ABI 6).
     fn new() -> Option<SharedNets> {
         SharedNets::with_limits(SHARED_NETNS_IDLE, SHARED_NETNS_MAX)
     }
 
     fn with_limits(idle: Duration, max: usize) -> Option<SharedNets> {
-        if !nix::unistd::geteuid().is_root() {
+        let scoped = crate::sandbox::linux::Availability::cached()
+            .landlock_abi
+            .as_ref()
+            .is_ok_and(|abi| *abi >= 6);
+        if !nix::unistd::geteuid().is_root() || !scoped {
             return None;
         }
         let home = std::fs::File::open("/proc/thread-self/ns/net").ok()?;
@@ -365,7 +371,7 @@ mod tests {
     #[test]
     fn shared_namespaces_are_one_per_key_let_go_when_idle_or_past_the_cap() {
         let Some(mut nets) = SharedNets::with_limits(Duration::from_secs(60), 2) else {
-            eprintln!("skipped: making network namespaces needs root");
+            eprintln!("skipped: shared network namespaces need root and landlock ABI 6");
             return;
         };
         let here = || std::fs::metadata("/proc/thread-self/ns/net").unwrap();
