@@ -329,21 +329,32 @@ impl Executor {
     /// private directory (the task's result is in the registry and its public half).
     pub(super) fn finish(&self, live: &Live) {
         let _ = live.done.send(true);
-        let idle = {
+        // Nothing runs any more after a crowd of runs (the map grew for it): the daemon gives
+        // back to the system what their bookkeeping used. SQLite's caches go first, or the
+        // pages they hold keep the heap from shrinking; then the allocator's free memory,
+        // which it keeps for reuse otherwise. After a run or a few, nothing is given back:
+        // the next call would only take it again.
+        let crowd_gone = {
             let mut map = self.live_map();
             map.remove(&live.task_id);
-            map.is_empty()
+            let gone = map.is_empty() && map.capacity() >= CROWD;
+            if gone {
+                map.shrink_to_fit();
+            }
+            gone
         };
         live.private.remove();
         // Its proxy's socket, too (also when it was settled at start-up, with nobody serving).
         egress::forget(&live.task_id);
-        // Nothing runs any more: give back to the system what the runs' bookkeeping used
-        // (the allocator keeps freed memory otherwise, and the daemon would stay at its peak).
-        if idle {
+        if crowd_gone {
+            self.registry.release_memory();
             sys::trim_heap();
         }
     }
 }
+
+/// How many runs at once make a crowd whose memory is given back once they are all over.
+const CROWD: usize = 64;
 
 /// A started supervisor, as its watcher sees it.
 pub(super) struct Watched {

@@ -254,6 +254,19 @@ impl Registry {
         f(&conn)
     }
 
+    /// Lets go of what both connections cache (pages read, statements prepared), for when
+    /// the daemon falls idle after a crowd of runs: SQLite keeps its caches full otherwise,
+    /// and they hold the heap's pages in place so that trimming it returns little.
+    pub(crate) fn release_memory(&self) {
+        let shrink = |conn: &Connection| {
+            conn.flush_prepared_statement_cache();
+            let _ = conn.execute_batch("PRAGMA shrink_memory");
+        };
+        // One at a time: the wake hub may hold the follower while it waits for the other.
+        shrink(&self.lock());
+        shrink(&self.follower.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+
     /// [`Registry::get_task`] on the follower connection.
     pub(crate) fn get_task_committed(&self, task_id: &str) -> Result<Option<TaskRow>> {
         self.follow(|c| {
