@@ -124,7 +124,7 @@ struct SharedNets {
 
 impl SharedNets {
     /// `None` when this spawner cannot make them (it is not root) or runs must not share
-    /// them (landlock cannot scope their abstract sockets: ABI 6).
+    /// them (landlock cannot scope their abstract sockets).
     fn new() -> Option<SharedNets> {
         SharedNets::with_limits(SHARED_NETNS_IDLE, SHARED_NETNS_MAX)
     }
@@ -133,7 +133,7 @@ impl SharedNets {
         let scoped = crate::sandbox::linux::Availability::cached()
             .landlock_abi
             .as_ref()
-            .is_ok_and(|abi| *abi >= 6);
+            .is_ok_and(|abi| *abi >= crate::sandbox::linux::landlock::SCOPE_ABI);
         if !nix::unistd::geteuid().is_root() || !scoped {
             return None;
         }

@@ -4,7 +4,6 @@
 //! Needs root (the daemon makes these namespaces only as root).
 
 use std::os::linux::net::SocketAddrExt;
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 
 use serde_json::{json, Value};
@@ -20,7 +19,6 @@ fn daemon() -> Option<Daemon> {
     let d = Daemon::start_with_config(&format!("socket_group = \"{NOBODY}\"\n"));
     let probe = d.workspace.join("probe");
     std::fs::copy(probe_bin(), &probe).expect("copy probe");
-    std::fs::set_permissions(&probe, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     Some(d)
 }
 

@@ -34,6 +34,9 @@ use crate::sys::sandbox as sys;
 /// TCP, and scoping of abstract sockets and signals. Rights of later ABIs are not asked for.
 pub(crate) const FULL_ABI: ABI = ABI::V6;
 
+/// The first ABI that scopes abstract Unix sockets and signals to the sandbox.
+pub(crate) const SCOPE_ABI: u32 = 6;
+
 pub(crate) const READ: BitFlags<AccessFs> = make_bitflags!(AccessFs::{ReadFile | ReadDir});
 pub(crate) const WRITE: BitFlags<AccessFs> = make_bitflags!(AccessFs::{
     ReadFile
@@ -92,12 +95,14 @@ pub(crate) fn coverage(
         // loopback: the network namespace already isolates; host: the network is allowed.
         Network::Loopback | Network::Host => {}
     }
-    if abi >= 6 {
+    if abi >= SCOPE_ABI {
         active.push("landlock_scope");
     } else {
         missing.push((
             "landlock_scope",
-            format!("landlock ABI {abi} cannot scope abstract sockets and signals (needs ABI 6)"),
+            format!(
+                "landlock ABI {abi} cannot scope abstract sockets and signals (needs ABI {SCOPE_ABI})"
+            ),
         ));
     }
     (active, missing)
