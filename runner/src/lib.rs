@@ -25,6 +25,9 @@ pub mod supervisor;
 mod sys;
 mod wake;
 
+/// `sidejob check-schemas`: the helper the daemon checks plugins' input schemas in.
+pub use plugin_host::{check_schemas_main, CHECK_SCHEMAS};
+
 #[cfg(test)]
 mod layers;
 #[cfg(test)]

@@ -39,7 +39,7 @@ fn fixture() -> Fixture {
         closed_at: None,
     };
     registry.insert_session(&session).expect("session");
-    let tools = ToolHost::start(&cfg);
+    let tools = ToolHost::start(&cfg, None);
     let ex = Executor::new(cfg, registry, tools, PathBuf::from("/nonexistent"));
     Fixture {
         ex,

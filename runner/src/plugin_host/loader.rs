@@ -155,7 +155,13 @@ pub(super) fn ensure_copy(copies: &TrustedDir, source: &Source) -> Result<PathBu
 }
 
 /// Loads a plugin from its checked contents, through a private copy in `copies`.
-pub(super) fn load(plugin: &Source, copies: &TrustedDir) -> Result<LoadedPlugin, LoadError> {
+/// The tools' schemas are checked in the helper `schema_helper` when there is one
+/// (`schema.rs`).
+pub(super) fn load(
+    plugin: &Source,
+    copies: &TrustedDir,
+    schema_helper: Option<&Path>,
+) -> Result<LoadedPlugin, LoadError> {
     let source = plugin.path.as_path();
     let sha256 = plugin.sha256.clone();
     // The copy is opened by path (dlopen knows no other way; `/proc/self/fd/N` would not do:
@@ -207,9 +213,6 @@ pub(super) fn load(plugin: &Source, copies: &TrustedDir) -> Result<LoadedPlugin,
                 t.name
             )));
         }
-        if let Some(problem) = super::schema::problem(&t.input_schema) {
-            return Err(invalid(format!("tool {}: {problem}", t.name)));
-        }
         tools.push(ToolInfo {
             name: t.name.clone(),
             description: t.description.clone(),
@@ -217,6 +220,15 @@ pub(super) fn load(plugin: &Source, copies: &TrustedDir) -> Result<LoadedPlugin,
             supports_background: t.supports_background,
             default_yield_after_ms: t.default_yield_after_ms,
         });
+    }
+    let schemas: Vec<&serde_json::Value> = tools.iter().map(|t| &t.input_schema).collect();
+    let problems = super::schema::problems(&schemas, schema_helper);
+    if let Some((t, problem)) = tools
+        .iter()
+        .zip(problems)
+        .find_map(|(t, p)| p.map(|p| (t, p)))
+    {
+        return Err(invalid(format!("tool {}: {problem}", t.name)));
     }
     Ok(LoadedPlugin {
         info,
@@ -332,7 +344,7 @@ mod tests {
             .ok()
             .unwrap();
         let copies = TrustedDir::open_or_create(d, "copies", 0o700).unwrap();
-        let e = load(&src, &copies).err().unwrap().to_string();
+        let e = load(&src, &copies, None).err().unwrap().to_string();
         assert!(e.contains("junk.so"), "{e}");
         assert_eq!(e.lines().count(), 1, "{e}");
     }

@@ -13,6 +13,7 @@ mod schema;
 mod watch;
 
 pub(crate) use loader::{LoadError, LoadedPlugin};
+pub use schema::{helper_main as check_schemas_main, HELPER_COMMAND as CHECK_SCHEMAS};
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -223,6 +224,8 @@ pub(crate) struct ToolHost {
     /// Serialises reloads (start-up and the watcher).
     reloading: Mutex<()>,
     watcher: Mutex<Option<crate::dirwatch::DirWatch>>,
+    /// The binary plugins' schemas are checked in (`schema.rs`); in-process when `None`.
+    schema_helper: Option<PathBuf>,
     /// Bumped whenever a reload changes the tools offered (names, schemas, descriptions), so
     /// listeners above (MCP's `tools/list_changed`) hear of it without polling.
     changed: tokio::sync::watch::Sender<u64>,
@@ -230,7 +233,8 @@ pub(crate) struct ToolHost {
 
 impl ToolHost {
     /// Loads the shipped plugins and those in `plugin_dirs`, and watches their directories.
-    pub(crate) fn start(cfg: &Config) -> Arc<ToolHost> {
+    /// `schema_helper` is the `sidejob` binary to check their schemas in.
+    pub(crate) fn start(cfg: &Config, schema_helper: Option<PathBuf>) -> Arc<ToolHost> {
         let mut dirs = Vec::new();
         if cfg.shipped_plugins {
             if let Some(exe_dir) = std::env::current_exe()
@@ -270,6 +274,7 @@ impl ToolHost {
             errors: Mutex::new(Vec::new()),
             reloading: Mutex::new(()),
             watcher: Mutex::new(None),
+            schema_helper,
             changed: tokio::sync::watch::channel(0).0,
         });
         // Watch first, then load: a file added in between is then seen by both.
@@ -414,7 +419,9 @@ impl ToolHost {
                             path: source.clone(),
                             message: why.clone(),
                         })
-                        .and_then(|copies| loader::load(&src, copies)),
+                        .and_then(|copies| {
+                            loader::load(&src, copies, self.schema_helper.as_deref())
+                        }),
                 },
                 Err(e) => Err(e),
             };

@@ -171,7 +171,12 @@ fn start(cfg: Arc<Config>, activated: bool) -> Result<Arc<Daemon>, ServeError> {
         path: "/proc/self/exe".into(),
         source,
     })?;
-    let executor = Executor::new(cfg.clone(), registry, ToolHost::start(&cfg), exe);
+    let executor = Executor::new(
+        cfg.clone(),
+        registry,
+        ToolHost::start(&cfg, Some(exe.clone())),
+        exe,
+    );
     let hub = Hub::new(executor.registry().clone())?;
     let scheduler = Scheduler::new(
         executor.registry().clone(),

@@ -277,6 +277,9 @@ fn a_plugin_whose_schema_is_not_json_schema_is_refused_with_one_line() {
     assert!(!errors[0].contains('\n'));
     let status = c.ok("daemon.status", json!({}));
     assert_eq!(status["plugin_errors"], listed["plugin_errors"], "{status}");
+    // Checked in the helper process, not in the daemon (which would say so).
+    let log = d.log();
+    assert!(!log.contains("cannot check plugin schemas"), "{log}");
 }
 
 #[test]
