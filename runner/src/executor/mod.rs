@@ -48,7 +48,7 @@ use crate::protocol::{
     CancelOutcome, CompletedCall, Delivery, FailReason, RunningCall, StdinMode, TaskKind,
     TaskState, ToolCallResult, WakeMode,
 };
-use crate::registry::{Registry, RegistryError, SessionRow, TaskRow};
+use crate::registry::{Holding, Registry, RegistryError, SessionRow, TaskRow};
 use crate::run_dir::{self, PrivateDir};
 use crate::sandbox::{self, LaunchPlan};
 use crate::supervisor::{CancelRequest, RunResult, StopReason};
@@ -299,12 +299,17 @@ impl Executor {
     fn check_shares(&self, session: &SessionRow) -> Result<(), ExecError> {
         let pu = &self.cfg.per_user;
         let uid = session.owner_uid;
-        let u = self.registry.usage_of(uid)?;
-        if u.running >= pu.running as u64 && u.queued >= pu.queued as u64 {
-            return Err(ExecError::LimitExceeded(format!(
-                "uid {uid} has {} runs running and {} waiting: per_user.queued ({}) is reached; wait for some to settle or cancel them",
-                u.running, u.queued, pu.queued
-            )));
+        // The queue first: it is almost always short, and while it has room the running
+        // calls, however many, need no counting.
+        let queued = self.registry.count_of(uid, Holding::QueuedCalls)?;
+        if queued >= pu.queued as u64 {
+            let running = self.registry.count_of(uid, Holding::RunningCalls)?;
+            if running >= pu.running as u64 {
+                return Err(ExecError::LimitExceeded(format!(
+                    "uid {uid} has {running} runs running and {queued} waiting: per_user.queued ({}) is reached; wait for some to settle or cancel them",
+                    pu.queued
+                )));
+            }
         }
         let sessions_dir = self.cfg.sessions_dir().display().to_string();
         if session.session_dir.starts_with(&sessions_dir) {

@@ -150,3 +150,41 @@ fn a_background_result_wakes_once_unless_the_call_asked_for_silence() {
     assert_eq!(f.settle(&quiet).delivery, Some(Delivery::Pending));
     assert_eq!(f.wakes(&quiet.task_id), 0);
 }
+
+#[test]
+fn each_holding_of_a_uid_is_counted_on_its_own() {
+    let f = fixture();
+    let reg = &f.ex.registry;
+    let uid = f.session.owner_uid;
+    let count = |what| reg.count_of(uid, what).expect("count");
+    let task = |kind| {
+        let row = TaskRow::new(
+            ids::ulid(),
+            &f.session,
+            "bash".into(),
+            kind,
+            "true".into(),
+            "{}".into(),
+        );
+        reg.insert_task(&row).expect("task");
+        row.task_id
+    };
+    let calls: Vec<String> = (0..3).map(|_| task(TaskKind::Call)).collect();
+    // A monitor is no call: it counts for neither.
+    task(TaskKind::Monitor);
+    assert_eq!(count(Holding::QueuedCalls), 3);
+    assert_eq!(count(Holding::RunningCalls), 0);
+    for id in &calls[..2] {
+        reg.mark_started(id, &f.session.session_id, 1, 1, &ids::now_rfc3339())
+            .expect("started");
+    }
+    assert_eq!(count(Holding::QueuedCalls), 1);
+    assert_eq!(count(Holding::RunningCalls), 2);
+    assert_eq!(count(Holding::OpenSessions), 1);
+    assert_eq!(count(Holding::ArmedSchedules), 0);
+    // Another uid holds none of them.
+    assert_eq!(
+        reg.count_of(uid + 1, Holding::RunningCalls).expect("count"),
+        0
+    );
+}

@@ -120,13 +120,19 @@ impl Op {
     }
 }
 
-/// What one uid holds now (see [`Registry::usage_of`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Usage {
-    pub queued: u64,
-    pub running: u64,
-    pub sessions: u64,
-    pub schedules: u64,
+/// What of one uid's [`Registry::count_of`] counts. Each is its own query: a submit asks
+/// only how many of the uid's calls wait, and counting the running ones (a row read each,
+/// for their kind) would make every submit cost more the more the uid already runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Holding {
+    /// Calls waiting as `queued`.
+    QueuedCalls,
+    /// Calls `running` or `awaiting_input`.
+    RunningCalls,
+    /// Open top-level sessions (a subagent's child sessions are not counted).
+    OpenSessions,
+    /// Enabled schedules.
+    ArmedSchedules,
 }
 
 pub(crate) struct Registry {
@@ -586,23 +592,24 @@ impl Registry {
     /// How many of a session's tasks are in each live state.
     /// What a uid holds now: live calls (queued, running or awaiting input), open top-level
     /// sessions and armed schedules. Indexed counts: cheap enough for every call.
-    pub(crate) fn usage_of(&self, uid: u32) -> Result<Usage> {
+    pub(crate) fn count_of(&self, uid: u32, what: Holding) -> Result<u64> {
+        let sql = match what {
+            Holding::QueuedCalls => {
+                "SELECT COUNT(*) FROM tasks WHERE owner_uid = ?1 AND state = 'queued' AND kind = 'call'"
+            }
+            Holding::RunningCalls => {
+                "SELECT COUNT(*) FROM tasks WHERE owner_uid = ?1 AND state IN ('running','awaiting_input') AND kind = 'call'"
+            }
+            Holding::OpenSessions => {
+                "SELECT COUNT(*) FROM sessions WHERE owner_uid = ?1 AND state = 'open' AND parent_session_id IS NULL"
+            }
+            Holding::ArmedSchedules => {
+                "SELECT COUNT(*) FROM schedules WHERE owner_uid = ?1 AND enabled = 1"
+            }
+        };
         let conn = self.lock();
-        let mut stmt = conn.prepare_cached(
-            "SELECT \
-               (SELECT COUNT(*) FROM tasks WHERE owner_uid = ?1 AND state = 'queued' AND kind = 'call'), \
-               (SELECT COUNT(*) FROM tasks WHERE owner_uid = ?1 AND state IN ('running','awaiting_input') AND kind = 'call'), \
-               (SELECT COUNT(*) FROM sessions WHERE owner_uid = ?1 AND state = 'open' AND parent_session_id IS NULL), \
-               (SELECT COUNT(*) FROM schedules WHERE owner_uid = ?1 AND enabled = 1)",
-        )?;
-        Ok(stmt.query_row([uid], |r| {
-            Ok(Usage {
-                queued: r.get(0)?,
-                running: r.get(1)?,
-                sessions: r.get(2)?,
-                schedules: r.get(3)?,
-            })
-        })?)
+        let mut stmt = conn.prepare_cached(sql)?;
+        Ok(stmt.query_row([uid], |r| r.get(0))?)
     }
 
     /// The bytes of output a uid's runs keep under `sessions_dir` (their output not deleted).

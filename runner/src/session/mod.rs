@@ -17,7 +17,7 @@ use tracing::info;
 use crate::config::Config;
 use crate::ids;
 use crate::protocol::{SessionOpenParams, SessionOpenResult};
-use crate::registry::{Registry, RegistryError, SessionRow};
+use crate::registry::{Holding, Registry, RegistryError, SessionRow};
 use crate::sandbox;
 use crate::sys::dirfd::Creds;
 
@@ -179,7 +179,7 @@ pub(crate) fn open(
         )));
     }
     if p.parent_session_id.is_none() {
-        let open = registry.usage_of(uid)?.sessions;
+        let open = registry.count_of(uid, Holding::OpenSessions)?;
         if open >= cfg.per_user.sessions as u64 {
             return Err(SessionError::LimitExceeded(format!(
                 "uid {uid} has {open} open sessions: per_user.sessions ({}) is reached; close some with session.close",

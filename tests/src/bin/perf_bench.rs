@@ -124,6 +124,28 @@ fn pss_kib(pid: i32) -> u64 {
     kib(&format!("/proc/{pid}/smaps_rollup"), "Pss:").unwrap_or(0)
 }
 
+/// The CPU time `pid` has used so far (user and system), from `/proc/PID/stat`.
+fn cpu_time(pid: u32) -> Duration {
+    let ticks = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let mut f = s.rsplit_once(')')?.1.split_whitespace();
+            // After the name: state is field 3, utime 14 and stime 15.
+            let utime: u64 = f.nth(11)?.parse().ok()?;
+            let stime: u64 = f.next()?.parse().ok()?;
+            Some(utime + stime)
+        })
+        .unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    #[allow(unsafe_code)]
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Duration::from_millis(ticks * 1000 / hz)
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 /// Children of `pid`, as the host sees them.
 fn children(pid: i32) -> Vec<i32> {
     std::fs::read_dir("/proc")
@@ -200,10 +222,12 @@ fn spawn_section() {
     let mut c = Conn::open(&d);
     let s = open_session(&mut c, ws.path());
     let idle = rss_kib(d.pid());
+    let cpu_before = cpu_time(d.pid());
     let t = Instant::now();
     let ids = submit(&mut c, &s, "sleep 600", 1000);
     let all = wait_status(&mut c, &s, "running", 1000, Duration::from_secs(120));
     let took = t.elapsed();
+    let daemon_cpu = cpu_time(d.pid()).saturating_sub(cpu_before);
     let busy = rss_kib(d.pid());
     let supervisors = children(d.pid() as i32);
     let mut pss = 0;
@@ -222,6 +246,11 @@ fn spawn_section() {
         "  all running after        {:>8.2} s     target <= 2 s        {}",
         took.as_secs_f64(),
         verdict(all && took <= Duration::from_secs(2))
+    );
+    println!(
+        "  daemon CPU per run       {:>8.2} ms    (of the machine's {:.2} ms per run)",
+        daemon_cpu.as_secs_f64() * 1000.0 / 1000.0,
+        took.as_secs_f64() * 1000.0 * cores() as f64 / 1000.0
     );
     println!(
         "  daemon memory per task   {per_task:>8.1} KiB   target <= 64 KiB     {}",

@@ -4,6 +4,7 @@
 use super::super::rpc::{to_value, Reply};
 use super::super::{Daemon, Peer};
 use crate::protocol::*;
+use crate::registry::Holding;
 use crate::schedule::Scheduler;
 use crate::session;
 
@@ -22,7 +23,10 @@ pub(super) fn create(d: &Daemon, peer: &Peer, p: ScheduleCreateParams) -> Result
         .with_hint("open it again with session.open"));
     }
     let cfg = d.executor.config();
-    let armed = d.executor.registry().usage_of(sess.owner_uid)?.schedules;
+    let armed = d
+        .executor
+        .registry()
+        .count_of(sess.owner_uid, Holding::ArmedSchedules)?;
     if armed >= cfg.per_user.schedules as u64 {
         return Err(RpcError::new(
             ErrorKind::LimitExceeded,
