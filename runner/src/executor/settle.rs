@@ -176,7 +176,14 @@ impl Executor {
             canceled: CancelRequest::requested(&live.private),
         };
         self.hooks().ending(self, end).await;
-        self.settle_and_finish(live, live.lock(), settlement);
+        let settled = self.settle_locked(live, &mut live.lock(), settlement);
+        if let Settled::Now = settled {
+            // Whoever waited for the result (a foreground call, a `task.wait`) was woken on
+            // this thread and runs as soon as this task yields: it answers first, and the
+            // run's files are cleaned up after.
+            tokio::task::yield_now().await;
+            self.finish(live);
+        }
     }
 
     /// Records the terminal state and decides delivery. Must be called with the task's lock
