@@ -1,21 +1,16 @@
 fn main() {
-    // The supervisor is started once per run: go straight to it, before any argument parser
-    // or runtime is set up (it must stay single-threaded and start fast).
-    let mut args = std::env::args_os().skip(1);
-    if std::env::args_os().len() == 2
-        && std::env::args_os().nth(1).as_deref() == Some(sidejob::CHECK_SCHEMAS.as_ref())
-    {
-        std::process::exit(sidejob::check_schemas_main());
-    }
-    if let (Some(cmd), Some(run_dir), None) = (args.next(), args.next(), args.next()) {
-        if cmd == "supervise" {
-            std::process::exit(sidejob::supervisor::main(std::path::Path::new(&run_dir)));
+    // The internal commands the daemon starts (a supervisor once per run, the spawner once,
+    // the schema checker per plugin): go straight to them, before any argument parser or
+    // runtime is set up (a supervisor must stay single-threaded and start fast).
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    match args.as_slice() {
+        [cmd] if cmd == sidejob::CHECK_SCHEMAS => std::process::exit(sidejob::check_schemas_main()),
+        [cmd, run_dir] if cmd == "supervise" => {
+            std::process::exit(sidejob::supervisor::main(std::path::Path::new(run_dir)))
         }
-        if cmd == "spawner" {
-            std::process::exit(sidejob::supervisor::spawner::main(std::path::Path::new(
-                &run_dir,
-            )));
-        }
+        [cmd, runs_dir] if cmd == "spawner" => std::process::exit(
+            sidejob::supervisor::spawner::main(std::path::Path::new(runs_dir)),
+        ),
+        _ => std::process::exit(sidejob::cli::main()),
     }
-    std::process::exit(sidejob::cli::main());
 }

@@ -120,9 +120,9 @@ impl Op {
     }
 }
 
-/// What of one uid's [`Registry::count_of`] counts. Each is its own query: a submit asks
-/// only how many of the uid's calls wait, and counting the running ones (a row read each,
-/// for their kind) would make every submit cost more the more the uid already runs.
+/// What [`Registry::count_of`] counts of one uid's. Each is its own query, so that a submit
+/// can ask only how many of the uid's calls wait: counting the running ones reads a row each
+/// (for its kind), and would make every submit cost more the more the uid already runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Holding {
     /// Calls waiting as `queued`.
@@ -589,9 +589,9 @@ impl Registry {
             .collect()
     }
 
-    /// How many of a session's tasks are in each live state.
-    /// What a uid holds now: live calls (queued, running or awaiting input), open top-level
-    /// sessions and armed schedules. Indexed counts: cheap enough for every call.
+    /// How much of `what` a uid holds now. Each count is indexed by uid and state, but
+    /// [`Holding::RunningCalls`] reads each such row for its kind: ask for it only when
+    /// needed.
     pub(crate) fn count_of(&self, uid: u32, what: Holding) -> Result<u64> {
         let sql = match what {
             Holding::QueuedCalls => {
@@ -625,6 +625,7 @@ impl Registry {
         )?)
     }
 
+    /// How many of a session's tasks are in each live state.
     pub(crate) fn count_states(&self, session_id: &str) -> Result<Vec<(TaskState, u32)>> {
         let conn = self.lock();
         let mut stmt = conn.prepare_cached(
