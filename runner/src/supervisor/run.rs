@@ -480,6 +480,7 @@ fn prepare_command(plan: &LaunchPlan) -> Result<linux::Command, SuperviseError> 
         });
     }
     Ok(linux::Command {
+        oneshot: linux::oneshot::plan(&program, &plan.argv, &plan.env),
         program: cstr(&program.to_string_lossy())?,
         argv: plan
             .argv

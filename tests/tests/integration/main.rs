@@ -31,6 +31,7 @@ mod netns;
 mod network;
 mod network_attacks;
 mod network_daemon;
+mod oneshot;
 mod output;
 mod plugin_trust;
 mod plugins;

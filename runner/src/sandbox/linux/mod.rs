@@ -7,6 +7,7 @@ pub(crate) mod cgroup;
 pub(crate) mod git;
 pub(crate) mod landlock;
 pub(crate) mod netns;
+pub(crate) mod oneshot;
 pub(crate) mod seccomp;
 pub(crate) mod view;
 
@@ -50,6 +51,9 @@ pub(crate) struct Command {
     pub cwd: PathBuf,
     pub uid: Option<u32>,
     pub gid: Option<u32>,
+    /// `bash -c` of one plain simple command: what bash would exec in its place, tried first
+    /// (see [`oneshot`]).
+    pub oneshot: Option<oneshot::OneShot>,
 }
 
 // ---- what this host offers ------------------------------------------------------------------
@@ -778,6 +782,10 @@ fn confine_and_exec(p: &Prepared, cmd: &Command, output: &OwnedFd, exec_error: &
     // k. Nothing beyond stdio crosses into the command (the error pipe closes on exec).
     if let Err(e) = sys::cloexec_from(3) {
         fail("close inherited descriptors", &e);
+    }
+    // l. A plain simple command skips bash's start-up; back here only if bash must run it.
+    if let Some(o) = &cmd.oneshot {
+        oneshot::exec(o);
     }
     let err = sys::execve(&cmd.program, &cmd.argv, &cmd.envp);
     let failure = StartFailure::Exec(format!(
