@@ -31,76 +31,16 @@ pub(crate) struct OneShot {
     pwd: Option<Vec<u8>>,
 }
 
-/// bash 5's builtins: bash runs these itself, so the script goes to bash.
-const BUILTINS: &[&str] = &[
-    ".",
-    ":",
-    "[",
-    "alias",
-    "bg",
-    "bind",
-    "break",
-    "builtin",
-    "caller",
-    "cd",
-    "command",
-    "compgen",
-    "complete",
-    "compopt",
-    "continue",
-    "declare",
-    "dirs",
-    "disown",
-    "echo",
-    "enable",
-    "eval",
-    "exec",
-    "exit",
-    "export",
-    "false",
-    "fc",
-    "fg",
-    "getopts",
-    "hash",
-    "help",
-    "history",
-    "jobs",
-    "kill",
-    "let",
-    "local",
-    "logout",
-    "mapfile",
-    "popd",
-    "printf",
-    "pushd",
-    "pwd",
-    "read",
-    "readarray",
-    "readonly",
-    "return",
-    "set",
-    "shift",
-    "shopt",
-    "source",
-    "suspend",
-    "test",
-    "times",
-    "trap",
-    "true",
-    "type",
-    "typeset",
-    "ulimit",
-    "umask",
-    "unalias",
-    "unset",
-    "wait",
-];
+/// bash 5's builtins (`compgen -b`): bash runs these itself, so the script goes to bash.
+const BUILTINS: &str = ". : [ alias bg bind break builtin caller cd command compgen complete \
+    compopt continue declare dirs disown echo enable eval exec exit export false fc fg getopts \
+    hash help history jobs kill let local logout mapfile popd printf pushd pwd read readarray \
+    readonly return set shift shopt source suspend test times trap true type typeset ulimit \
+    umask unalias unset wait";
 
-/// bash's reserved words that are made of plain characters.
-const KEYWORDS: &[&str] = &[
-    "if", "then", "else", "elif", "fi", "case", "esac", "for", "select", "while", "until", "do",
-    "done", "in", "function", "time", "coproc",
-];
+/// bash's reserved words made of plain characters (`compgen -k`, less `{ } ! [[ ]]`).
+const KEYWORDS: &str =
+    "if then else elif fi case esac for select while until do done in function time coproc";
 
 /// Variables that change how bash starts or what a command name means to it.
 const BASH_STARTUP_VARS: &[&str] = &[
@@ -131,8 +71,9 @@ fn words(script: &str) -> Option<Vec<&str>> {
         .filter(|w| !w.is_empty())
         .collect();
     let (first, rest) = words.split_first()?;
-    // The command's name: no `=` (an assignment) and no leading `%` (a job).
-    let name_ok = first.bytes().all(plain) && !first.starts_with('%');
+    // The command's name: no `=` (an assignment), no leading `%` (a job), and no leading `-`
+    // or `+` (bash reads a script that starts with one as its own options).
+    let name_ok = first.bytes().all(plain) && !first.starts_with(['%', '-', '+']);
     if !name_ok
         || !rest
             .iter()
@@ -140,7 +81,8 @@ fn words(script: &str) -> Option<Vec<&str>> {
     {
         return None;
     }
-    if BUILTINS.contains(first) || KEYWORDS.contains(first) {
+    let listed = |list: &str| list.split_whitespace().any(|w| w == *first);
+    if listed(BUILTINS) || listed(KEYWORDS) {
         return None;
     }
     Some(words)
@@ -334,6 +276,9 @@ mod tests {
             "ls !x",
             "ls é",
             "%1",
+            "-x",
+            "--version",
+            "+x ls",
         ] {
             assert!(plan(s).is_none(), "{s:?} should go to bash");
         }
