@@ -124,12 +124,17 @@ fn pss_kib(pid: i32) -> u64 {
     kib(&format!("/proc/{pid}/smaps_rollup"), "Pss:").unwrap_or(0)
 }
 
+/// `/proc/PID/stat` after the command name (which may hold spaces and parentheses itself).
+fn stat_after_name(pid: i32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    Some(stat.rsplit_once(')')?.1.to_owned())
+}
+
 /// The CPU time `pid` has used so far (user and system), from `/proc/PID/stat`.
 fn cpu_time(pid: u32) -> Duration {
-    let ticks = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
+    let ticks = stat_after_name(pid as i32)
         .and_then(|s| {
-            let mut f = s.rsplit_once(')')?.1.split_whitespace();
+            let mut f = s.split_whitespace();
             // After the name: state is field 3, utime 14 and stime 15.
             let utime: u64 = f.nth(11)?.parse().ok()?;
             let stime: u64 = f.next()?.parse().ok()?;
@@ -153,16 +158,8 @@ fn children(pid: i32) -> Vec<i32> {
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
         .filter(|p| {
-            std::fs::read_to_string(format!("/proc/{p}/stat"))
-                .ok()
-                .and_then(|s| {
-                    s.rsplit_once(')')?
-                        .1
-                        .split_whitespace()
-                        .nth(1)?
-                        .parse::<i32>()
-                        .ok()
-                })
+            // After the name: state, then the parent's pid.
+            stat_after_name(*p).and_then(|s| s.split_whitespace().nth(1)?.parse::<i32>().ok())
                 == Some(pid)
         })
         .collect()

@@ -59,13 +59,12 @@ fn a_file_bash_treats_its_own_way_is_still_left_to_bash() {
         exe(second.join(name), "#!/bin/sh\necho second\n");
     }
     let path = format!("{}:{}:/usr/bin:/bin", first.display(), second.display());
-    let env = json!({"args": {"env": {"PATH": path}}});
     let call = |c: &mut Client, command: &str| {
-        let mut p = env.clone();
-        p["args"]["command"] = json!(command);
-        p["session_id"] = json!(s);
-        p["tool"] = json!("bash");
-        c.ok("tool.call", p)
+        c.ok(
+            "tool.call",
+            json!({"session_id": s, "tool": "bash",
+                   "args": {"command": command, "env": {"PATH": path}}}),
+        )
     };
     // bash runs a file without `#!` as a script of its own.
     let r = call(&mut c, "noshebang");

@@ -147,15 +147,11 @@ pub(crate) fn plan(
     let cstr = |s: &str| CString::new(s).ok();
     let mut vars: Vec<CString> = Vec::with_capacity(env.len() + 2);
     for (k, v) in &env {
-        match *k {
-            "_" | "PWD" => {}
-            "SHLVL" => vars.push(cstr(&format!("SHLVL={level}"))?),
-            _ => vars.push(cstr(&format!("{k}={v}"))?),
+        if !matches!(*k, "_" | "PWD" | "SHLVL") {
+            vars.push(cstr(&format!("{k}={v}"))?);
         }
     }
-    if get("SHLVL").is_none() {
-        vars.push(cstr(&format!("SHLVL={level}"))?);
-    }
+    vars.push(cstr(&format!("SHLVL={level}"))?);
     Some(OneShot {
         argv: words.iter().map(|w| cstr(w)).collect::<Option<_>>()?,
         candidates: candidates.iter().map(|c| cstr(c)).collect::<Option<_>>()?,
