@@ -4,7 +4,9 @@
 //! bare `/bin/true`; `sidejob exec -- /bin/true` (default profile); the bubblewrap line
 //! `bwrap --unshare-all --die-with-parent --ro-bind / / --dev /dev --proc /proc /bin/true`
 //! (when `bwrap` is installed); and a foreground `true` round trip over the daemon's socket
-//! (default profile, the daemon logging at `warn` as it would in use). Prints medians, p90
+//! (default profile, the daemon logging at `warn` as it would in use), and the same round trip
+//! for `/bin/true`, which the bash tool runs without starting bash (its one-shot path): the
+//! difference between the two is bash's own start-up. Prints medians, p90
 //! and the ratios to bare and to bwrap side by side, then each figure against its target:
 //! `sidejob exec` p50 ≤ 0.9× the bwrap line, the round trip p50 ≤ 1.0× the bwrap line.
 //!
@@ -97,11 +99,12 @@ fn main() {
         "daemon tool.call `true` round trip",
         "baseline: sidejob exec",
         "baseline: daemon round trip",
+        "round trip `/bin/true` (no bash)",
     ];
     let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); names.len()];
     // One warm-up round, then the measured ones.
     for round in 0..=rounds {
-        let mut t = [None; 6];
+        let mut t = [None; 7];
         t[0] = Some(time(&mut || run(&mut Command::new("/bin/true"))));
         t[1] = Some(time(&mut || {
             run(Command::new(&sidejob)
@@ -129,6 +132,13 @@ fn main() {
             let r = client.ok(
                 "tool.call",
                 json!({"session_id": session, "tool": "bash", "args": {"command": "true"}}),
+            );
+            assert_eq!(r["state"], "succeeded", "{r}");
+        }));
+        t[6] = Some(time(&mut || {
+            let r = client.ok(
+                "tool.call",
+                json!({"session_id": session, "tool": "bash", "args": {"command": "/bin/true"}}),
             );
             assert_eq!(r["state"], "succeeded", "{r}");
         }));
@@ -174,7 +184,7 @@ fn main() {
         None => format!("{:>9}", "-"),
     };
     for (i, name) in names.iter().enumerate() {
-        if i >= 4 && baseline.is_none() {
+        if (4..6).contains(&i) && baseline.is_none() {
             continue;
         }
         match measured[i] {
