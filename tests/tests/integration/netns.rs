@@ -1,7 +1,8 @@
 //! The network namespace of a run whose network is off (docs/security.md): the runs of one
 //! session share one empty namespace, apart from the host's and from every other session's
 //! and user's; within it, landlock still keeps each run from the others' abstract sockets.
-//! Needs root (the daemon makes these namespaces only as root).
+//! A `sidejob exec` run has an empty namespace of its own. Needs root (the daemon makes these
+//! namespaces only as root).
 
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
@@ -9,7 +10,7 @@ use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use serde_json::{json, Value};
 use sidejob_tests::{skip_without, Client, Daemon, Need};
 
-use crate::containment::probe_bin;
+use crate::containment::{exec, probe_bin, Ws};
 use crate::isolation::NOBODY;
 
 fn daemon() -> Option<Daemon> {
@@ -145,4 +146,58 @@ fn an_abstract_socket_stays_with_its_run() {
     c.wait_settled(&listener);
     let out = c.output(&listener);
     assert!(!out.contains("accepted"), "{out}");
+}
+
+#[test]
+fn an_exec_run_has_an_empty_namespace_of_its_own() {
+    let Some(ws) = Ws::new() else { return };
+    let host = std::fs::read_link("/proc/self/ns/net")
+        .expect("host namespace")
+        .display()
+        .to_string();
+    let name = format!("sidejob-netns-exec-{}", std::process::id());
+    let addr = SocketAddr::from_abstract_name(name.as_bytes()).expect("address");
+    let held = UnixListener::bind_addr(&addr).expect("a host socket");
+    let script =
+        "readlink /proc/self/ns/net; echo ---; cat /proc/net/dev; echo ---; cat /proc/net/unix";
+    let out = exec(&ws, &[], &["sh", "-c", script]);
+    assert_eq!(out.code, 0, "{} {}", out.stdout, out.stderr);
+    let parts: Vec<&str> = out.stdout.split("---\n").collect();
+    let [ns, dev, unix] = parts[..] else {
+        panic!("{}", out.stdout)
+    };
+    assert!(ns.trim().starts_with("net:["), "{ns}");
+    assert_ne!(ns.trim(), host, "an exec run is in the host's namespace");
+    let interfaces: Vec<&str> = dev
+        .lines()
+        .filter_map(|l| l.split_once(':').map(|(name, _)| name.trim()))
+        .collect();
+    assert_eq!(interfaces, ["lo"], "{dev}");
+    assert!(!unix.contains(&name), "the host's socket is listed: {unix}");
+    drop(held);
+
+    // A name the run binds stays in its namespace: the host cannot reach it.
+    let mut listener = std::process::Command::new(sidejob_tests::sidejob_bin())
+        .arg("exec")
+        .arg("--workspace")
+        .arg(ws.path())
+        .args(["--", &ws.probe(), "abstract-listen", &name, "60"])
+        .current_dir(ws.path())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("sidejob exec");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(listener.stdout.take().expect("stdout")),
+        &mut line,
+    )
+    .expect("the run's first line");
+    assert_eq!(line.trim(), "listening");
+    let reached = UnixStream::connect_addr(&addr);
+    // SAFETY: a signal to our own child, which we reap next. SIGINT lets exec clean up.
+    unsafe { libc::kill(listener.id() as i32, libc::SIGINT) };
+    let _ = listener.wait();
+    let e = reached.expect_err("the host reached the run's socket");
+    assert_eq!(e.raw_os_error(), Some(libc::ECONNREFUSED), "{e}");
 }
