@@ -20,7 +20,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use sidejob_tests::{sidejob_bin, Daemon, TempDir};
+use sidejob_tests::{sidejob_bin, Client, Daemon, TempDir};
 
 /// `sidejob exec -- /bin/true` p50, as a multiple of the bwrap line's p50.
 const EXEC_TARGET: f64 = 0.9;
@@ -41,6 +41,20 @@ fn run(cmd: &mut Command) {
         .status()
         .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
     assert!(s.success(), "{cmd:?} failed: {s}");
+}
+
+/// `sidejob exec -- /bin/true` with `sidejob` binary `bin`, the workspace `ws`.
+fn exec_true(bin: &std::path::Path, ws: &std::path::Path) {
+    run(Command::new(bin)
+        .args(["exec", "--workspace"])
+        .arg(ws)
+        .args(["--", "/bin/true"]));
+}
+
+/// A foreground call of the bash tool over the daemon's socket, which must succeed.
+fn round_trip(client: &mut Client, session: &str, command: &str) {
+    let r = client.bash(session, command, json!({}));
+    assert_eq!(r["state"], "succeeded", "{command}: {r}");
 }
 
 /// (p50, p90) in milliseconds.
@@ -106,12 +120,7 @@ fn main() {
     for round in 0..=rounds {
         let mut t = [None; 7];
         t[0] = Some(time(&mut || run(&mut Command::new("/bin/true"))));
-        t[1] = Some(time(&mut || {
-            run(Command::new(&sidejob)
-                .args(["exec", "--workspace"])
-                .arg(ws.path())
-                .args(["--", "/bin/true"]))
-        }));
+        t[1] = Some(time(&mut || exec_true(&sidejob, ws.path())));
         if bwrap {
             t[2] = Some(time(&mut || {
                 run(Command::new("bwrap").args([
@@ -129,32 +138,15 @@ fn main() {
             }));
         }
         t[3] = Some(time(&mut || {
-            let r = client.ok(
-                "tool.call",
-                json!({"session_id": session, "tool": "bash", "args": {"command": "true"}}),
-            );
-            assert_eq!(r["state"], "succeeded", "{r}");
+            round_trip(&mut client, &session, "true");
         }));
         t[6] = Some(time(&mut || {
-            let r = client.ok(
-                "tool.call",
-                json!({"session_id": session, "tool": "bash", "args": {"command": "/bin/true"}}),
-            );
-            assert_eq!(r["state"], "succeeded", "{r}");
+            round_trip(&mut client, &session, "/bin/true");
         }));
         if let (Some(b), Some((bc, bs))) = (&baseline, base_client.as_mut()) {
-            t[4] = Some(time(&mut || {
-                run(Command::new(b)
-                    .args(["exec", "--workspace"])
-                    .arg(ws.path())
-                    .args(["--", "/bin/true"]))
-            }));
+            t[4] = Some(time(&mut || exec_true(b, ws.path())));
             t[5] = Some(time(&mut || {
-                let r = bc.ok(
-                    "tool.call",
-                    json!({"session_id": bs, "tool": "bash", "args": {"command": "true"}}),
-                );
-                assert_eq!(r["state"], "succeeded", "{r}");
+                round_trip(bc, bs, "true");
             }));
         }
         if round > 0 {

@@ -137,7 +137,8 @@ pub fn exec(ws: &Ws, extra: &[&str], cmd: &[&str]) -> Out {
     exec_env(ws, extra, cmd, &[])
 }
 
-pub fn exec_env(ws: &Ws, extra: &[&str], cmd: &[&str], env: &[(&str, &str)]) -> Out {
+/// The command line of `sidejob exec [extra] -- cmd` in the workspace, stdin from /dev/null.
+pub fn exec_command(ws: &Ws, extra: &[&str], cmd: &[&str]) -> Command {
     let mut c = Command::new(sidejob_bin());
     c.arg("exec")
         .arg("--workspace")
@@ -146,6 +147,11 @@ pub fn exec_env(ws: &Ws, extra: &[&str], cmd: &[&str], env: &[(&str, &str)]) -> 
         .arg("--")
         .args(cmd);
     c.current_dir(ws.path()).stdin(Stdio::null());
+    c
+}
+
+pub fn exec_env(ws: &Ws, extra: &[&str], cmd: &[&str], env: &[(&str, &str)]) -> Out {
+    let mut c = exec_command(ws, extra, cmd);
     for (k, v) in env {
         c.env(k, v);
     }

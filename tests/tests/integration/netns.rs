@@ -10,7 +10,7 @@ use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use serde_json::{json, Value};
 use sidejob_tests::{skip_without, Client, Daemon, Need};
 
-use crate::containment::{exec, probe_bin, Ws};
+use crate::containment::{exec, exec_command, probe_bin, Ws};
 use crate::isolation::NOBODY;
 
 fn daemon() -> Option<Daemon> {
@@ -177,13 +177,7 @@ fn an_exec_run_has_an_empty_namespace_of_its_own() {
     drop(held);
 
     // A name the run binds stays in its namespace: the host cannot reach it.
-    let mut listener = std::process::Command::new(sidejob_tests::sidejob_bin())
-        .arg("exec")
-        .arg("--workspace")
-        .arg(ws.path())
-        .args(["--", &ws.probe(), "abstract-listen", &name, "60"])
-        .current_dir(ws.path())
-        .stdin(std::process::Stdio::null())
+    let mut listener = exec_command(&ws, &[], &[&ws.probe(), "abstract-listen", &name, "60"])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("sidejob exec");
