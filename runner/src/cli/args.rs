@@ -30,7 +30,8 @@ pub(crate) struct Cli {
     pub command: Command,
 }
 
-/// How a client command reaches the daemon.
+// How a client command reaches the daemon. (A comment, not a doc comment: a flattened
+// struct's doc would become the `about` of every command it is flattened into.)
 #[derive(Args, Clone, Default)]
 pub(crate) struct Conn {
     /// The daemon's control socket [default: /run/sidejob/sidejob.sock for root, else
@@ -54,7 +55,10 @@ pub(crate) enum Shell {
     Fish,
 }
 
+// Each command's arguments are built only when that command runs: building every command's
+// took a quarter of a millisecond, about 5% of a whole `sidejob exec -- /bin/true`.
 #[derive(Subcommand)]
+#[command(defer = true)]
 pub(crate) enum Command {
     /// Start the daemon (zero configuration; SIGTERM stops it and leaves runs running)
     Serve {

@@ -466,9 +466,51 @@ pub(super) fn rpc(socket: &Path, method: &str, params: &str) -> Result<i32> {
     Ok(0)
 }
 
+/// The whole command tree, built, for the completion generators. Each command's arguments
+/// are built only when it runs (see `args::Command`), so clap's `help` command gets copies of
+/// commands without their own subcommands, and `sidejob help schedule <TAB>` would offer
+/// nothing: they are put back here, from the built tree.
+fn command_for_completions() -> clap::Command {
+    fn copy_for_help(c: &clap::Command, parent: &str) -> clap::Command {
+        let bin_name = format!("{parent} {}", c.get_name());
+        let mut copy = clap::Command::new(c.get_name().to_owned())
+            .bin_name(bin_name.clone())
+            .hide(c.is_hide_set())
+            .disable_help_flag(true)
+            .disable_version_flag(true)
+            .disable_help_subcommand(true)
+            .subcommands(nested(c, &bin_name));
+        if let Some(about) = c.get_about() {
+            copy = copy.about(about.clone());
+        }
+        copy
+    }
+    fn nested(c: &clap::Command, bin_name: &str) -> Vec<clap::Command> {
+        c.get_subcommands()
+            .filter(|s| s.get_name() != "help")
+            .map(|s| copy_for_help(s, bin_name))
+            .collect()
+    }
+    let mut cmd = <Cli as clap::CommandFactory>::command();
+    cmd.build();
+    let built: Vec<clap::Command> = cmd.get_subcommands().cloned().collect();
+    cmd.mut_subcommand("help", |help| {
+        let help_bin = help.get_bin_name().unwrap_or("sidejob help").to_owned();
+        help.mut_subcommands(|entry| {
+            match built.iter().find(|c| c.get_name() == entry.get_name()) {
+                Some(c) if c.get_name() != "help" && entry.get_subcommands().next().is_none() => {
+                    let bin_name = format!("{help_bin} {}", c.get_name());
+                    entry.subcommands(nested(c, &bin_name))
+                }
+                _ => entry,
+            }
+        })
+    })
+}
+
 /// `sidejob completions SHELL`: the completion script, from the same definitions as --help.
 pub(super) fn completions(shell: Shell) -> Result<i32> {
-    let mut cmd = <Cli as clap::CommandFactory>::command();
+    let mut cmd = command_for_completions();
     let shell = match shell {
         Shell::Bash => clap_complete::Shell::Bash,
         Shell::Zsh => clap_complete::Shell::Zsh,

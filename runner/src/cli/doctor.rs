@@ -235,7 +235,8 @@ fn human_bytes(n: u64) -> String {
     }
 }
 
-/// `sidejob cache`: the persistent caches of profiles (`[caches]`).
+// `sidejob cache`: the persistent caches of profiles (`[caches]`). (A comment, not a doc
+// comment, which would replace the command's own `about`.)
 #[derive(Debug, clap::Subcommand)]
 pub(crate) enum CacheCommand {
     /// List the caches kept under the state directory, with their sizes

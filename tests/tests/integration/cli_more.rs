@@ -244,6 +244,23 @@ fn completions_and_the_man_page_come_from_the_same_definitions() {
     assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
     let call = std::fs::read_to_string(dir.join("sidejob-call.1")).expect("sidejob-call.1");
     assert!(call.contains("yield\\-after"), "{call}");
+    // Each command's own description, in its page and its --help (a command's arguments are
+    // built only when it runs; nothing built then may take its description's place).
+    assert!(call.contains("Run a command through the daemon"), "{call}");
+    let help = stdout(&d.cli(&["call", "--help"]));
+    assert!(
+        help.starts_with("Run a command through the daemon"),
+        "{help}"
+    );
+    // `sidejob help schedule <TAB>` offers schedule's own commands.
+    let fish = stdout(&d.cli(&["completions", "fish"]));
+    assert!(
+        fish.lines()
+            .any(|l| l.contains("__fish_sidejob_using_subcommand help")
+                && l.contains("__fish_seen_subcommand_from schedule")
+                && l.contains("-a \"add\"")),
+        "{fish}"
+    );
 }
 
 #[test]
