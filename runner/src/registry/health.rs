@@ -110,6 +110,8 @@ pub(crate) fn backup(state_dir: &Path) -> Result<PathBuf> {
         path: dest.clone(),
         source,
     };
+    // Whatever the umask of whoever took it (`sidejob registry backup` from a shell, say).
+    owner_only(&tmp).map_err(io)?;
     std::fs::File::open(&tmp)
         .and_then(|f| f.sync_all())
         .map_err(io)?;
@@ -160,11 +162,21 @@ pub(crate) fn restore(state_dir: &Path) -> Result<Option<PathBuf>> {
     }
     let aside = set_aside(state_dir)?;
     let db = state_dir.join("sidejob.db");
-    std::fs::copy(&backup, &db).map_err(|source| RegistryError::StateDir {
-        path: db.clone(),
-        source,
-    })?;
+    // The copy gets the backup's mode: owner-only, whatever an older backup had.
+    std::fs::copy(&backup, &db)
+        .and_then(|_| owner_only(&db))
+        .map_err(|source| RegistryError::StateDir {
+            path: db.clone(),
+            source,
+        })?;
     Ok(aside)
+}
+
+/// Mode 0600, as the registry itself has (it holds every user's commands and arguments);
+/// SQLite gives a database's -wal and -shm its mode too.
+fn owner_only(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
 }
 
 /// What a rebuild found.

@@ -182,14 +182,28 @@ fn a_settlement_the_full_registry_cannot_record_is_retried_until_it_is() {
     drop(disk);
 }
 
+/// `sidejob registry ARGS` on `d`'s state, from a shell's usual umask (022).
 fn registry_cli(d: &Daemon, args: &[&str]) -> std::process::Output {
-    Command::new(sidejob_bin())
-        .arg("registry")
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(sidejob_bin());
+    cmd.arg("registry")
         .args(args)
         .arg("--state-dir")
-        .arg(&d.state_dir)
-        .output()
-        .expect("sidejob registry")
+        .arg(&d.state_dir);
+    // SAFETY: umask is async-signal-safe and touches nothing shared.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::umask(0o022);
+            Ok(())
+        });
+    }
+    cmd.output().expect("sidejob registry")
+}
+
+/// A file's permission bits.
+fn mode(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).expect("stat").permissions().mode() & 0o7777
 }
 
 /// Starts `sidejob serve` on `d`'s socket and state and returns its exit status and stderr,
@@ -255,6 +269,11 @@ fn a_truncated_registry_is_refused_and_restored_from_its_backup() {
     );
     let out = registry_cli(&d, &["restore"]);
     assert!(out.status.success(), "{out:?}");
+    // Owner-only, like the registry, though taken and restored from a shell's umask.
+    assert_eq!(mode(&db), 0o600, "the restored registry");
+    let out = registry_cli(&d, &["backup"]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(mode(&backup), 0o600, "a backup taken from the command line");
     d.launch();
     let mut c = d.client();
     let t = c.task(&id);
