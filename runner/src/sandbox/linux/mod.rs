@@ -704,10 +704,10 @@ pub(crate) fn launch(
     view::pivot(&p.staging)?;
 
     // 9. The command. Init stays here to reap and to stop what the command leaves behind.
-    match sys::fork().map_err(step("fork the command"))? {
-        sys::Fork::Parent(pid) => Ok(pid),
-        sys::Fork::Child => confine_and_exec(p, cmd, output, exec_error),
-    }
+    //    Its process shares init's memory until it execs (see `spawn_sharing_memory`): it
+    //    only reads the plan, and init waits meanwhile.
+    sys::spawn::spawn_sharing_memory(&mut || confine_and_exec(p, cmd, output, exec_error))
+        .map_err(step("start the command"))
 }
 
 /// The command's side: confinement that applies to the process itself, then exec. Never
@@ -718,9 +718,10 @@ fn confine_and_exec(p: &Prepared, cmd: &Command, output: &OwnedFd, exec_error: &
         sys::exit_now(127)
     };
     let fail = |what: &str, e: &dyn std::fmt::Display| -> ! { fail_with(&format!("{what}: {e}")) };
-    // a. Default signal handling, its own session (no terminal to steal), output to the pipe.
-    let _ = SigSet::all().unblock();
+    // a. Default signal handling (the dispositions first: init's handlers must never run
+    //    here, in init's memory), its own session (no terminal to steal), output to the pipe.
     sys::reset_signal_dispositions();
+    let _ = SigSet::all().unblock();
     if let Err(e) = sys::setsid() {
         fail("setsid", &e);
     }
