@@ -327,9 +327,14 @@ impl Registry {
         })
     }
 
-    pub(crate) fn reopen_session(&self, session_id: &str) -> Result<()> {
+    /// Opens a closed session again; `workspace` records one that was unknown (a session
+    /// rebuilt from its directory: see `health::rebuild`).
+    pub(crate) fn reopen_session(&self, session_id: &str, workspace: Option<&str>) -> Result<()> {
         self.write(|tx| {
-            let patch = obj([("state", "open".into()), ("closed_at", Value::Null)]);
+            let mut patch = obj([("state", "open".into()), ("closed_at", Value::Null)]);
+            if let Some(w) = workspace {
+                patch.insert("workspace".into(), w.into());
+            }
             Self::apply(
                 tx,
                 "session.reopened",

@@ -220,6 +220,8 @@ pub(crate) fn open(
 
 /// `session.open` of a session that exists: the caller must be allowed to work in it, and
 /// its workspace and directory stay what they were (a deleted one's directory is made again).
+/// A session rebuilt from its directory has no record of its workspace
+/// (`sidejob registry rebuild`): the first reopening names it, checked as a new session's.
 fn reopen(
     registry: &Registry,
     cfg: &Config,
@@ -232,7 +234,8 @@ fn reopen(
     get_to_work_in(registry, uid, &session_id, p.adopt.unwrap_or(false))?;
     let workspace =
         dirs::check_workspace(cfg, &owner_creds(&existing, Some(caller)), &p.workspace)?;
-    if existing.workspace != workspace.display().to_string() {
+    let unknown = existing.workspace.is_empty();
+    if !unknown && existing.workspace != workspace.display().to_string() {
         return Err(SessionError::InvalidParams(format!(
             "session {session_id} already exists with workspace {}; open a new session for another workspace",
             existing.workspace
@@ -256,13 +259,14 @@ fn reopen(
             &workspace,
         )?;
     }
-    if !existing.is_open() {
-        registry.reopen_session(&session_id)?;
+    let named = unknown.then(|| workspace.display().to_string());
+    if !existing.is_open() || named.is_some() {
+        registry.reopen_session(&session_id, named.as_deref())?;
     }
     Ok(SessionOpenResult {
         session_id,
         session_dir: existing.session_dir,
-        workspace: existing.workspace,
+        workspace: named.unwrap_or(existing.workspace),
         profile: existing.profile,
         owner_uid: Some(existing.owner_uid),
     })

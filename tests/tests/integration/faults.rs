@@ -319,9 +319,29 @@ fn a_damaged_registry_is_refused_and_rebuilt_from_the_runs() {
         assert_eq!(t["exit_code"], i as i64, "{t}");
         assert_eq!(c.output(id), format!("run{i}\n"));
     }
+    // The rebuilt session's workspace is unknown: reopening it names it, and work goes on
+    // there (as `sidejob call` does from the same directory); from then on it is known.
+    let r = c.ok(
+        "session.open",
+        json!({"session_id": s, "workspace": d.workspace}),
+    );
+    assert_eq!(r["workspace"], d.workspace.display().to_string(), "{r}");
+    let r = c.bash(&s, "pwd", json!({}));
+    assert_eq!(r["state"], "succeeded", "{r}");
+    let id = r["task_id"].as_str().expect("id");
+    assert_eq!(c.output(id), format!("{}\n", d.workspace.display()));
+    let elsewhere = d.root.path().join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).expect("mkdir");
+    let (_, kind) = c.err(
+        "session.open",
+        json!({"session_id": s, "workspace": elsewhere}),
+    );
+    assert_eq!(kind, "invalid_params");
+    drop(c);
+    assert_eq!(d.terminate(), Some(0));
     let check = registry_cli(&d, &["check"]);
     assert!(
         check.status.success(),
-        "the rebuilt registry checks: {check:?}"
+        "the rebuilt and reopened registry checks (its event log replays to its rows): {check:?}"
     );
 }
