@@ -191,8 +191,8 @@ pub(crate) struct Rebuilt {
 /// Every session directory the daemon made (`sessions_dir/<id>`) becomes a closed session of
 /// its directory's owner, and every run in it with a `result.json` a settled task, as that
 /// file describes it. What the files cannot say (a session's workspace and profile, a run's
-/// arguments) is recorded as unknown; runs without a result are left out. The daemon must be
-/// stopped.
+/// arguments) is recorded as unknown (a session's first reopening names its own: see
+/// `session::reopen`); runs without a result are left out. The daemon must be stopped.
 pub(crate) fn rebuild(state_dir: &Path, sessions_dir: &Path) -> Result<Rebuilt> {
     let mut out = Rebuilt {
         set_aside: set_aside(state_dir)?,

@@ -327,13 +327,21 @@ impl Registry {
         })
     }
 
-    /// Opens a closed session again; `workspace` records one that was unknown (a session
-    /// rebuilt from its directory: see `health::rebuild`).
-    pub(crate) fn reopen_session(&self, session_id: &str, workspace: Option<&str>) -> Result<()> {
+    /// Opens a closed session again; `workspace` and `profile` record what was unknown (a
+    /// session rebuilt from its directory: see `health::rebuild`).
+    pub(crate) fn reopen_session(
+        &self,
+        session_id: &str,
+        workspace: Option<&str>,
+        profile: Option<&str>,
+    ) -> Result<()> {
         self.write(|tx| {
             let mut patch = obj([("state", "open".into()), ("closed_at", Value::Null)]);
             if let Some(w) = workspace {
                 patch.insert("workspace".into(), w.into());
+            }
+            if let Some(p) = profile {
+                patch.insert("profile".into(), p.into());
             }
             Self::apply(
                 tx,

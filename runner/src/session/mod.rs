@@ -171,7 +171,7 @@ pub(crate) fn open(
         get_for(registry, uid, parent)?;
     }
     if let Some(existing) = registry.get_session(&session_id)? {
-        return reopen(registry, cfg, caller, existing, &p);
+        return reopen(registry, cfg, caller, existing, &p, &profile);
     }
     if let Some(owner) = reserved_for(&session_id).filter(|o| *o != uid) {
         return Err(SessionError::PermissionDenied(format!(
@@ -220,14 +220,16 @@ pub(crate) fn open(
 
 /// `session.open` of a session that exists: the caller must be allowed to work in it, and
 /// its workspace and directory stay what they were (a deleted one's directory is made again).
-/// A session rebuilt from its directory has no record of its workspace
-/// (`sidejob registry rebuild`): the first reopening names it, checked as a new session's.
+/// A session rebuilt from its directory (`sidejob registry rebuild`) may have no record of
+/// its workspace or profile: the first reopening names them, checked as a new session's
+/// (`profile` is the one asked for, or the default).
 fn reopen(
     registry: &Registry,
     cfg: &Config,
     caller: &Creds,
     existing: SessionRow,
     p: &SessionOpenParams,
+    profile: &str,
 ) -> Result<SessionOpenResult, SessionError> {
     let uid = caller.uid;
     let session_id = existing.session_id.clone();
@@ -260,14 +262,15 @@ fn reopen(
         )?;
     }
     let named = unknown.then(|| workspace.display().to_string());
-    if !existing.is_open() || named.is_some() {
-        registry.reopen_session(&session_id, named.as_deref())?;
+    let named_profile = existing.profile.is_empty().then(|| profile.to_owned());
+    if !existing.is_open() || named.is_some() || named_profile.is_some() {
+        registry.reopen_session(&session_id, named.as_deref(), named_profile.as_deref())?;
     }
     Ok(SessionOpenResult {
         session_id,
         session_dir: existing.session_dir,
         workspace: named.unwrap_or(existing.workspace),
-        profile: existing.profile,
+        profile: named_profile.unwrap_or(existing.profile),
         owner_uid: Some(existing.owner_uid),
     })
 }

@@ -291,6 +291,8 @@ fn a_damaged_registry_is_refused_and_rebuilt_from_the_runs() {
         let r = c.bash(&s, &format!("echo run{i}; exit {i}"), json!({}));
         ids.push(r["task_id"].as_str().expect("id").to_owned());
     }
+    // A session with no finished run: nothing on disk says its profile either.
+    let idle = d.open_session(&mut c);
     drop(c);
     assert_eq!(d.terminate(), Some(0));
     // Overwrite pages past the header with garbage.
@@ -337,6 +339,12 @@ fn a_damaged_registry_is_refused_and_rebuilt_from_the_runs() {
         json!({"session_id": s, "workspace": elsewhere}),
     );
     assert_eq!(kind, "invalid_params");
+    c.ok(
+        "session.open",
+        json!({"session_id": idle, "workspace": d.workspace}),
+    );
+    let r = c.bash(&idle, "echo again", json!({}));
+    assert_eq!(r["state"], "succeeded", "{r}");
     drop(c);
     assert_eq!(d.terminate(), Some(0));
     let check = registry_cli(&d, &["check"]);
