@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use rusqlite::{Connection, OpenFlags};
 
-use super::{Registry, RegistryError, Result, SessionRow, Settlement, TaskRow};
+use super::{owner_only, Registry, RegistryError, Result, SessionRow, Settlement, TaskRow};
 use crate::protocol::{Delivery, TaskKind};
 
 /// The backup next to the registry.
@@ -170,13 +170,6 @@ pub(crate) fn restore(state_dir: &Path) -> Result<Option<PathBuf>> {
             source,
         })?;
     Ok(aside)
-}
-
-/// Mode 0600, as the registry itself has (it holds every user's commands and arguments);
-/// SQLite gives a database's -wal and -shm its mode too.
-fn owner_only(path: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
 }
 
 /// What a rebuild found.

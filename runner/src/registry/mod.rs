@@ -147,6 +147,14 @@ pub(crate) struct Registry {
     last_seq: tokio::sync::watch::Sender<i64>,
 }
 
+/// Mode 0600, for the registry and its backups: they hold every user's commands and
+/// arguments, the daemon's only. SQLite creates a database's -wal and -shm files with the
+/// database's mode.
+pub(super) fn owner_only(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+}
+
 impl Registry {
     /// Opens (creating if needed) `<state_dir>/sidejob.db` in WAL mode and runs migrations,
     /// after checking it can be trusted (see [`health`]): a damaged registry, or an empty one
@@ -171,13 +179,10 @@ impl Registry {
             path: path.clone(),
             source,
         })?;
-        // The registry holds every user's commands and arguments: the daemon's only. SQLite
-        // creates its -wal and -shm files with the database's mode.
         for suffix in ["", "-wal", "-shm"] {
-            use std::os::unix::fs::PermissionsExt;
             let mut p = path.clone().into_os_string();
             p.push(suffix);
-            let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600));
+            let _ = owner_only(Path::new(&p));
         }
         if check {
             health::check_on_open(&conn, &path, state_dir)?;

@@ -236,8 +236,9 @@ fn reopen(
     get_to_work_in(registry, uid, &session_id, p.adopt.unwrap_or(false))?;
     let workspace =
         dirs::check_workspace(cfg, &owner_creds(&existing, Some(caller)), &p.workspace)?;
+    let asked = workspace.display().to_string();
     let unknown = existing.workspace.is_empty();
-    if !unknown && existing.workspace != workspace.display().to_string() {
+    if !unknown && existing.workspace != asked {
         return Err(SessionError::InvalidParams(format!(
             "session {session_id} already exists with workspace {}; open a new session for another workspace",
             existing.workspace
@@ -261,7 +262,7 @@ fn reopen(
             &workspace,
         )?;
     }
-    let named = unknown.then(|| workspace.display().to_string());
+    let named = unknown.then_some(asked);
     let named_profile = existing.profile.is_empty().then(|| profile.to_owned());
     if !existing.is_open() || named.is_some() || named_profile.is_some() {
         registry.reopen_session(&session_id, named.as_deref(), named_profile.as_deref())?;

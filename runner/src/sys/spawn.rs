@@ -128,46 +128,32 @@ pub(crate) fn spawn_sharing_memory(child: &mut dyn FnMut()) -> io::Result<i32> {
     if stack == libc::MAP_FAILED {
         return Err(io::Error::last_os_error());
     }
-    // SAFETY: the mapping's lowest page, made a guard: an overflowing child faults.
-    let guarded = unsafe { libc::mprotect(stack, page, libc::PROT_NONE) };
-    let result = if guarded != 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        let all = SigSet::all();
-        let mut old = SigSet::empty();
-        match nix::sys::signal::sigprocmask(
-            nix::sys::signal::SigmaskHow::SIG_SETMASK,
-            Some(&all),
-            Some(&mut old),
-        ) {
-            Err(e) => Err(e.into()),
-            Ok(()) => {
-                let mut child = child;
-                // SAFETY: the stack is ours and unused; the child's top is its end (stacks
-                // grow down), 16-byte aligned. CLONE_VFORK returns only once the child has
-                // exec'd or exited, so `child` and the stack outlive its use of them.
-                let pid = unsafe {
-                    libc::clone(
-                        trampoline,
-                        (stack as *mut u8).add(SHARED_CHILD_STACK + page) as *mut libc::c_void,
-                        libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-                        &mut child as *mut &mut dyn FnMut() as *mut libc::c_void,
-                    )
-                };
-                let spawned = if pid < 0 {
-                    Err(io::Error::last_os_error())
-                } else {
-                    Ok(pid)
-                };
-                let _ = nix::sys::signal::sigprocmask(
-                    nix::sys::signal::SigmaskHow::SIG_SETMASK,
-                    Some(&old),
-                    None,
-                );
-                spawned
-            }
+    let result = (|| {
+        // SAFETY: the mapping's lowest page, made a guard: an overflowing child faults.
+        if unsafe { libc::mprotect(stack, page, libc::PROT_NONE) } != 0 {
+            return Err(io::Error::last_os_error());
         }
-    };
+        let old = SigSet::all().thread_swap_mask(nix::sys::signal::SigmaskHow::SIG_SETMASK)?;
+        let mut child = child;
+        // SAFETY: the stack is ours and unused; the child's top is its end (stacks grow
+        // down), 16-byte aligned. CLONE_VFORK returns only once the child has exec'd or
+        // exited, so `child` and the stack outlive its use of them.
+        let pid = unsafe {
+            libc::clone(
+                trampoline,
+                (stack as *mut u8).add(SHARED_CHILD_STACK + page) as *mut libc::c_void,
+                libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+                &mut child as *mut &mut dyn FnMut() as *mut libc::c_void,
+            )
+        };
+        let spawned = if pid < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(pid)
+        };
+        let _ = old.thread_set_mask();
+        spawned
+    })();
     // SAFETY: the mapping made above; the child no longer runs on it.
     unsafe { libc::munmap(stack, SHARED_CHILD_STACK + page) };
     result

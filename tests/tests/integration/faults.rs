@@ -10,6 +10,8 @@ use serde_json::{json, Value};
 use sidejob_tests::{sidejob_bin, wait_until, Daemon, TempDir};
 use sidejob_tests::{skip_without, Need};
 
+use crate::attacks::mode_uid;
+
 /// A tmpfs mounted for the test, unmounted when dropped.
 struct Tmpfs(PathBuf);
 
@@ -200,12 +202,6 @@ fn registry_cli(d: &Daemon, args: &[&str]) -> std::process::Output {
     cmd.output().expect("sidejob registry")
 }
 
-/// A file's permission bits.
-fn mode(path: &Path) -> u32 {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(path).expect("stat").permissions().mode() & 0o7777
-}
-
 /// Starts `sidejob serve` on `d`'s socket and state and returns its exit status and stderr,
 /// expecting it to refuse (it is killed if it listens).
 fn refused_start(d: &Daemon) -> (Option<i32>, String) {
@@ -270,10 +266,14 @@ fn a_truncated_registry_is_refused_and_restored_from_its_backup() {
     let out = registry_cli(&d, &["restore"]);
     assert!(out.status.success(), "{out:?}");
     // Owner-only, like the registry, though taken and restored from a shell's umask.
-    assert_eq!(mode(&db), 0o600, "the restored registry");
+    assert_eq!(mode_uid(&db).0, 0o600, "the restored registry");
     let out = registry_cli(&d, &["backup"]);
     assert!(out.status.success(), "{out:?}");
-    assert_eq!(mode(&backup), 0o600, "a backup taken from the command line");
+    assert_eq!(
+        mode_uid(&backup).0,
+        0o600,
+        "a backup taken from the command line"
+    );
     d.launch();
     let mut c = d.client();
     let t = c.task(&id);
