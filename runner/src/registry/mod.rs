@@ -252,6 +252,11 @@ impl Registry {
         self.last_seq.subscribe()
     }
 
+    /// The newest committed event's seq (see [`Registry::write`]).
+    pub(crate) fn newest_seq(&self) -> i64 {
+        *self.last_seq.borrow()
+    }
+
     /// Runs `f` with the connection, for reads.
     pub(crate) fn read<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
         let conn = self.lock();

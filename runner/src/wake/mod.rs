@@ -128,48 +128,53 @@ impl Hub {
 
     /// Pushes every event after the cursor to the routes it concerns.
     fn publish_new(&self, st: &mut State) -> Result<(), RegistryError> {
+        if st.routes.is_empty() {
+            // Nobody to push to: nothing to read (a subscriber catches up from the log as
+            // it subscribes). Reading anyway contends with the writer for SQLite's shared
+            // memory index just as the call that committed is answering.
+            st.cursor = st.cursor.max(self.registry.newest_seq());
+            return Ok(());
+        }
         loop {
             let events = self.registry.events_after(st.cursor, 1000)?;
             let Some(last) = events.last().map(|e| e.seq) else {
                 return Ok(());
             };
-            if !st.routes.is_empty() {
-                // A task.updated carries the task as it is now, so of several changes of one
-                // task in this batch only the last needs a push: the others would say the
-                // same (and under load, a reader that keeps up is what matters).
-                let last_of_task: HashMap<&str, i64> = events
+            // A task.updated carries the task as it is now, so of several changes of one
+            // task in this batch only the last needs a push: the others would say the
+            // same (and under load, a reader that keeps up is what matters).
+            let last_of_task: HashMap<&str, i64> = events
+                .iter()
+                .filter(|e| e.entity == Entity::Task)
+                .map(|e| (e.entity_id.as_str(), e.seq))
+                .collect();
+            for ev in &events {
+                if ev.entity == Entity::Task
+                    && last_of_task.get(ev.entity_id.as_str()) != Some(&ev.seq)
+                {
+                    continue;
+                }
+                let Some(session) = ev.session_id.clone() else {
+                    continue;
+                };
+                let owner = self.owner(st, &session);
+                let targets: Vec<u64> = st
+                    .routes
                     .iter()
-                    .filter(|e| e.entity == Entity::Task)
-                    .map(|e| (e.entity_id.as_str(), e.seq))
+                    .filter(|(_, r)| !r.gapped && route_matches(r, &session, owner))
+                    .map(|(id, _)| *id)
                     .collect();
-                for ev in &events {
-                    if ev.entity == Entity::Task
-                        && last_of_task.get(ev.entity_id.as_str()) != Some(&ev.seq)
-                    {
-                        continue;
-                    }
-                    let Some(session) = ev.session_id.clone() else {
-                        continue;
-                    };
-                    let owner = self.owner(st, &session);
-                    let targets: Vec<u64> = st
-                        .routes
-                        .iter()
-                        .filter(|(_, r)| !r.gapped && route_matches(r, &session, owner))
-                        .map(|(id, _)| *id)
-                        .collect();
-                    if targets.is_empty() {
-                        continue;
-                    }
-                    let Some(line) = self.message_for(ev)? else {
-                        continue;
-                    };
-                    if ev.entity == Entity::Notification {
-                        crate::metrics::wake_pushed();
-                    }
-                    for id in targets {
-                        send(st, id, ev.seq, line.clone());
-                    }
+                if targets.is_empty() {
+                    continue;
+                }
+                let Some(line) = self.message_for(ev)? else {
+                    continue;
+                };
+                if ev.entity == Entity::Notification {
+                    crate::metrics::wake_pushed();
+                }
+                for id in targets {
+                    send(st, id, ev.seq, line.clone());
                 }
             }
             st.cursor = last;
