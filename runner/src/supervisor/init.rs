@@ -122,11 +122,5 @@ pub(super) fn run(cmd: &Command, sandbox: &Prepared, pipes: Pipes) -> ! {
     // Closing the pipe now tells the supervisor the run is over; left to exit, the close
     // would wait for the teardown of this process's memory and namespaces.
     drop(status);
-    // Nobody waits for that teardown (unless the supervisor must remove a cgroup after it):
-    // at idle priority it never takes a CPU from the supervisor and the daemon answering
-    // the caller. Only now: under load, an idle process may wait long for a CPU.
-    if sandbox.cgroup.is_none() {
-        let _ = sys::set_idle_priority();
-    }
     sys::exit_now(0)
 }

@@ -483,19 +483,6 @@ pub(crate) fn execve(path: &CString, argv: &[CString], envp: &[CString]) -> io::
     }
 }
 
-/// Moves this process to `SCHED_IDLE`: it runs only when no other process wants the CPU.
-/// For work whose timing nobody waits on (a run's teardown once its outcome is reported),
-/// so that it never competes with the work that answers the caller.
-pub(crate) fn set_idle_priority() -> std::io::Result<()> {
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: a plain system call on this process, with a valid parameter block.
-    if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
-
 /// Ends the process at once without running destructors or atexit handlers (used in forked
 /// children, which must not flush buffers they share with their parent).
 ///
