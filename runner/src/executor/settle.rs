@@ -236,13 +236,14 @@ impl Executor {
             Delivery::Wake => self.wake_notification(live, &s),
             Delivery::Inline | Delivery::Wait | Delivery::Pending => None,
         };
-        self.registry
+        let row = self
+            .registry
             .settle(&live.task_id, &live.session_id, &s, wake.as_ref())?;
         // Recorded: from here on the decision stands.
         st.settled = true;
         crate::metrics::settled(s.state);
         let fg = st.fg.take().filter(|f| !f.is_closed());
-        let Some(row) = self.registry.get_task(&live.task_id)? else {
+        let Some(row) = row else {
             return Ok(());
         };
         info!(task_id = %live.task_id, state = row.state.as_str(), delivery = s.delivery.as_str(), "task settled");

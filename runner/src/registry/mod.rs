@@ -504,9 +504,9 @@ impl Registry {
         session_id: &str,
         s: &Settlement,
         wake: Option<&NotificationRow>,
-    ) -> Result<i64> {
+    ) -> Result<Option<TaskRow>> {
         self.write(|tx| {
-            let seq = Self::apply(
+            Self::apply(
                 tx,
                 "task.settled",
                 Entity::Task,
@@ -515,10 +515,13 @@ impl Registry {
                 Op::Update,
                 &s.to_patch(),
             )?;
-            match wake {
-                Some(n) => n.insert(tx),
-                None => Ok(seq),
+            if let Some(n) = wake {
+                n.insert(tx)?;
             }
+            // The settled row, read in the same transaction: the caller answers with it, and
+            // a read of its own after the commit would take the shared-memory lock again just
+            // as the wake hub reads the commit.
+            Self::task_in(tx, task_id)
         })
     }
 
@@ -564,7 +567,11 @@ impl Registry {
     }
 
     pub(crate) fn get_task(&self, task_id: &str) -> Result<Option<TaskRow>> {
-        let conn = self.lock();
+        Self::task_in(&self.lock(), task_id)
+    }
+
+    /// A task's row as `conn` sees it (in its transaction, if one is open).
+    fn task_in(conn: &Connection, task_id: &str) -> Result<Option<TaskRow>> {
         let mut stmt = conn.prepare_cached("SELECT * FROM tasks WHERE task_id = ?1")?;
         stmt.query_row([task_id], TaskRow::from_row)
             .optional()?
