@@ -1,0 +1,36 @@
+//! Links the GCC unwinder into `sidejob` statically instead of loading `libgcc_s.so.1`.
+//!
+//! Every `sidejob` process that starts from its binary (the CLI, `sidejob exec`, a supervisor
+//! started without the spawner) paid about 0.1 ms for that library: mapping it, and its
+//! constructor probing the CPU with `cpuid`, which traps to the hypervisor in a VM. The Rust
+//! standard library asks the linker for `-lgcc_s`; a linker script of that name, found first,
+//! hands it the static `libgcc_eh` instead (the same unwinder, in the binary). Where the C
+//! toolchain has no `libgcc_eh.a`, nothing changes.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    let target = std::env::var("TARGET").unwrap_or_default();
+    // glibc targets only: the only ones that link `libgcc_s`.
+    if !target.ends_with("-linux-gnu") {
+        return;
+    }
+    // The C compiler cargo links with asks for `libgcc_eh.a` by name: it answers with a path
+    // only if it has one.
+    let cc = std::env::var("RUSTC_LINKER").unwrap_or_else(|_| "cc".into());
+    let found = Command::new(cc)
+        .arg("-print-file-name=libgcc_eh.a")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+    if !found.is_some_and(|p| p.is_absolute() && p.is_file()) {
+        return;
+    }
+    let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("OUT_DIR"));
+    std::fs::write(out.join("libgcc_s.so"), "INPUT(-lgcc_eh)\n")
+        .expect("write the libgcc_s linker script");
+    println!("cargo:rustc-link-search=native={}", out.display());
+}
