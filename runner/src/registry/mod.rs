@@ -285,13 +285,7 @@ impl Registry {
 
     /// [`Registry::get_task`] on the follower connection.
     pub(crate) fn get_task_committed(&self, task_id: &str) -> Result<Option<TaskRow>> {
-        self.follow(|c| {
-            let mut stmt = c.prepare_cached("SELECT * FROM tasks WHERE task_id = ?1")?;
-            stmt.query_row([task_id], TaskRow::from_row)
-                .optional()?
-                .map(TaskRow::check)
-                .transpose()
-        })
+        self.follow(|c| Self::task_in(c, task_id))
     }
 
     /// Writes a row change and its event in the same transaction; returns the event's seq.
@@ -498,6 +492,7 @@ impl Registry {
 
     /// Records a terminal state and who the result is delivered to, in one transaction.
     /// With `wake`, the completion's notification is created in the same transaction.
+    /// Returns the task's row as settled.
     pub(crate) fn settle(
         &self,
         task_id: &str,
