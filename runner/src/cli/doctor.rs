@@ -34,7 +34,7 @@ pub(super) fn doctor(json_out: bool) -> i32 {
                 match r {
                     Err(e) => json!({"name": name, "usable": false, "detail": e}),
                     Ok(r) => {
-                        let missing = a.missing(&r.sandbox);
+                        let missing = a.missing(r.sandbox.network, &r.sandbox.limits);
                         let usable = missing.is_empty() || p.best_effort;
                         let detail = if missing.is_empty() {
                             "all layers available".to_owned()

@@ -319,18 +319,7 @@ pub(crate) fn check_profile(
     profile
         .check_run_as_for(owner_uid)
         .map_err(CallSandboxError::Invalid)?;
-    let probe = resolve::resolve(
-        &profile,
-        &resolve::Context {
-            workspace: std::path::Path::new("/"),
-            session_dir: None,
-            home: None,
-            caller_env: &[],
-            caches: None,
-        },
-    )
-    .map_err(CallSandboxError::Invalid)?;
-    let missing = linux::Availability::cached().missing(&probe.sandbox);
+    let missing = linux::Availability::cached().missing(profile.network, &profile.limits);
     if !missing.is_empty() && !profile.best_effort {
         return Err(CallSandboxError::Unavailable(format!(
             "profile {name:?} needs sandbox layers this host lacks: {}; use a profile with best_effort = true to run without them",

@@ -21,7 +21,7 @@ use std::sync::OnceLock;
 use nix::sys::resource::Resource;
 use serde::Serialize;
 
-use crate::sandbox::profile::Network;
+use crate::sandbox::profile::{Limits, Network};
 use crate::sandbox::{LaunchPlan, SandboxPlan};
 use crate::supervisor::report::StartFailure;
 use crate::sys::{self, sandbox as ssys, SigSet};
@@ -264,20 +264,22 @@ impl Availability {
         v
     }
 
-    /// The layers `plan` needs that this host cannot give it, with the reason.
-    pub(crate) fn missing(&self, plan: &SandboxPlan) -> Vec<(&'static str, String)> {
+    /// The layers a sandbox with this network and these limits needs that this host cannot
+    /// give it, with the reason. Nothing else of a profile or a plan decides which layers it
+    /// needs, so a profile is checked without resolving it for a run first.
+    pub(crate) fn missing(&self, network: Network, limits: &Limits) -> Vec<(&'static str, String)> {
         let mut out = Vec::new();
         if let Err(e) = &self.user_namespaces {
             out.push(("mount_namespace", e.clone()));
         }
         match &self.landlock_abi {
-            Ok(abi) => out.extend(landlock::coverage(*abi, plan.network).1),
+            Ok(abi) => out.extend(landlock::coverage(*abi, network).1),
             Err(e) => out.push(("landlock_fs", e.clone())),
         }
         if !self.seccomp {
             out.push(("seccomp", "the kernel has no seccomp".into()));
         }
-        let want = cgroup::needed(&plan.limits);
+        let want = cgroup::needed(limits);
         if !want.is_empty() {
             match cgroup::detect(&want) {
                 Ok(_) if self.root || self.cgroup().is_ok() => {}
@@ -413,7 +415,7 @@ pub(crate) fn prepare(plan: &LaunchPlan) -> Result<Prepared, PrepareError> {
     sb.mounts.sort_by_key(|m| m.target.components().count());
     let sb = &sb;
     let avail = Availability::cached();
-    let missing = avail.missing(sb);
+    let missing = avail.missing(sb.network, &sb.limits);
     if !missing.is_empty() && !sb.best_effort {
         return Err(PrepareError::Unavailable(missing));
     }
