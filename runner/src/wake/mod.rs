@@ -48,6 +48,8 @@ pub(crate) struct Hub {
     state: Mutex<State>,
     /// Wakes the scheduler when routes come and go.
     pub routes_changed: Arc<Notify>,
+    /// Wakes the hub's own loop when a route is added: with none, commits do not wake it.
+    route_added: Notify,
     /// Set when the daemon stops; the hub's thread then ends.
     stop: watch::Sender<bool>,
     thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -68,6 +70,7 @@ impl Hub {
                 owners: HashMap::new(),
             }),
             routes_changed: Arc::new(Notify::new()),
+            route_added: Notify::new(),
             stop: watch::channel(false).0,
             thread: std::sync::Mutex::new(None),
         }))
@@ -102,11 +105,22 @@ impl Hub {
         let mut seq = self.registry.subscribe_seq();
         let mut stop = self.stop.subscribe();
         loop {
-            {
+            let idle = {
                 let mut st = self.state.lock().await;
                 if let Err(e) = self.publish_new(&mut st) {
                     warn!("cannot publish events: {e}");
                 }
+                st.routes.is_empty()
+            };
+            // With nobody subscribed, a commit has nothing to push: this thread sleeps until
+            // a subscription (which catches up from the log itself) instead of waking on
+            // every commit, alongside the run the commit belongs to.
+            if idle {
+                tokio::select! {
+                    _ = self.route_added.notified() => {}
+                    _ = stop.wait_for(|s| *s) => return,
+                }
+                continue;
             }
             tokio::select! {
                 changed = seq.changed() => if changed.is_err() {
@@ -300,6 +314,7 @@ impl Hub {
         let cursor = st.cursor;
         drop(st);
         self.routes_changed.notify_one();
+        self.route_added.notify_one();
         Ok(cursor)
     }
 
