@@ -309,7 +309,7 @@ impl Registry {
             id,
             op.name(),
             session_id,
-            Value::Object(patch.clone()).to_string()
+            serde_json::to_string(patch).map_err(|e| RegistryError::Corrupt(e.to_string()))?
         ])?;
         Ok(tx.last_insert_rowid())
     }
@@ -711,32 +711,46 @@ fn apply_patch(
             return Err(RegistryError::Corrupt(format!("column name {col:?}")));
         }
     }
-    let values: Vec<rusqlite::types::Value> = patch.values().map(json_to_sql).collect();
-    let sql = match op {
+    // Built in one string: this runs on every write, and most of them are on a call's path.
+    // (Writing to a String cannot fail.)
+    use std::fmt::Write as _;
+    let table = entity.table();
+    let mut sql = String::with_capacity(64 + patch.len() * 32);
+    match op {
         Op::Insert => {
-            let cols = patch.keys().cloned().collect::<Vec<_>>().join(", ");
-            let marks = (1..=patch.len())
-                .map(|i| format!("?{i}"))
-                .collect::<Vec<_>>()
-                .join(", ");
-            format!("INSERT INTO {} ({cols}) VALUES ({marks})", entity.table())
+            sql.push_str("INSERT INTO ");
+            sql.push_str(table);
+            sql.push_str(" (");
+            for (i, col) in patch.keys().enumerate() {
+                if i > 0 {
+                    sql.push_str(", ");
+                }
+                sql.push_str(col);
+            }
+            sql.push_str(") VALUES (");
+            for i in 1..=patch.len() {
+                if i > 1 {
+                    sql.push_str(", ");
+                }
+                let _ = write!(sql, "?{i}");
+            }
+            sql.push(')');
         }
         Op::Update => {
-            let sets = patch
-                .keys()
-                .enumerate()
-                .map(|(i, c)| format!("{c} = ?{}", i + 1))
-                .collect::<Vec<_>>()
-                .join(", ");
-            format!(
-                "UPDATE {} SET {sets} WHERE {} = ?{}",
-                entity.table(),
-                entity.key(),
-                patch.len() + 1
-            )
+            sql.push_str("UPDATE ");
+            sql.push_str(table);
+            sql.push_str(" SET ");
+            for (i, col) in patch.keys().enumerate() {
+                if i > 0 {
+                    sql.push_str(", ");
+                }
+                let _ = write!(sql, "{col} = ?{}", i + 1);
+            }
+            let _ = write!(sql, " WHERE {} = ?{}", entity.key(), patch.len() + 1);
         }
-    };
+    }
     let mut stmt = conn.prepare_cached(&sql)?;
+    let values: Vec<JsonParam> = patch.values().map(JsonParam).collect();
     let mut bound: Vec<&dyn rusqlite::ToSql> =
         values.iter().map(|v| v as &dyn rusqlite::ToSql).collect();
     if op == Op::Update {
@@ -750,6 +764,19 @@ fn apply_patch(
         )));
     }
     Ok(())
+}
+
+/// A JSON value bound as the SQL value [`json_to_sql`] makes of it, its text not copied.
+struct JsonParam<'a>(&'a Value);
+
+impl rusqlite::ToSql for JsonParam<'_> {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        use rusqlite::types::{ToSqlOutput, ValueRef};
+        Ok(match self.0 {
+            Value::String(s) => ToSqlOutput::Borrowed(ValueRef::Text(s.as_bytes())),
+            other => ToSqlOutput::Owned(json_to_sql(other)),
+        })
+    }
 }
 
 pub(crate) fn json_to_sql(v: &Value) -> rusqlite::types::Value {
