@@ -136,17 +136,27 @@ pub(crate) fn in_view(staging: &Path, target: &Path) -> PathBuf {
     staging.join(target.strip_prefix("/").unwrap_or(target))
 }
 
+/// Creates the empty file a file is bound onto, and its parents if they are missing (most
+/// are there already: a view binds many files into the same few directories).
 fn make_file(path: &Path) -> Result<(), LaunchError> {
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).map_err(err("mkdir", parent))?;
+    let create = || {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)
+            .map(drop)
+    };
+    match create() {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent).map_err(err("mkdir", parent))?;
+            }
+            create()
+        }
+        done => done,
     }
-    std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
-        .map(drop)
-        .map_err(err("create mount point", path))
+    .map_err(err("create mount point", path))
 }
 
 fn tmpfs(target: &Path, flags: libc::c_ulong, data: &CStr) -> Result<(), LaunchError> {
@@ -221,10 +231,16 @@ pub(crate) fn mount_sources(
             if dst.symlink_metadata().is_ok() {
                 continue;
             }
-            if let Some(parent) = dst.parent() {
-                std::fs::create_dir_all(parent).map_err(err("mkdir", parent))?;
+            match std::os::unix::fs::symlink(link, &dst) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    if let Some(parent) = dst.parent() {
+                        std::fs::create_dir_all(parent).map_err(err("mkdir", parent))?;
+                    }
+                    std::os::unix::fs::symlink(link, &dst)
+                }
+                done => done,
             }
-            std::os::unix::fs::symlink(link, &dst).map_err(err("symlink", &dst))?;
+            .map_err(err("symlink", &dst))?;
         }
     }
     // Read-only binds, then one call makes them and the root read-only, nosuid and nodev.
