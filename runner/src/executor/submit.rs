@@ -215,8 +215,9 @@ impl Executor {
         ))
         .bridge(extras.bridge_socket.clone())
         .build();
-        let plan_bytes = serde_json::to_vec_pretty(&plan)
-            .map_err(|e| ExecError::InvalidParams(e.to_string()))?;
+        // Read by the supervisor only: compact is quicker to write and to read.
+        let plan_bytes =
+            serde_json::to_vec(&plan).map_err(|e| ExecError::InvalidParams(e.to_string()))?;
         std::fs::write(private.plan(), plan_bytes)
             .map_err(io("write launch plan", &private.plan()))?;
         Ok(Staged {
