@@ -97,7 +97,18 @@ impl Capture {
             return Ok(n);
         }
         if self.scratch.is_empty() {
-            self.scratch = vec![0; 64 * 1024];
+            // Most runs print little: their output is read through a page on the stack, and
+            // only one that fills it gets the larger buffer (whose zeroing alone faults in 16
+            // pages, a good part of a short run's cost).
+            let mut page = [0u8; 4096];
+            let read = sys::read_fd(pipe, &mut page);
+            if let Ok(n) = read {
+                self.push(&page[..n]);
+                if n == page.len() {
+                    self.scratch = vec![0; 64 * 1024];
+                }
+            }
+            return read;
         }
         let mut scratch = std::mem::take(&mut self.scratch);
         let read = sys::read_fd(pipe, &mut scratch);
