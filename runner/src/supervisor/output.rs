@@ -22,6 +22,9 @@ const SPLICE_CHUNK: usize = 1 << 20;
 /// The size the output pipe is given, so a fast writer fills it in few system calls and the
 /// supervisor drains it in few wake-ups (`/proc/sys/fs/pipe-max-size` caps it; the default
 /// 64 KiB stays if the kernel refuses).
+/// The largest buffer output is read through (when it cannot be spliced).
+const SCRATCH_MAX: usize = 64 * 1024;
+
 pub(crate) const PIPE_SIZE: i32 = 1 << 20;
 
 pub(crate) struct Capture {
@@ -96,24 +99,20 @@ impl Capture {
             self.total += n as u64;
             return Ok(n);
         }
+        // Most runs print little: their output is read through one page, and only a run that
+        // fills it gets the larger buffer (zeroing that alone faults in 16 pages, a good part
+        // of a short run's cost). On the heap, not the stack: a page-sized frame in the run
+        // loop would be one more page for every supervisor, output or not.
         if self.scratch.is_empty() {
-            // Most runs print little: their output is read through a page on the stack, and
-            // only one that fills it gets the larger buffer (whose zeroing alone faults in 16
-            // pages, a good part of a short run's cost).
-            let mut page = [0u8; 4096];
-            let read = sys::read_fd(pipe, &mut page);
-            if let Ok(n) = read {
-                self.push(&page[..n]);
-                if n == page.len() {
-                    self.scratch = vec![0; 64 * 1024];
-                }
-            }
-            return read;
+            self.scratch = vec![0; 4096];
         }
         let mut scratch = std::mem::take(&mut self.scratch);
         let read = sys::read_fd(pipe, &mut scratch);
         if let Ok(n) = read {
             self.push(&scratch[..n]);
+            if n == scratch.len() && scratch.len() < SCRATCH_MAX {
+                scratch = vec![0; SCRATCH_MAX];
+            }
         }
         self.scratch = scratch;
         read
