@@ -716,36 +716,31 @@ fn apply_patch(
     use std::fmt::Write as _;
     let table = entity.table();
     let mut sql = String::with_capacity(64 + patch.len() * 32);
+    // `n` items separated by commas, each written by `item(sql, i)` (i from 1).
+    let list = |sql: &mut String, item: &dyn Fn(&mut String, usize)| {
+        for i in 1..=patch.len() {
+            if i > 1 {
+                sql.push_str(", ");
+            }
+            item(sql, i);
+        }
+    };
+    let cols: Vec<&str> = patch.keys().map(String::as_str).collect();
     match op {
         Op::Insert => {
-            sql.push_str("INSERT INTO ");
-            sql.push_str(table);
-            sql.push_str(" (");
-            for (i, col) in patch.keys().enumerate() {
-                if i > 0 {
-                    sql.push_str(", ");
-                }
-                sql.push_str(col);
-            }
+            let _ = write!(sql, "INSERT INTO {table} (");
+            list(&mut sql, &|s, i| s.push_str(cols[i - 1]));
             sql.push_str(") VALUES (");
-            for i in 1..=patch.len() {
-                if i > 1 {
-                    sql.push_str(", ");
-                }
-                let _ = write!(sql, "?{i}");
-            }
+            list(&mut sql, &|s, i| {
+                let _ = write!(s, "?{i}");
+            });
             sql.push(')');
         }
         Op::Update => {
-            sql.push_str("UPDATE ");
-            sql.push_str(table);
-            sql.push_str(" SET ");
-            for (i, col) in patch.keys().enumerate() {
-                if i > 0 {
-                    sql.push_str(", ");
-                }
-                let _ = write!(sql, "{col} = ?{}", i + 1);
-            }
+            let _ = write!(sql, "UPDATE {table} SET ");
+            list(&mut sql, &|s, i| {
+                let _ = write!(s, "{} = ?{i}", cols[i - 1]);
+            });
             let _ = write!(sql, " WHERE {} = ?{}", entity.key(), patch.len() + 1);
         }
     }
