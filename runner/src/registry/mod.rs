@@ -716,7 +716,7 @@ fn apply_patch(
     use std::fmt::Write as _;
     let table = entity.table();
     let mut sql = String::with_capacity(64 + patch.len() * 32);
-    // `n` items separated by commas, each written by `item(sql, i)` (i from 1).
+    // One item per column, separated by commas: `item(sql, i)` writes the i-th (from 1).
     let list = |sql: &mut String, item: &dyn Fn(&mut String, usize)| {
         for i in 1..=patch.len() {
             if i > 1 {

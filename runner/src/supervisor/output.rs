@@ -19,12 +19,12 @@ use crate::sys;
 /// The most one splice moves; the pipe holds at most this much anyway (see [`PIPE_SIZE`]).
 const SPLICE_CHUNK: usize = 1 << 20;
 
-/// The size the output pipe is given, so a fast writer fills it in few system calls and the
-/// supervisor drains it in few wake-ups (`/proc/sys/fs/pipe-max-size` caps it; the default
-/// 64 KiB stays if the kernel refuses).
 /// The largest buffer output is read through (when it cannot be spliced).
 const SCRATCH_MAX: usize = 64 * 1024;
 
+/// The size the output pipe is given, so a fast writer fills it in few system calls and the
+/// supervisor drains it in few wake-ups (`/proc/sys/fs/pipe-max-size` caps it; the default
+/// 64 KiB stays if the kernel refuses).
 pub(crate) const PIPE_SIZE: i32 = 1 << 20;
 
 pub(crate) struct Capture {
