@@ -136,17 +136,25 @@ pub(crate) fn in_view(staging: &Path, target: &Path) -> PathBuf {
     staging.join(target.strip_prefix("/").unwrap_or(target))
 }
 
-/// Creates the empty file a file is bound onto, and its parents if they are missing (most
-/// are there already: a view binds many files into the same few directories).
+/// Creates the empty file a file is bound onto.
 fn make_file(path: &Path) -> Result<(), LaunchError> {
-    let create = || {
+    create_in_view(path, "create mount point", || {
         std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
             .open(path)
             .map(drop)
-    };
+    })
+}
+
+/// Makes `path` in the view with `create`, and its parents first if they are missing (most
+/// are there already: a view puts many files into the same few directories).
+fn create_in_view(
+    path: &Path,
+    step: &'static str,
+    create: impl Fn() -> io::Result<()>,
+) -> Result<(), LaunchError> {
     match create() {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             if let Some(parent) = path.parent() {
@@ -156,7 +164,7 @@ fn make_file(path: &Path) -> Result<(), LaunchError> {
         }
         done => done,
     }
-    .map_err(err("create mount point", path))
+    .map_err(err(step, path))
 }
 
 fn tmpfs(target: &Path, flags: libc::c_ulong, data: &CStr) -> Result<(), LaunchError> {
@@ -231,16 +239,7 @@ pub(crate) fn mount_sources(
             if dst.symlink_metadata().is_ok() {
                 continue;
             }
-            match std::os::unix::fs::symlink(link, &dst) {
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                    if let Some(parent) = dst.parent() {
-                        std::fs::create_dir_all(parent).map_err(err("mkdir", parent))?;
-                    }
-                    std::os::unix::fs::symlink(link, &dst)
-                }
-                done => done,
-            }
-            .map_err(err("symlink", &dst))?;
+            create_in_view(&dst, "symlink", || std::os::unix::fs::symlink(link, &dst))?;
         }
     }
     // Read-only binds, then one call makes them and the root read-only, nosuid and nodev.
