@@ -716,30 +716,20 @@ fn apply_patch(
     use std::fmt::Write as _;
     let table = entity.table();
     let mut sql = String::with_capacity(64 + patch.len() * 32);
-    // One item per column, separated by commas: `item(sql, i)` writes the i-th (from 1).
-    let list = |sql: &mut String, item: &dyn Fn(&mut String, usize)| {
-        for i in 1..=patch.len() {
-            if i > 1 {
-                sql.push_str(", ");
-            }
-            item(sql, i);
-        }
-    };
-    let cols: Vec<&str> = patch.keys().map(String::as_str).collect();
     match op {
         Op::Insert => {
             let _ = write!(sql, "INSERT INTO {table} (");
-            list(&mut sql, &|s, i| s.push_str(cols[i - 1]));
+            comma_list(&mut sql, patch.keys(), |s, col| s.push_str(col));
             sql.push_str(") VALUES (");
-            list(&mut sql, &|s, i| {
+            comma_list(&mut sql, 1..=patch.len(), |s, i| {
                 let _ = write!(s, "?{i}");
             });
             sql.push(')');
         }
         Op::Update => {
             let _ = write!(sql, "UPDATE {table} SET ");
-            list(&mut sql, &|s, i| {
-                let _ = write!(s, "{} = ?{i}", cols[i - 1]);
+            comma_list(&mut sql, patch.keys().zip(1..), |s, (col, i)| {
+                let _ = write!(s, "{col} = ?{i}");
             });
             let _ = write!(sql, " WHERE {} = ?{}", entity.key(), patch.len() + 1);
         }
@@ -759,6 +749,20 @@ fn apply_patch(
         )));
     }
     Ok(())
+}
+
+/// Writes `items` into `sql`, each by `item`, separated by commas.
+fn comma_list<T>(
+    sql: &mut String,
+    items: impl IntoIterator<Item = T>,
+    mut item: impl FnMut(&mut String, T),
+) {
+    for (i, it) in items.into_iter().enumerate() {
+        if i > 0 {
+            sql.push_str(", ");
+        }
+        item(sql, it);
+    }
 }
 
 /// A JSON value bound as the SQL value [`json_to_sql`] makes of it, its text not copied.
