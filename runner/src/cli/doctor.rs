@@ -21,37 +21,22 @@ pub(super) fn doctor(json_out: bool) -> i32 {
         let status = match catalog.get(&name) {
             Err(e) => json!({"name": name, "usable": false, "detail": e.to_string()}),
             Ok(p) => {
-                let r = resolve::resolve(
-                    &p,
-                    &Context {
-                        workspace: std::path::Path::new("/"),
-                        session_dir: None,
-                        home: None,
-                        caller_env: &[],
-                        caches: None,
-                    },
-                );
-                match r {
-                    Err(e) => json!({"name": name, "usable": false, "detail": e}),
-                    Ok(r) => {
-                        let missing = a.missing(r.sandbox.network, &r.sandbox.limits);
-                        let usable = missing.is_empty() || p.best_effort;
-                        let detail = if missing.is_empty() {
-                            "all layers available".to_owned()
+                let missing = a.missing(p.network, &p.limits);
+                let usable = missing.is_empty() || p.best_effort;
+                let detail = if missing.is_empty() {
+                    "all layers available".to_owned()
+                } else {
+                    format!(
+                        "{}: {}",
+                        if p.best_effort {
+                            "best effort without"
                         } else {
-                            format!(
-                                "{}: {}",
-                                if p.best_effort {
-                                    "best effort without"
-                                } else {
-                                    "refused, missing"
-                                },
-                                crate::sandbox::linux::describe_missing(&missing)
-                            )
-                        };
-                        json!({"name": name, "usable": usable, "detail": detail})
-                    }
-                }
+                            "refused, missing"
+                        },
+                        crate::sandbox::linux::describe_missing(&missing)
+                    )
+                };
+                json!({"name": name, "usable": usable, "detail": detail})
             }
         };
         profiles.push(status);
