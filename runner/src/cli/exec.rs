@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::egress::policy::{Policy, Rule};
 use crate::protocol::{FailReason, TaskState};
+use crate::sandbox::linux::Netns;
 use crate::sandbox::resolve::{self, Context};
 use crate::sandbox::{Catalog, LaunchPlan, Network, Profile, RunAs};
 use crate::supervisor::{self, RunResult};
@@ -216,7 +217,11 @@ fn not_on_sandbox_path(
 }
 
 /// Runs `sidejob exec`; returns the process exit code.
-pub(super) fn exec(a: ExecArgs) -> i32 {
+pub(super) fn exec(a: ExecArgs, netns: Option<crate::sys::netns::Ahead>) -> i32 {
+    // The run's network namespace, made on another CPU while this one prepares the run (see
+    // `sys::netns`), unless the caller has started that already. Most profiles need one; a
+    // run that does not drops it.
+    let netns = netns.or_else(|| crate::sys::netns::Ahead::start().ok());
     let catalog = Catalog::new(Catalog::default_dir());
     let mut profile = match catalog.get_or_file(a.profile.as_deref().unwrap_or("workspace-write")) {
         Ok(p) => p,
@@ -352,8 +357,10 @@ pub(super) fn exec(a: ExecArgs) -> i32 {
         } else {
             None
         };
+        // A failure leaves init to make the namespace itself, as it would anyway.
+        let netns = netns.and_then(|n| n.finish().ok()).map(Netns::Fresh);
         match crate::sys::dirfd::open_dir(&run_dir) {
-            Ok(dir) => match supervisor::supervise_with(&plan, started, dir.as_fd(), hook) {
+            Ok(dir) => match supervisor::supervise_with(&plan, started, dir.as_fd(), hook, netns) {
                 Ok(r) => r,
                 Err(e) => {
                     let reason = e.reason();

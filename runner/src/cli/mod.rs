@@ -31,6 +31,11 @@ fn socket(conn: &Conn, top: &Conn) -> PathBuf {
 
 /// Runs the command line; returns the process exit code.
 pub fn main() -> i32 {
+    // `sidejob exec` has its run's network namespace made on another CPU from the start, so
+    // that it is ready by the time the run needs it (see `sys::netns`).
+    let netns = (std::env::args_os().nth(1).is_some_and(|a| a == "exec"))
+        .then(crate::sys::netns::Ahead::start)
+        .and_then(Result::ok);
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
@@ -54,18 +59,21 @@ pub fn main() -> i32 {
             stdin,
             command,
         } => {
-            return exec::exec(exec::ExecArgs {
-                profile,
-                workspace,
-                timeout,
-                env,
-                read,
-                write,
-                allow,
-                json,
-                stdin,
-                command,
-            })
+            return exec::exec(
+                exec::ExecArgs {
+                    profile,
+                    workspace,
+                    timeout,
+                    env,
+                    read,
+                    write,
+                    allow,
+                    json,
+                    stdin,
+                    command,
+                },
+                netns,
+            )
         }
         Command::Doctor { json } => return doctor::doctor(json),
         Command::Cache { command } => return doctor::cache(command),

@@ -28,7 +28,7 @@ pub(crate) use result::{RunResult, Violation};
 
 use crate::protocol::{FailReason, TaskState};
 use crate::run_dir::PrivateDir;
-use crate::sandbox::linux::PrepareError;
+use crate::sandbox::linux::{Netns, PrepareError};
 use crate::sandbox::LaunchPlan;
 use crate::sys::{self, dirfd, SigSet, Signal};
 
@@ -108,9 +108,10 @@ fn supervisor_main(private_dir: &Path, pid_file: PidFile, shared_netns: bool) ->
         crate::run_dir::SUPERVISOR_REPORT_FD
     };
     let _ = sys::close_from(keep as u32 + 1);
-    let shared_netns = shared_netns
+    let netns = shared_netns
         .then(|| sys::take_inherited_fd(spawner::SHARED_NETNS_FD).ok())
-        .flatten();
+        .flatten()
+        .map(Netns::Shared);
     let public = match sys::take_inherited_fd(crate::run_dir::SUPERVISOR_PUBLIC_FD).and_then(|fd| {
         if dirfd::is_dir(&dirfd::stat_fd(fd.as_fd())?) {
             Ok(fd)
@@ -153,7 +154,7 @@ fn supervisor_main(private_dir: &Path, pid_file: PidFile, shared_netns: bool) ->
     let opts = Options {
         egress_first_use: None,
         report,
-        shared_netns,
+        netns,
     };
     let (result, output, report) = match supervise_run(&plan, started, public.as_fd(), opts) {
         Ok(s) => (s.result, Some(s.output), s.report),
@@ -232,9 +233,8 @@ pub(crate) struct Options<'a> {
     /// The daemon's report pipe: kept out of the run's init (nothing of the run may hold it)
     /// and handed back with the result.
     pub report: Option<OwnedFd>,
-    /// An offline network namespace shared with the session's other runs (see `spawner`):
-    /// init joins it instead of making one when the run's network is off.
-    pub shared_netns: Option<OwnedFd>,
+    /// A network namespace init joins instead of making one (see [`Netns`]).
+    pub netns: Option<Netns>,
 }
 
 /// A supervised run: its result, `output.log` (complete, not yet made durable) and the
@@ -253,21 +253,22 @@ pub(crate) fn supervise(
     started: SystemTime,
     out_dir: BorrowedFd<'_>,
 ) -> Result<RunResult, SuperviseError> {
-    supervise_with(plan, started, out_dir, None)
+    supervise_with(plan, started, out_dir, None, None)
 }
 
 /// [`supervise`], calling `egress_first_use` once, when the run's relay first has a
-/// connection or query to hand over (see [`Options`]).
+/// connection or query to hand over, and giving init `netns` to join (see [`Options`]).
 pub(crate) fn supervise_with(
     plan: &LaunchPlan,
     started: SystemTime,
     out_dir: BorrowedFd<'_>,
     egress_first_use: Option<&mut dyn FnMut()>,
+    netns: Option<Netns>,
 ) -> Result<RunResult, SuperviseError> {
     let opts = Options {
         egress_first_use,
         report: None,
-        shared_netns: None,
+        netns,
     };
     supervise_run(plan, started, out_dir, opts)
         .map(|s| s.result)
@@ -287,9 +288,9 @@ pub(crate) fn supervise_run(
     let Options {
         egress_first_use,
         mut report,
-        shared_netns,
+        netns,
     } = opts;
-    let mut run = match run::Run::start(plan, out_dir, &mut report, shared_netns) {
+    let mut run = match run::Run::start(plan, out_dir, &mut report, netns) {
         Ok(run) => run,
         Err(e) => return Err((e, report)),
     };

@@ -13,7 +13,7 @@ use super::{
     init, outcome, output, report, say, stop_signals, CancelRequest, RunResult, StopReason,
     SuperviseError, Violation,
 };
-use crate::sandbox::linux::{self, netns};
+use crate::sandbox::linux::{self, netns, Netns};
 use crate::sandbox::{resolve_program, LaunchPlan, OUTPUT_TAIL_BYTES};
 use crate::sys::{self, Exit, Fork};
 
@@ -45,12 +45,12 @@ pub(super) struct Run<'p> {
 impl<'p> Run<'p> {
     /// Everything before the run: signals, output.log, the sandbox prepared, the pipes, the
     /// PID namespace, and init forked into it. `keep_from_init` is closed in init;
-    /// `shared_netns` is the offline network namespace init joins if the network is off.
+    /// `netns` is a network namespace init joins instead of making one.
     pub(super) fn start(
         plan: &'p LaunchPlan,
         out_dir: BorrowedFd<'_>,
         keep_from_init: &mut Option<OwnedFd>,
-        shared_netns: Option<OwnedFd>,
+        netns: Option<Netns>,
     ) -> Result<Run<'p>, SuperviseError> {
         let clock = Instant::now();
         let setup =
@@ -77,8 +77,8 @@ impl<'p> Run<'p> {
         // Checks the plan against this host, creates the run's cgroup, compiles the filters:
         // everything that can fail or allocate happens here, before any fork.
         let mut sandbox = linux::prepare(plan)?;
-        if let Some(netns) = shared_netns {
-            sandbox.share_netns(netns);
+        if let Some(netns) = netns {
+            sandbox.give_netns(netns);
         }
         let (out_r, out_w) = sys::pipe().map_err(setup("output pipe"))?;
         // Best effort: a smaller pipe only means more wake-ups.

@@ -13,6 +13,7 @@ pub(crate) mod activation;
 pub(crate) mod dirfd;
 pub(crate) mod fdpass;
 pub(crate) mod fs;
+pub(crate) mod netns;
 pub(crate) mod sandbox;
 pub(crate) mod spawn;
 

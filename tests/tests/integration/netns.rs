@@ -195,3 +195,40 @@ fn an_exec_run_has_an_empty_namespace_of_its_own() {
     let e = reached.expect_err("the host reached the run's socket");
     assert_eq!(e.raw_os_error(), Some(libc::ECONNREFUSED), "{e}");
 }
+
+/// `sidejob exec` has its namespace made ahead of the run, by a child of its own: each run
+/// still gets one of its own, never another's, including when they overlap, with or without
+/// loopback.
+#[test]
+fn overlapping_exec_runs_never_share_a_namespace() {
+    let Some(ws) = Ws::new() else { return };
+    let script = "readlink /proc/self/ns/net; sleep 1";
+    let spawn = |extra: &[&str]| {
+        exec_command(&ws, extra, &["sh", "-c", script])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("sidejob exec")
+    };
+    let children = [
+        spawn(&[]),
+        spawn(&[]),
+        spawn(&["--profile", "ci-net"]),
+        spawn(&["--allow", "example.com"]),
+    ];
+    let mut seen = Vec::new();
+    for child in children {
+        let out = child.wait_with_output().expect("sidejob exec");
+        let ns = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        assert!(out.status.success() && ns.starts_with("net:["), "{ns}");
+        seen.push(ns);
+    }
+    let host = std::fs::read_link("/proc/self/ns/net").expect("host namespace");
+    let host = host.display().to_string();
+    for (i, ns) in seen.iter().enumerate() {
+        assert_ne!(*ns, host, "run {i} is in the host's namespace");
+        assert!(
+            !seen[..i].contains(ns),
+            "two overlapping runs share {ns}: {seen:?}"
+        );
+    }
+}

@@ -353,22 +353,33 @@ pub(crate) struct Prepared {
     last_cap: u32,
     /// An allow-list run: init binds the relay's ports and sends them to the supervisor.
     egress: bool,
-    /// An offline network namespace shared with the session's other runs, which init joins
-    /// instead of making one (see `supervisor::spawner`); only ever set when the network is
-    /// off.
-    shared_netns: Option<OwnedFd>,
+    /// A network namespace init joins instead of making one (see [`Netns`]); only ever set
+    /// when the network is off or loopback-only.
+    given_netns: Option<OwnedFd>,
+}
+
+/// A network namespace given to a run, which its init joins instead of making its own.
+pub(crate) enum Netns {
+    /// The offline namespace the session's runs share (see `supervisor::spawner`).
+    Shared(OwnedFd),
+    /// A new, empty one made for this run alone, ahead of its start (`sidejob exec` has it
+    /// made on another CPU while it prepares the run: see `sys::netns`).
+    Fresh(OwnedFd),
 }
 
 impl Prepared {
-    /// Gives the run an offline network namespace to join instead of making its own. Taken
-    /// only when the run's network is off and landlock scopes its abstract sockets (so the
-    /// session's other runs in that namespace cannot reach them): any other run has a
-    /// namespace of its own.
-    pub(crate) fn share_netns(&mut self, netns: OwnedFd) {
+    /// Gives the run a network namespace to join instead of making its own. A shared one is
+    /// taken only when the run's network is off and landlock scopes its abstract sockets (so
+    /// the session's other runs in that namespace cannot reach them); a fresh one whenever
+    /// the run needs a namespace of its own (its network is off or loopback-only). Any other
+    /// is dropped.
+    pub(crate) fn give_netns(&mut self, netns: Netns) {
         let scoped = self.layers.iter().any(|l| l == "landlock_scope");
-        if self.plan.network == Network::None && scoped {
-            self.shared_netns = Some(netns);
-        }
+        self.given_netns = match (netns, self.plan.network) {
+            (Netns::Shared(fd), Network::None) if scoped => Some(fd),
+            (Netns::Fresh(fd), Network::None | Network::Loopback) => Some(fd),
+            _ => None,
+        };
     }
 
     /// After the run: sets aside the repositories it staged in the workspace's index (see
@@ -574,7 +585,7 @@ pub(crate) fn prepare(plan: &LaunchPlan) -> Result<Prepared, PrepareError> {
         rlimits,
         last_cap: ssys::last_cap(),
         egress,
-        shared_netns: None,
+        given_netns: None,
     })
 }
 
@@ -648,16 +659,16 @@ pub(crate) fn launch(
     // 3. The remaining namespaces. The supervisor already made us PID 1 of a new PID
     //    namespace; mount, IPC, UTS and network are unshared here, not in the supervisor, so
     //    the supervisor keeps the host's view to write output.log and result.json. A run
-    //    whose network is off joins the session's offline namespace when it was given one.
+    //    given a network namespace (see `Netns`) joins it instead of making one.
     let mut flags = libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
-    match (&p.shared_netns, p.plan.network) {
+    match (&p.given_netns, p.plan.network) {
         (_, Network::Host) => {}
-        (Some(netns), Network::None) => {
+        (Some(netns), _) => {
             nix::sched::setns(netns, nix::sched::CloneFlags::CLONE_NEWNET)
                 .map_err(io::Error::from)
-                .map_err(step("join the session's offline network namespace"))?;
+                .map_err(step("join the network namespace given to the run"))?;
         }
-        _ => flags |= libc::CLONE_NEWNET,
+        (None, _) => flags |= libc::CLONE_NEWNET,
     }
     sys::unshare(flags).map_err(step("unshare mount, ipc, uts and network namespaces"))?;
     // 4. Loopback needs `lo` up in the new network namespace; `none` leaves it down.

@@ -1,0 +1,341 @@
+//! A new network namespace made on another CPU while this process goes on with other work.
+//!
+//! Making a network namespace is the dearest step of a sandbox's start: about 0.4 ms of
+//! kernel work (every per-namespace subsystem and its sysctl tables), which nothing else of
+//! the start depends on until init joins it. `sidejob exec` starts [`Ahead`] first thing and
+//! collects the namespace just before it forks the run's init, so on a machine with a second
+//! CPU that work overlaps its own preparation instead of following it.
+//!
+//! The maker is a child process sharing this one's memory and descriptor table
+//! (`CLONE_VM | CLONE_FILES`, no `CLONE_THREAD`: it is never one of this process's threads,
+//! so a fork after [`Ahead::finish`] still sees a single-threaded process). It runs nothing
+//! but four system calls, made directly (no libc wrapper, so not even `errno`, which lives in
+//! this process's thread-local storage, is written), on a stack of its own:
+//!
+//! 1. it waits on a futex until this process has moved it to another CPU (left where it was
+//!    born, it would run on this process's CPU and delay it by the whole 0.4 ms);
+//! 2. `unshare(CLONE_NEWNET)`;
+//! 3. `open("/proc/thread-self/ns/net")`, which lands in the shared descriptor table;
+//! 4. it stores the descriptor (or the negated error) where this process reads it, and exits.
+
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
+
+/// The maker's stack, above a guard page: it makes four calls and no allocation.
+const STACK: usize = 16 * 1024;
+const PAGE: usize = 4096;
+
+/// What the maker and this process share. `result` is written once, before the maker exits,
+/// and read only after it has been reaped.
+struct Shared {
+    /// 0 until the maker may go on.
+    gate: AtomicU32,
+    /// The namespace's descriptor, or the negated error number.
+    result: AtomicI32,
+}
+
+/// A network namespace being made by a child process (see the module's documentation).
+pub(crate) struct Ahead {
+    pid: i32,
+    shared: Box<Shared>,
+    stack: *mut libc::c_void,
+    reaped: bool,
+}
+
+impl Ahead {
+    /// Starts the maker; returns at once. Fails where the maker cannot be started (or on an
+    /// architecture whose system calls are not written below): the caller makes its
+    /// namespace the usual way then.
+    pub(crate) fn start() -> io::Result<Ahead> {
+        if !cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
+            return Err(io::Error::from(io::ErrorKind::Unsupported));
+        }
+        // SAFETY: a fresh private anonymous mapping, unmapped when `Ahead` drops (after the
+        // maker is reaped).
+        let stack = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                STACK + PAGE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+                -1,
+                0,
+            )
+        };
+        if stack == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let mut ahead = Ahead {
+            pid: 0,
+            shared: Box::new(Shared {
+                gate: AtomicU32::new(0),
+                result: AtomicI32::new(-libc::EIO),
+            }),
+            stack,
+            reaped: true,
+        };
+        // SAFETY: the mapping's lowest page, made a guard: an overflowing maker faults.
+        if unsafe { libc::mprotect(stack, PAGE, libc::PROT_NONE) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // The maker inherits a full signal mask: no handler of this process ever runs on its
+        // stack. This thread's own mask is put back right after.
+        let old = nix::sys::signal::SigSet::all()
+            .thread_swap_mask(nix::sys::signal::SigmaskHow::SIG_SETMASK)?;
+        let arg = &*ahead.shared as *const Shared as *mut libc::c_void;
+        // SAFETY: the stack is ours and unused; the maker's top is its end (stacks grow
+        // down), 16-byte aligned. `Shared` is boxed, so it stays put, and `Ahead` neither
+        // frees it nor unmaps the stack before the maker is reaped (see `Drop`). The maker
+        // touches nothing else of this process's memory. No exit signal: it is reaped with
+        // `__WALL`, and this process's SIGCHLD stays its run's.
+        let pid = unsafe {
+            libc::clone(
+                maker,
+                (stack as *mut u8).add(STACK + PAGE) as *mut libc::c_void,
+                libc::CLONE_VM | libc::CLONE_FILES,
+                arg,
+            )
+        };
+        let cloned = if pid < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        };
+        let _ = old.thread_set_mask();
+        cloned?;
+        ahead.pid = pid;
+        ahead.reaped = false;
+        move_elsewhere(pid);
+        ahead.shared.gate.store(1, Ordering::Release);
+        // SAFETY: a futex wake on a live word of ours.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                &ahead.shared.gate as *const AtomicU32,
+                libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+                1,
+            )
+        };
+        Ok(ahead)
+    }
+
+    /// Waits for the maker (by now usually long done) and returns the namespace.
+    pub(crate) fn finish(mut self) -> io::Result<OwnedFd> {
+        self.reap();
+        match self.shared.result.swap(-libc::EIO, Ordering::Acquire) {
+            // SAFETY: the maker opened this descriptor in our table and owns nothing now.
+            fd if fd >= 0 => Ok(unsafe { OwnedFd::from_raw_fd(fd) }),
+            err => Err(io::Error::from_raw_os_error(-err)),
+        }
+    }
+
+    fn reap(&mut self) {
+        while !self.reaped {
+            // SAFETY: waits for our own child; the status pointer is null.
+            let r = unsafe { libc::waitpid(self.pid, std::ptr::null_mut(), libc::__WALL) };
+            if r == self.pid || io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                self.reaped = true;
+            }
+        }
+    }
+}
+
+impl Drop for Ahead {
+    fn drop(&mut self) {
+        self.reap();
+        let fd = self.shared.result.swap(-libc::EIO, Ordering::Acquire);
+        if fd >= 0 {
+            // SAFETY: a namespace nobody collected: ours to close.
+            drop(unsafe { OwnedFd::from_raw_fd(fd) });
+        }
+        // SAFETY: the mapping made in `start`; the maker is gone.
+        unsafe { libc::munmap(self.stack, STACK + PAGE) };
+    }
+}
+
+/// Lets `pid` run on any CPU this process may use except the current one, when there is
+/// another. Best effort: where it fails, the maker runs here, later.
+fn move_elsewhere(pid: i32) {
+    // SAFETY: cpu_set_t is plain data; the calls only read and write the sets given.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return;
+        }
+        let here = libc::sched_getcpu();
+        if here < 0 || libc::CPU_COUNT(&set) < 2 {
+            return;
+        }
+        libc::CPU_CLR(here as usize, &mut set);
+        libc::sched_setaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+/// The maker's whole life (see the module's documentation). Returning exits it (glibc's
+/// `clone` makes the `exit` call).
+extern "C" fn maker(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the boxed `Shared`, alive until this process is reaped.
+    let shared = unsafe { &*(arg as *const Shared) };
+    while shared.gate.load(Ordering::Acquire) == 0 {
+        // SAFETY: a futex wait on a live word, while it holds 0; no timeout.
+        unsafe {
+            raw::syscall4(
+                libc::SYS_futex,
+                &shared.gate as *const AtomicU32 as usize,
+                (libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG) as usize,
+                0,
+                0,
+            )
+        };
+    }
+    // SAFETY: unshare takes flags only.
+    let mut r = unsafe { raw::syscall4(libc::SYS_unshare, libc::CLONE_NEWNET as usize, 0, 0, 0) };
+    if r == 0 {
+        const PATH: &[u8] = b"/proc/thread-self/ns/net\0";
+        // SAFETY: a NUL-terminated path in static memory.
+        r = unsafe {
+            raw::syscall4(
+                libc::SYS_openat,
+                libc::AT_FDCWD as usize,
+                PATH.as_ptr() as usize,
+                (libc::O_RDONLY | libc::O_CLOEXEC) as usize,
+                0,
+            )
+        };
+    }
+    shared.result.store(r as i32, Ordering::Release);
+    0
+}
+
+/// System calls without libc: the result, or the negated error number (`errno` untouched).
+mod raw {
+    /// # Safety
+    /// As for the system call `n` with these arguments.
+    #[cfg(target_arch = "x86_64")]
+    pub(super) unsafe fn syscall4(
+        n: libc::c_long,
+        a: usize,
+        b: usize,
+        c: usize,
+        d: usize,
+    ) -> isize {
+        let ret: isize;
+        // SAFETY: the x86-64 system call convention; the caller vouches for the call.
+        unsafe {
+            std::arch::asm!(
+                "syscall",
+                inlateout("rax") n as isize => ret,
+                in("rdi") a,
+                in("rsi") b,
+                in("rdx") c,
+                in("r10") d,
+                lateout("rcx") _,
+                lateout("r11") _,
+                options(nostack),
+            );
+        }
+        ret
+    }
+
+    /// # Safety
+    /// As for the system call `n` with these arguments.
+    #[cfg(target_arch = "aarch64")]
+    pub(super) unsafe fn syscall4(
+        n: libc::c_long,
+        a: usize,
+        b: usize,
+        c: usize,
+        d: usize,
+    ) -> isize {
+        let ret: isize;
+        // SAFETY: the AArch64 system call convention; the caller vouches for the call.
+        unsafe {
+            std::arch::asm!(
+                "svc 0",
+                in("x8") n,
+                inlateout("x0") a as isize => ret,
+                in("x1") b,
+                in("x2") c,
+                in("x3") d,
+                options(nostack),
+            );
+        }
+        ret
+    }
+
+    /// Never called: [`super::Ahead::start`] refuses on other architectures.
+    ///
+    /// # Safety
+    /// None needed.
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    pub(super) unsafe fn syscall4(
+        _: libc::c_long,
+        _: usize,
+        _: usize,
+        _: usize,
+        _: usize,
+    ) -> isize {
+        -(libc::ENOSYS as isize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn netns_of(fd: &OwnedFd) -> io::Result<u64> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::MetadataExt;
+        Ok(std::fs::metadata(format!("/proc/self/fd/{}", fd.as_raw_fd()))?.ino())
+    }
+
+    #[test]
+    fn makes_a_namespace_of_its_own_and_leaves_ours_alone() {
+        let ours = std::fs::metadata("/proc/thread-self/ns/net").map(|m| {
+            use std::os::unix::fs::MetadataExt;
+            m.ino()
+        });
+        let ahead = match Ahead::start() {
+            Ok(a) => a,
+            Err(e) => {
+                eprintln!("skipped: cannot start the maker here: {e}");
+                return;
+            }
+        };
+        match ahead.finish() {
+            Ok(fd) => {
+                let made = netns_of(&fd).unwrap_or(0);
+                assert_ne!(made, 0);
+                assert_ne!(Some(made), ours.as_ref().ok().copied());
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                eprintln!("skipped: no privilege for a network namespace here: {e}");
+            }
+            Err(e) => panic!("the maker failed: {e}"),
+        }
+        let after = std::fs::metadata("/proc/thread-self/ns/net").map(|m| {
+            use std::os::unix::fs::MetadataExt;
+            m.ino()
+        });
+        assert_eq!(ours.ok(), after.ok());
+    }
+
+    #[test]
+    fn a_namespace_not_collected_is_closed() {
+        let count = || std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count());
+        let Ok(ahead) = Ahead::start() else {
+            eprintln!("skipped: cannot start the maker here");
+            return;
+        };
+        // The maker is done long before this (it needs well under a millisecond).
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        if ahead.shared.result.load(Ordering::Acquire) < 0 {
+            eprintln!("skipped: no network namespace could be made here");
+            return;
+        }
+        let before = count();
+        drop(ahead);
+        assert_eq!(count(), before - 1);
+    }
+}
