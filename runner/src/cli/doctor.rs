@@ -147,7 +147,7 @@ fn trial_run() -> serde_json::Value {
             &Context {
                 workspace: &ws,
                 session_dir: None,
-                home: None,
+                home: &crate::sandbox::Home::known(None),
                 caller_env: &[],
                 caches: None,
             },

@@ -188,7 +188,7 @@ fn command_env(
 fn not_on_sandbox_path(
     argv0: &str,
     env: &[(String, String)],
-    home: Option<&Path>,
+    home: &crate::sandbox::Home,
 ) -> Option<String> {
     if argv0.contains('/') {
         return None;
@@ -204,7 +204,7 @@ fn not_on_sandbox_path(
     let mine = std::env::var("PATH").ok()?;
     let found = crate::sandbox::resolve_program(argv0, &mine)?;
     let dir = found.parent()?.to_path_buf();
-    let shown = match home.and_then(|h| dir.strip_prefix(h).ok()) {
+    let shown = match home.get().and_then(|h| dir.strip_prefix(h).ok()) {
         Some(rest) => format!("{{home}}/{}", rest.display()),
         None => dir.display().to_string(),
     };
@@ -246,7 +246,7 @@ pub(super) fn exec(a: ExecArgs, netns: Option<crate::sys::netns::Ahead>) -> i32 
         Err(e) => return fail(format!("workspace: {e}"), None),
     };
     let caller_env: Vec<(String, String)> = std::env::vars().collect();
-    let home = crate::sandbox::home_of(crate::sys::getuid());
+    let home = crate::sandbox::Home::of(crate::sys::getuid());
     let (uid, gid) = match profile.run_as {
         RunAs::Ids { uid, gid } => (Some(uid), Some(gid)),
         RunAs::Caller => (None, None),
@@ -273,7 +273,7 @@ pub(super) fn exec(a: ExecArgs, netns: Option<crate::sys::netns::Ahead>) -> i32 
         &Context {
             workspace: &workspace,
             session_dir: None,
-            home: home.as_deref(),
+            home: &home,
             caller_env: &caller_env,
             caches: caches.as_deref(),
         },
@@ -289,7 +289,7 @@ pub(super) fn exec(a: ExecArgs, netns: Option<crate::sys::netns::Ahead>) -> i32 
     if let Some(msg) = a
         .command
         .first()
-        .and_then(|argv0| not_on_sandbox_path(argv0, &env, home.as_deref()))
+        .and_then(|argv0| not_on_sandbox_path(argv0, &env, &home))
     {
         eprintln!("sidejob exec: {msg}");
         return 127;

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::profile::{Limits, Network, Profile};
+use super::Home;
 
 /// One path of the mount view.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,7 +46,7 @@ pub(crate) struct Context<'a> {
     pub workspace: &'a Path,
     pub session_dir: Option<&'a Path>,
     /// The caller's home directory, from the password database.
-    pub home: Option<&'a Path>,
+    pub home: &'a Home,
     /// The caller's environment, filtered through the profile's allow-list.
     pub caller_env: &'a [(String, String)],
     /// Where this uid's caches of this profile live (`sandbox::caches::dir_for`); `None`
@@ -91,7 +92,7 @@ fn substitute(path: &str, ctx: &Context) -> Result<Target, String> {
             Some(d) => Target::Host(join(d)),
             None => Target::Skip,
         },
-        "{home}" => match ctx.home {
+        "{home}" => match ctx.home.get() {
             Some(h) => Target::Host(join(h)),
             None => Target::Skip,
         },
@@ -115,7 +116,7 @@ fn substitute_value(value: &str, ctx: &Context) -> String {
                 "{workspace}" => Some(ctx.workspace.to_string_lossy().into_owned()),
                 "{tmp}" => Some(VIEW_TMP.to_owned()),
                 "{session_dir}" => ctx.session_dir.map(|d| d.to_string_lossy().into_owned()),
-                "{home}" => ctx.home.map(|h| h.to_string_lossy().into_owned()),
+                "{home}" => ctx.home.get().map(|h| h.to_string_lossy().into_owned()),
                 _ => None,
             }
         };
@@ -274,7 +275,7 @@ mod tests {
         let ctx = Context {
             workspace: Path::new("/w/{tmp}/{session_dir}"),
             session_dir: Some(Path::new("/s/{home}")),
-            home: Some(Path::new("/h")),
+            home: &Home::known(Some(PathBuf::from("/h"))),
             caller_env: &[],
             caches: None,
         };
@@ -282,8 +283,34 @@ mod tests {
             substitute_value("{workspace}:{tmp}:{session_dir}:{home}:{nope}:{", &ctx),
             "/w/{tmp}/{session_dir}:/tmp:/s/{home}:/h:{nope}:{"
         );
-        let no_home = Context { home: None, ..ctx };
+        let no_home = Context {
+            home: &Home::known(None),
+            ..ctx
+        };
         assert_eq!(substitute_value("x{home}y", &no_home), "x{home}y");
+    }
+
+    #[test]
+    fn the_home_is_looked_up_only_for_a_profile_that_names_it() {
+        let resolve_with = |text: &str, home: &Home| {
+            let p = load("t", "t.toml", text).unwrap();
+            let ctx = Context {
+                workspace: Path::new("/w"),
+                session_dir: None,
+                home,
+                caller_env: &[],
+                caches: None,
+            };
+            resolve(&p, &ctx).unwrap()
+        };
+        let home = Home::of(0);
+        resolve_with("[paths]\nreadable=[\"/usr\", \"{workspace}\"]\n", &home);
+        assert!(
+            home.dir.get().is_none(),
+            "looked up for a profile without {{home}}"
+        );
+        resolve_with("[paths]\nreadable=[\"/usr\", \"{home}/.cargo\"]\n", &home);
+        assert_eq!(home.dir.get(), Some(&crate::sandbox::home_of(0)));
     }
 
     #[test]
@@ -305,7 +332,7 @@ mod tests {
             &Context {
                 workspace: Path::new("/w"),
                 session_dir: None,
-                home: None,
+                home: &Home::known(None),
                 caller_env: &caller,
                 caches: None,
             },
