@@ -357,8 +357,7 @@ pub(super) fn exec(a: ExecArgs, netns: Option<crate::sys::netns::Ahead>) -> i32 
         } else {
             None
         };
-        // A failure leaves init to make the namespace itself, as it would anyway.
-        let netns = netns.and_then(|n| n.finish().ok()).map(Netns::Fresh);
+        let netns = netns.map(Netns::Ahead);
         match crate::sys::dirfd::open_dir(&run_dir) {
             Ok(dir) => match supervisor::supervise_with(&plan, started, dir.as_fd(), hook, netns) {
                 Ok(r) => r,

@@ -77,9 +77,6 @@ impl<'p> Run<'p> {
         // Checks the plan against this host, creates the run's cgroup, compiles the filters:
         // everything that can fail or allocate happens here, before any fork.
         let mut sandbox = linux::prepare(plan)?;
-        if let Some(netns) = netns {
-            sandbox.give_netns(netns);
-        }
         let (out_r, out_w) = sys::pipe().map_err(setup("output pipe"))?;
         // Best effort: a smaller pipe only means more wake-ups.
         let _ = sys::set_pipe_size(&out_r, output::PIPE_SIZE);
@@ -100,6 +97,10 @@ impl<'p> Run<'p> {
             .map(|e| e.socket_dir.join(crate::egress::SOCKET));
 
         let mut layers = enter_pid_namespace()?;
+        // As late as can be: a namespace being made ahead has had all of the above to finish.
+        if let Some(netns) = netns {
+            sandbox.give_netns(netns);
+        }
         layers.extend(sandbox.layers.iter().cloned());
         layers.sort();
 
