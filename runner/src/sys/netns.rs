@@ -22,9 +22,10 @@ use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 
-/// The maker's stack, above a guard page: it makes four calls and no allocation.
+use super::spawn::{clone_with_signals_blocked, ChildStack};
+
+/// The maker's stack: it makes four calls and no allocation.
 const STACK: usize = 16 * 1024;
-const PAGE: usize = 4096;
 
 /// What the maker and this process share. `result` is written once, before the maker exits,
 /// and read only after it has been reaped.
@@ -39,7 +40,8 @@ struct Shared {
 pub(crate) struct Ahead {
     pid: i32,
     shared: Box<Shared>,
-    stack: *mut libc::c_void,
+    /// Dropped (unmapped) after `Drop::drop` has reaped the maker.
+    stack: ChildStack,
     reaped: bool,
 }
 
@@ -51,59 +53,23 @@ impl Ahead {
         if !cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
             return Err(io::Error::from(io::ErrorKind::Unsupported));
         }
-        // SAFETY: a fresh private anonymous mapping, unmapped when `Ahead` drops (after the
-        // maker is reaped).
-        let stack = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                STACK + PAGE,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
-                -1,
-                0,
-            )
-        };
-        if stack == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
         let mut ahead = Ahead {
             pid: 0,
             shared: Box::new(Shared {
                 gate: AtomicU32::new(0),
                 result: AtomicI32::new(-libc::EIO),
             }),
-            stack,
+            stack: ChildStack::new(STACK)?,
             reaped: true,
         };
-        // SAFETY: the mapping's lowest page, made a guard: an overflowing maker faults.
-        if unsafe { libc::mprotect(stack, PAGE, libc::PROT_NONE) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // The maker inherits a full signal mask: no handler of this process ever runs on its
-        // stack. This thread's own mask is put back right after.
-        let old = nix::sys::signal::SigSet::all()
-            .thread_swap_mask(nix::sys::signal::SigmaskHow::SIG_SETMASK)?;
         let arg = &*ahead.shared as *const Shared as *mut libc::c_void;
-        // SAFETY: the stack is ours and unused; the maker's top is its end (stacks grow
-        // down), 16-byte aligned. `Shared` is boxed, so it stays put, and `Ahead` neither
-        // frees it nor unmaps the stack before the maker is reaped (see `Drop`). The maker
-        // touches nothing else of this process's memory. No exit signal: it is reaped with
-        // `__WALL`, and this process's SIGCHLD stays its run's.
+        // SAFETY: `Shared` is boxed, so it stays put, and `Ahead` neither frees it nor
+        // unmaps the stack before the maker is reaped (see `Drop`). The maker touches nothing
+        // else of this process's memory and makes its calls without libc. No exit signal: it
+        // is reaped with `__WALL`, and this process's SIGCHLD stays its run's.
         let pid = unsafe {
-            libc::clone(
-                maker,
-                (stack as *mut u8).add(STACK + PAGE) as *mut libc::c_void,
-                libc::CLONE_VM | libc::CLONE_FILES,
-                arg,
-            )
-        };
-        let cloned = if pid < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(())
-        };
-        let _ = old.thread_set_mask();
-        cloned?;
+            clone_with_signals_blocked(maker, &ahead.stack, libc::CLONE_VM | libc::CLONE_FILES, arg)
+        }?;
         ahead.pid = pid;
         ahead.reaped = false;
         move_elsewhere(pid);
@@ -149,8 +115,6 @@ impl Drop for Ahead {
             // SAFETY: a namespace nobody collected: ours to close.
             drop(unsafe { OwnedFd::from_raw_fd(fd) });
         }
-        // SAFETY: the mapping made in `start`; the maker is gone.
-        unsafe { libc::munmap(self.stack, STACK + PAGE) };
     }
 }
 

@@ -113,50 +113,93 @@ pub(crate) fn spawn_sharing_memory(child: &mut dyn FnMut()) -> io::Result<i32> {
         127
     }
     super::single_threaded()?;
-    let page = 4096;
-    // SAFETY: a fresh private anonymous mapping, unmapped below once the child is gone.
-    let stack = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            SHARED_CHILD_STACK + page,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
-            -1,
-            0,
+    let stack = ChildStack::new(SHARED_CHILD_STACK)?;
+    let mut child = child;
+    // SAFETY: CLONE_VFORK returns only once the child has exec'd or exited, so `child` and
+    // the stack outlive its use of them; the trampoline only calls `child`.
+    unsafe {
+        clone_with_signals_blocked(
+            trampoline,
+            &stack,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            &mut child as *mut &mut dyn FnMut() as *mut libc::c_void,
         )
-    };
-    if stack == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
     }
-    let result = (|| {
-        // SAFETY: the mapping's lowest page, made a guard: an overflowing child faults.
-        if unsafe { libc::mprotect(stack, page, libc::PROT_NONE) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let old = SigSet::all().thread_swap_mask(nix::sys::signal::SigmaskHow::SIG_SETMASK)?;
-        let mut child = child;
-        // SAFETY: the stack is ours and unused; the child's top is its end (stacks grow
-        // down), 16-byte aligned. CLONE_VFORK returns only once the child has exec'd or
-        // exited, so `child` and the stack outlive its use of them.
-        let pid = unsafe {
-            libc::clone(
-                trampoline,
-                (stack as *mut u8).add(SHARED_CHILD_STACK + page) as *mut libc::c_void,
-                libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-                &mut child as *mut &mut dyn FnMut() as *mut libc::c_void,
+}
+
+/// A stack for a child that shares this process's memory (`CLONE_VM`): a private mapping
+/// above a guard page (an overflowing child faults), unmapped when dropped, which its owner
+/// must not let happen while the child may still run on it.
+pub(crate) struct ChildStack {
+    base: *mut libc::c_void,
+    len: usize,
+}
+
+impl ChildStack {
+    const GUARD: usize = 4096;
+
+    pub(crate) fn new(size: usize) -> io::Result<ChildStack> {
+        let len = size + Self::GUARD;
+        // SAFETY: a fresh private anonymous mapping, owned by the value returned.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+                -1,
+                0,
             )
         };
-        let spawned = if pid < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(pid)
-        };
-        let _ = old.thread_set_mask();
-        spawned
-    })();
-    // SAFETY: the mapping made above; the child no longer runs on it.
-    unsafe { libc::munmap(stack, SHARED_CHILD_STACK + page) };
-    result
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let stack = ChildStack { base, len };
+        // SAFETY: the mapping's lowest page, made the guard.
+        if unsafe { libc::mprotect(base, Self::GUARD, libc::PROT_NONE) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(stack)
+    }
+
+    /// The child's first stack pointer: the mapping's end (stacks grow down), page-aligned.
+    fn top(&self) -> *mut libc::c_void {
+        // SAFETY: one past the end of the mapping, which `add` may point at.
+        unsafe { (self.base as *mut u8).add(self.len) as *mut libc::c_void }
+    }
+}
+
+impl Drop for ChildStack {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`; the owner guarantees no child runs on it.
+        unsafe { libc::munmap(self.base, self.len) };
+    }
+}
+
+/// `clone(f, stack, flags, arg)` with every signal blocked in the child, so no handler of
+/// this process runs on its stack before it has reset its dispositions or exited (this
+/// thread's mask is put back at once). Returns the child's pid.
+///
+/// # Safety
+/// As `clone(2)` with `CLONE_VM`: `f` runs on `stack` in this process's memory, so `stack`,
+/// `arg` and whatever `f` touches must outlive the child, and `f` must be safe to run beside
+/// this process (or with it suspended, under `CLONE_VFORK`).
+pub(crate) unsafe fn clone_with_signals_blocked(
+    f: extern "C" fn(*mut libc::c_void) -> libc::c_int,
+    stack: &ChildStack,
+    flags: libc::c_int,
+    arg: *mut libc::c_void,
+) -> io::Result<i32> {
+    let old = SigSet::all().thread_swap_mask(nix::sys::signal::SigmaskHow::SIG_SETMASK)?;
+    // SAFETY: the caller vouches for `f`, `arg` and the flags; the stack is a live mapping.
+    let pid = unsafe { libc::clone(f, stack.top(), flags, arg) };
+    let cloned = if pid < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(pid)
+    };
+    let _ = old.thread_set_mask();
+    cloned
 }
 
 /// `clone(flags | SIGCHLD)` with no new stack, without glibc's wrapper. Refused unless this
