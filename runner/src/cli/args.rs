@@ -240,42 +240,7 @@ pub(crate) enum Command {
         after_help = "Examples:\n  sidejob exec -- make test\n  sidejob exec --profile ci --timeout 30m -- ./build.sh\n  \
                   sidejob exec --profile ./my-profile.toml --env TOKEN=x --json -- cargo test"
     )]
-    Exec {
-        /// A profile name (read-only, workspace-write, ci, network, or one from the profile
-        /// directory) or a profile file [default: workspace-write]
-        #[arg(long, value_name = "NAME|FILE")]
-        profile: Option<String>,
-        /// The directory the command may write [default: the current directory]
-        #[arg(long, value_name = "DIR")]
-        workspace: Option<PathBuf>,
-        /// Stop the command after this long (e.g. 90s, 10m); exit code 124
-        #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
-        timeout: Option<Duration>,
-        /// Set a variable in the command's environment, or pass your own value with NAME
-        /// alone (repeatable); nothing else of yours is passed but what the profile allows
-        #[arg(long = "env", value_name = "K=V|NAME")]
-        env: Vec<String>,
-        /// Also let the command read this path (repeatable; this run only)
-        #[arg(long = "read", value_name = "PATH")]
-        read: Vec<PathBuf>,
-        /// Also let the command write this path (repeatable; this run only)
-        #[arg(long = "write", value_name = "PATH")]
-        write: Vec<PathBuf>,
-        /// Also let the command reach this host through the egress proxy, e.g.
-        /// crates.io:443 or *.example.org (repeatable; this run only)
-        #[arg(long = "allow", value_name = "HOST[:PORT]")]
-        allow: Vec<String>,
-        /// Print result.json at the end
-        #[arg(long)]
-        json: bool,
-        /// Give the command this process's standard input, through a pipe (never the
-        /// terminal itself) [default: the command's stdin is /dev/null]
-        #[arg(long)]
-        stdin: bool,
-        /// The command and its arguments
-        #[arg(last = true, required = true)]
-        command: Vec<String>,
-    },
+    Exec(ExecArgs),
     /// Show which sandbox layers this host can apply, and why a missing one is missing
     Doctor {
         /// Print the report as JSON
@@ -387,4 +352,43 @@ pub(crate) enum RegistryAction {
         #[arg(long, value_name = "DIR")]
         sessions_dir: Option<PathBuf>,
     },
+}
+
+// (A comment, not a doc comment: a struct's doc would become `exec`'s about.)
+#[derive(Args)]
+pub(crate) struct ExecArgs {
+    /// A profile name (read-only, workspace-write, ci, network, or one from the profile
+    /// directory) or a profile file [default: workspace-write]
+    #[arg(long, value_name = "NAME|FILE")]
+    pub profile: Option<String>,
+    /// The directory the command may write [default: the current directory]
+    #[arg(long, value_name = "DIR")]
+    pub workspace: Option<PathBuf>,
+    /// Stop the command after this long (e.g. 90s, 10m); exit code 124
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub timeout: Option<Duration>,
+    /// Set a variable in the command's environment, or pass your own value with NAME
+    /// alone (repeatable); nothing else of yours is passed but what the profile allows
+    #[arg(long = "env", value_name = "K=V|NAME")]
+    pub env: Vec<String>,
+    /// Also let the command read this path (repeatable; this run only)
+    #[arg(long = "read", value_name = "PATH")]
+    pub read: Vec<PathBuf>,
+    /// Also let the command write this path (repeatable; this run only)
+    #[arg(long = "write", value_name = "PATH")]
+    pub write: Vec<PathBuf>,
+    /// Also let the command reach this host through the egress proxy, e.g.
+    /// crates.io:443 or *.example.org (repeatable; this run only)
+    #[arg(long = "allow", value_name = "HOST[:PORT]")]
+    pub allow: Vec<String>,
+    /// Print result.json at the end
+    #[arg(long)]
+    pub json: bool,
+    /// Give the command this process's standard input, through a pipe (never the
+    /// terminal itself) [default: the command's stdin is /dev/null]
+    #[arg(long)]
+    pub stdin: bool,
+    /// The command and its arguments
+    #[arg(last = true, required = true)]
+    pub command: Vec<String>,
 }

@@ -6,7 +6,7 @@
 
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use crate::egress::policy::{Policy, Rule};
 use crate::protocol::{FailReason, TaskState};
@@ -15,27 +15,11 @@ use crate::sandbox::resolve::{self, Context};
 use crate::sandbox::{Catalog, LaunchPlan, Network, Profile, RunAs};
 use crate::supervisor::{self, RunResult};
 
+use super::args::ExecArgs;
+
 /// Exit code when the sandbox cannot be built (as `env`, `timeout` and container runtimes use).
 pub(super) const EXIT_SANDBOX: i32 = 125;
 pub(super) const EXIT_TIMEOUT: i32 = 124;
-
-pub(super) struct ExecArgs {
-    pub profile: Option<String>,
-    pub workspace: Option<PathBuf>,
-    pub timeout: Option<Duration>,
-    /// `NAME=VALUE`, or `NAME` to pass the caller's own value.
-    pub env: Vec<String>,
-    /// Paths added to the profile's readable ones (this run only).
-    pub read: Vec<PathBuf>,
-    /// Paths added to the profile's writable ones (this run only).
-    pub write: Vec<PathBuf>,
-    /// Hosts added to the profile's network allow-list (this run only).
-    pub allow: Vec<String>,
-    pub json: bool,
-    /// Pass this process's stdin to the command (through a pipe when it is a terminal).
-    pub stdin: bool,
-    pub command: Vec<String>,
-}
 
 fn fail(msg: impl std::fmt::Display, hint: Option<&str>) -> i32 {
     eprintln!("sidejob exec: {msg}");

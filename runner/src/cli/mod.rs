@@ -47,34 +47,7 @@ pub fn main() -> i32 {
     // So must `exec` and `doctor`, which run the supervisor in this process.
     let top = cli.conn;
     let command = match cli.command {
-        Command::Exec {
-            profile,
-            workspace,
-            timeout,
-            env,
-            read,
-            write,
-            allow,
-            json,
-            stdin,
-            command,
-        } => {
-            return exec::exec(
-                exec::ExecArgs {
-                    profile,
-                    workspace,
-                    timeout,
-                    env,
-                    read,
-                    write,
-                    allow,
-                    json,
-                    stdin,
-                    command,
-                },
-                netns,
-            )
-        }
+        Command::Exec(args) => return exec::exec(args, netns),
         Command::Doctor { json } => return doctor::doctor(json),
         Command::Cache { command } => return doctor::cache(command),
         other => other,
@@ -195,7 +168,7 @@ pub fn main() -> i32 {
         Command::Completions { shell } => commands::completions(shell),
         Command::Man { dir } => commands::man(dir),
         Command::Supervise { .. }
-        | Command::Exec { .. }
+        | Command::Exec(_)
         | Command::Doctor { .. }
         | Command::Cache { .. } => Ok(0),
     };
