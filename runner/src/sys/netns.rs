@@ -13,7 +13,8 @@
 //! this process's thread-local storage, is written), on a stack of its own:
 //!
 //! 1. it waits on a futex until this process has moved it to another CPU (left where it was
-//!    born, it would run on this process's CPU and delay it by the whole 0.4 ms);
+//!    born, it would run on this process's CPU and delay it by the whole 0.4 ms; should this
+//!    process come to wait for it while that CPU is busy, it may run anywhere again);
 //! 2. `unshare(CLONE_NEWNET)`;
 //! 3. `open("/proc/thread-self/ns/net")`, which lands in the shared descriptor table;
 //! 4. it stores the descriptor (or the negated error) where this process reads it, and exits.
@@ -27,12 +28,15 @@ use super::spawn::{clone_with_signals_blocked, ChildStack};
 /// The maker's stack: it makes four calls and no allocation.
 const STACK: usize = 16 * 1024;
 
+/// `Shared::result` until the maker has stored its own.
+const PENDING: i32 = i32::MIN;
+
 /// What the maker and this process share. `result` is written once, before the maker exits,
 /// and read only after it has been reaped.
 struct Shared {
     /// 0 until the maker may go on.
     gate: AtomicU32,
-    /// The namespace's descriptor, or the negated error number.
+    /// The namespace's descriptor, the negated error number, or [`PENDING`].
     result: AtomicI32,
 }
 
@@ -57,7 +61,7 @@ impl Ahead {
             pid: 0,
             shared: Box::new(Shared {
                 gate: AtomicU32::new(0),
-                result: AtomicI32::new(-libc::EIO),
+                result: AtomicI32::new(PENDING),
             }),
             stack: ChildStack::new(STACK)?,
             reaped: true,
@@ -89,14 +93,21 @@ impl Ahead {
     /// Waits for the maker (by now usually long done) and returns the namespace.
     pub(crate) fn finish(mut self) -> io::Result<OwnedFd> {
         self.reap();
-        match self.shared.result.swap(-libc::EIO, Ordering::Acquire) {
+        match self.shared.result.swap(PENDING, Ordering::Acquire) {
             // SAFETY: the maker opened this descriptor in our table and owns nothing now.
             fd if fd >= 0 => Ok(unsafe { OwnedFd::from_raw_fd(fd) }),
+            // Killed before it could say (SIGKILL: every other signal is blocked in it).
+            PENDING => Err(io::Error::from_raw_os_error(libc::EIO)),
             err => Err(io::Error::from_raw_os_error(-err)),
         }
     }
 
     fn reap(&mut self) {
+        // Still at work (or not yet started: the other CPU may be busy): this CPU is about
+        // to wait, so let the maker run here too.
+        if !self.reaped && self.shared.result.load(Ordering::Acquire) == PENDING {
+            set_affinity(self.pid, None);
+        }
         while !self.reaped {
             // SAFETY: waits for our own child; the status pointer is null.
             let r = unsafe { libc::waitpid(self.pid, std::ptr::null_mut(), libc::__WALL) };
@@ -110,7 +121,7 @@ impl Ahead {
 impl Drop for Ahead {
     fn drop(&mut self) {
         self.reap();
-        let fd = self.shared.result.swap(-libc::EIO, Ordering::Acquire);
+        let fd = self.shared.result.swap(PENDING, Ordering::Acquire);
         if fd >= 0 {
             // SAFETY: a namespace nobody collected: ours to close.
             drop(unsafe { OwnedFd::from_raw_fd(fd) });
@@ -121,17 +132,28 @@ impl Drop for Ahead {
 /// Lets `pid` run on any CPU this process may use except the current one, when there is
 /// another. Best effort: where it fails, the maker runs here, later.
 fn move_elsewhere(pid: i32) {
+    // SAFETY: sched_getcpu takes nothing.
+    let here = unsafe { libc::sched_getcpu() };
+    if here >= 0 {
+        set_affinity(pid, Some(here as usize));
+    }
+}
+
+/// Lets `pid` run on the CPUs this process may use, `except` one of them (unless it is the
+/// only one). Best effort.
+fn set_affinity(pid: i32, except: Option<usize>) {
     // SAFETY: cpu_set_t is plain data; the calls only read and write the sets given.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
             return;
         }
-        let here = libc::sched_getcpu();
-        if here < 0 || libc::CPU_COUNT(&set) < 2 {
-            return;
+        if let Some(cpu) = except {
+            if libc::CPU_COUNT(&set) < 2 {
+                return;
+            }
+            libc::CPU_CLR(cpu, &mut set);
         }
-        libc::CPU_CLR(here as usize, &mut set);
         libc::sched_setaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &set);
     }
 }
