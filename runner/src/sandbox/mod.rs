@@ -182,8 +182,6 @@ impl PlanBuilder {
     }
 }
 
-/// A user's home directory, from the password database (never from `$HOME`, which the caller
-/// controls). `{home}` in a profile stands for it.
 /// A user's home directory for `{home}`, looked up in the password database the first time a
 /// profile needs it: most profiles never name it, and the lookup (NSS: `/etc/passwd` read
 /// anew, or a directory service asked) is a tenth of a millisecond on a run's path.
@@ -216,6 +214,8 @@ impl Home {
     }
 }
 
+/// A user's home directory, from the password database (never from `$HOME`, which the caller
+/// controls). `{home}` in a profile stands for it.
 pub(crate) fn home_of(uid: u32) -> Option<PathBuf> {
     nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
         .ok()
