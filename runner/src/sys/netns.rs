@@ -198,7 +198,6 @@ extern "C" fn maker(arg: *mut libc::c_void) -> libc::c_int {
 mod raw {
     /// # Safety
     /// As for the system call `n` with these arguments.
-    #[cfg(target_arch = "x86_64")]
     pub(super) unsafe fn syscall4(
         n: libc::c_long,
         a: usize,
@@ -207,7 +206,8 @@ mod raw {
         d: usize,
     ) -> isize {
         let ret: isize;
-        // SAFETY: the x86-64 system call convention; the caller vouches for the call.
+        // SAFETY: the architecture's system call convention; the caller vouches for the call.
+        #[cfg(target_arch = "x86_64")]
         unsafe {
             std::arch::asm!(
                 "syscall",
@@ -221,21 +221,8 @@ mod raw {
                 options(nostack),
             );
         }
-        ret
-    }
-
-    /// # Safety
-    /// As for the system call `n` with these arguments.
-    #[cfg(target_arch = "aarch64")]
-    pub(super) unsafe fn syscall4(
-        n: libc::c_long,
-        a: usize,
-        b: usize,
-        c: usize,
-        d: usize,
-    ) -> isize {
-        let ret: isize;
-        // SAFETY: the AArch64 system call convention; the caller vouches for the call.
+        // SAFETY: as above.
+        #[cfg(target_arch = "aarch64")]
         unsafe {
             std::arch::asm!(
                 "svc 0",
@@ -247,22 +234,13 @@ mod raw {
                 options(nostack),
             );
         }
+        // Never reached: [`super::Ahead::start`] refuses on other architectures.
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+        {
+            let _ = (n, a, b, c, d);
+            ret = -(libc::ENOSYS as isize);
+        }
         ret
-    }
-
-    /// Never called: [`super::Ahead::start`] refuses on other architectures.
-    ///
-    /// # Safety
-    /// None needed.
-    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-    pub(super) unsafe fn syscall4(
-        _: libc::c_long,
-        _: usize,
-        _: usize,
-        _: usize,
-        _: usize,
-    ) -> isize {
-        -(libc::ENOSYS as isize)
     }
 }
 
