@@ -465,6 +465,7 @@ fn command_stdin(want: bool) -> std::io::Result<Option<i32>> {
     match sys::fork()? {
         sys::Fork::Child => {
             drop(r);
+            sys::cpu::free_to_move();
             let stdin = std::io::stdin();
             let mut buf = [0u8; 8192];
             loop {

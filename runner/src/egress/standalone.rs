@@ -19,6 +19,8 @@ pub(crate) fn spawn(listener: std::os::unix::net::UnixListener, run: Run) -> io:
             if sys::set_parent_death_signal(libc::SIGKILL).is_err() {
                 sys::exit_now(1);
             }
+            // The proxy does the run's network work: not held to `exec`'s CPU.
+            sys::cpu::free_to_move();
             close_all_but(&[0, 1, 2, std::os::fd::AsRawFd::as_raw_fd(&listener)]);
             let code = match serve(listener, run) {
                 Ok(()) => 0,

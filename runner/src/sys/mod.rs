@@ -10,6 +10,7 @@
 #![allow(unsafe_code)]
 
 pub(crate) mod activation;
+pub(crate) mod cpu;
 pub(crate) mod dirfd;
 pub(crate) mod fdpass;
 pub(crate) mod fs;

@@ -23,6 +23,7 @@ use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 
+use super::cpu;
 use super::spawn::{clone_with_signals_blocked, ChildStack};
 
 /// The maker's stack: it makes four calls and no allocation.
@@ -104,9 +105,12 @@ impl Ahead {
 
     fn reap(&mut self) {
         // Still at work (or not yet started: the other CPU may be busy): this CPU is about
-        // to wait, so let the maker run here too.
+        // to wait, so let the maker run anywhere this process could before it stayed on
+        // one CPU (see `cpu::stay_here`).
         if !self.reaped && self.shared.result.load(Ordering::Acquire) == PENDING {
-            set_affinity(self.pid, None);
+            if let Ok(set) = cpu::usable() {
+                let _ = cpu::allow(self.pid, &set);
+            }
         }
         while !self.reaped {
             // SAFETY: waits for our own child; the status pointer is null.
@@ -132,29 +136,10 @@ impl Drop for Ahead {
 /// Lets `pid` run on any CPU this process may use except the current one, when there is
 /// another. Best effort: where it fails, the maker runs here, later.
 fn move_elsewhere(pid: i32) {
-    // SAFETY: sched_getcpu takes nothing.
-    let here = unsafe { libc::sched_getcpu() };
-    if here >= 0 {
-        set_affinity(pid, Some(here as usize));
-    }
-}
-
-/// Lets `pid` run on the CPUs this process may use, `except` one of them (unless it is the
-/// only one). Best effort.
-fn set_affinity(pid: i32, except: Option<usize>) {
-    // SAFETY: cpu_set_t is plain data; the calls only read and write the sets given.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return;
+    if let (Ok(set), Some(here)) = (cpu::usable(), cpu::current()) {
+        if cpu::count(&set) > 1 {
+            let _ = cpu::allow(pid, &cpu::without(set, here));
         }
-        if let Some(cpu) = except {
-            if libc::CPU_COUNT(&set) < 2 {
-                return;
-            }
-            libc::CPU_CLR(cpu, &mut set);
-        }
-        libc::sched_setaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &set);
     }
 }
 

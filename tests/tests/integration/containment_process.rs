@@ -307,6 +307,82 @@ fn killing_the_supervisor_takes_the_whole_run_with_it() {
     assert!(!left(&leftover), "the killed run's directory was not swept");
 }
 
+/// `Cpus_allowed_list` of `/proc/<who>/status`.
+fn cpus_allowed(who: &str) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{who}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap()
+        .trim()
+        .to_owned()
+}
+
+/// `sidejob exec` keeps itself (and its run's init) on the CPU it started on, so that their
+/// hand-offs wake no idle CPU; the command may still use every CPU its caller could, and a
+/// caller held to one CPU has its command held there too.
+#[test]
+fn the_command_may_use_the_callers_cpus_while_exec_stays_on_one() {
+    let Some(ws) = Ws::new() else { return };
+    let mine = cpus_allowed("thread-self");
+    if !mine.contains(['-', ',']) {
+        eprintln!("skipped: this test process may use one CPU only ({mine})");
+        return;
+    }
+    let script = "grep Cpus_allowed_list /proc/self/status; exec sleep 5";
+    let mut child = crate::containment::exec_command(&ws, &[], &["sh", "-c", script])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let exec_cpus = cpus_allowed(&child.id().to_string());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let command_cpus = line
+        .trim()
+        .strip_prefix("Cpus_allowed_list:")
+        .unwrap()
+        .trim();
+    assert_eq!(command_cpus, mine, "the command's CPUs");
+    assert!(
+        exec_cpus.parse::<usize>().is_ok(),
+        "sidejob exec may use {exec_cpus}, not one CPU"
+    );
+
+    // A caller held to one CPU: so is its command.
+    let last = mine.rsplit(['-', ',']).next().unwrap().to_owned();
+    let cpu: usize = last.parse().unwrap();
+    let mut held = crate::containment::exec_command(
+        &ws,
+        &[],
+        &["grep", "Cpus_allowed_list", "/proc/self/status"],
+    );
+    // SAFETY: sched_setaffinity is async-signal-safe and touches only the set on this stack.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut held, move || {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = held.output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let got = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        got.trim().strip_prefix("Cpus_allowed_list:").map(str::trim),
+        Some(last.as_str()),
+        "{got}"
+    );
+}
+
 // ---- environment -----------------------------------------------------------------------------
 
 #[test]

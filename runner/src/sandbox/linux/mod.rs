@@ -732,8 +732,11 @@ fn confine_and_exec(p: &Prepared, cmd: &Command, output: &OwnedFd, exec_error: &
         sys::exit_now(127)
     };
     let fail = |what: &str, e: &dyn std::fmt::Display| -> ! { fail_with(&format!("{what}: {e}")) };
-    // a. Default signal handling (the dispositions first: init's handlers must never run
-    //    here, in init's memory), its own session (no terminal to steal), output to the pipe.
+    // a. Every CPU the caller allowed (`sidejob exec` keeps itself and init on one, see
+    //    `sys::cpu`), default signal handling (the dispositions first: init's handlers must
+    //    never run here, in init's memory), its own session (no terminal to steal), output
+    //    to the pipe.
+    sys::cpu::free_to_move();
     sys::reset_signal_dispositions();
     let _ = SigSet::all().unblock();
     if let Err(e) = sys::setsid() {

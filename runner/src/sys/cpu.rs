@@ -1,0 +1,141 @@
+//! Which CPUs a process may run on.
+//!
+//! A sandbox's start is a chain of hand-offs: the supervisor forks init, init starts the
+//! command and waits for it, init reports to the supervisor. Left to itself, the scheduler
+//! wakes each waiting process on an idle CPU rather than on the busy one its waker runs on;
+//! on a virtual machine an idle CPU first has to be woken by the host, which took 30–40 µs
+//! here for each hand-off, against 2–6 µs on the waker's own CPU. `sidejob exec` therefore
+//! keeps itself and its init on the CPU it starts on ([`stay_here`]), and the command is given
+//! back every CPU the caller allowed ([`free_to_move`]) before it execs: only sidejob's own
+//! processes, which mostly wait, are held to one CPU.
+
+use std::io;
+use std::sync::OnceLock;
+
+/// The CPUs this process may use, as a set.
+pub(crate) type CpuSet = libc::cpu_set_t;
+
+/// What this process was allowed before [`stay_here`] narrowed it; inherited by its forks.
+static ALLOWED_BEFORE: OnceLock<CpuSet> = OnceLock::new();
+
+/// The CPUs the calling thread may use.
+pub(crate) fn allowed() -> io::Result<CpuSet> {
+    // SAFETY: cpu_set_t is plain data, and the call writes at most its size.
+    unsafe {
+        let mut set: CpuSet = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<CpuSet>(), &mut set) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(set)
+    }
+}
+
+/// Lets `pid` (0: the calling thread) use the CPUs in `set`.
+pub(crate) fn allow(pid: i32, set: &CpuSet) -> io::Result<()> {
+    // SAFETY: the call reads the set given, of the size given.
+    if unsafe { libc::sched_setaffinity(pid, std::mem::size_of::<CpuSet>(), set) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The CPU the calling thread is running on.
+pub(crate) fn current() -> Option<usize> {
+    // SAFETY: sched_getcpu takes nothing.
+    usize::try_from(unsafe { libc::sched_getcpu() }).ok()
+}
+
+/// How many CPUs are in `set`.
+pub(crate) fn count(set: &CpuSet) -> usize {
+    // SAFETY: reads the set given.
+    usize::try_from(unsafe { libc::CPU_COUNT(set) }).unwrap_or(0)
+}
+
+/// `set` without `cpu`.
+pub(crate) fn without(mut set: CpuSet, cpu: usize) -> CpuSet {
+    // SAFETY: CPU_CLR ignores a CPU beyond the set's size.
+    unsafe { libc::CPU_CLR(cpu, &mut set) };
+    set
+}
+
+/// Keeps this process, and what it forks from here on, on the CPU it is running on, and
+/// remembers what it was allowed for [`free_to_move`]. Meant for a single-threaded process,
+/// once; a second call changes nothing. Best effort: on failure nothing is narrowed.
+pub(crate) fn stay_here() {
+    let (Ok(before), Some(here)) = (allowed(), current()) else {
+        return;
+    };
+    if count(&before) < 2 || ALLOWED_BEFORE.set(before).is_err() {
+        return;
+    }
+    // SAFETY: cpu_set_t is plain data; CPU_SET ignores a CPU beyond the set's size.
+    let mut one: CpuSet = unsafe { std::mem::zeroed() };
+    unsafe { libc::CPU_SET(here, &mut one) };
+    let _ = allow(0, &one);
+}
+
+/// What this process was allowed before [`stay_here`], if it narrowed it.
+pub(crate) fn allowed_before() -> Option<&'static CpuSet> {
+    ALLOWED_BEFORE.get()
+}
+
+/// The CPUs this process may use, [`stay_here`] or not.
+pub(crate) fn usable() -> io::Result<CpuSet> {
+    allowed_before().copied().map_or_else(allowed, Ok)
+}
+
+/// Gives the calling process back the CPUs [`stay_here`] took away (a fork of a process that
+/// called it, e.g. the command before it execs). Does nothing where nothing was taken.
+pub(crate) fn free_to_move() {
+    if let Some(before) = allowed_before() {
+        let _ = allow(0, before);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn cpus(set: &CpuSet) -> Vec<usize> {
+        // SAFETY: reads the set given.
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| unsafe { libc::CPU_ISSET(c, set) })
+            .collect()
+    }
+
+    /// Narrowed to the CPU it runs on, then given back exactly what it had. (On a thread of
+    /// its own: the calls change the calling thread's CPUs only.)
+    #[test]
+    fn stays_on_one_cpu_and_is_given_back_what_it_had() {
+        let before = allowed().unwrap();
+        if count(&before) < 2 {
+            eprintln!("skipped: this machine lets us use one CPU only");
+            return;
+        }
+        let (narrowed, here, back) = std::thread::spawn(|| {
+            stay_here();
+            let narrowed = cpus(&allowed().unwrap());
+            let here = current().unwrap();
+            free_to_move();
+            (narrowed, here, cpus(&allowed().unwrap()))
+        })
+        .join()
+        .unwrap();
+        assert_eq!(narrowed, [here]);
+        assert_eq!(back, cpus(&before));
+        assert_eq!(cpus(allowed_before().unwrap()), cpus(&before));
+    }
+
+    #[test]
+    fn without_takes_one_cpu_out() {
+        // SAFETY: plain data.
+        let mut set: CpuSet = unsafe { std::mem::zeroed() };
+        unsafe {
+            libc::CPU_SET(0, &mut set);
+            libc::CPU_SET(3, &mut set);
+        }
+        assert_eq!(cpus(&without(set, 0)), [3]);
+        assert_eq!(count(&without(set, 7)), 2);
+    }
+}
