@@ -122,5 +122,10 @@ pub(super) fn run(cmd: &Command, sandbox: &Prepared, pipes: Pipes) -> ! {
     // Closing the pipe now tells the supervisor the run is over; left to exit, the close
     // would wait for the teardown of this process's memory and namespaces.
     drop(status);
+    // That teardown (about 0.1 ms) comes after the supervisor's last steps: `sidejob exec`
+    // keeps the supervisor and init on one CPU (see `sys::cpu`), so init lets the supervisor,
+    // just woken, have it first, and may itself move to an idle one.
+    sys::cpu::free_to_move();
+    std::thread::yield_now();
     sys::exit_now(0)
 }
