@@ -69,8 +69,11 @@ pub(crate) fn stay_here() {
         return;
     }
     // SAFETY: cpu_set_t is plain data; CPU_SET ignores a CPU beyond the set's size.
-    let mut one: CpuSet = unsafe { std::mem::zeroed() };
-    unsafe { libc::CPU_SET(here, &mut one) };
+    let one = unsafe {
+        let mut one: CpuSet = std::mem::zeroed();
+        libc::CPU_SET(here, &mut one);
+        one
+    };
     let _ = allow(0, &one);
 }
 
@@ -129,12 +132,13 @@ mod tests {
 
     #[test]
     fn without_takes_one_cpu_out() {
-        // SAFETY: plain data.
-        let mut set: CpuSet = unsafe { std::mem::zeroed() };
-        unsafe {
+        // SAFETY: plain data, and CPUs within the set's size.
+        let set = unsafe {
+            let mut set: CpuSet = std::mem::zeroed();
             libc::CPU_SET(0, &mut set);
             libc::CPU_SET(3, &mut set);
-        }
+            set
+        };
         assert_eq!(cpus(&without(set, 0)), [3]);
         assert_eq!(count(&without(set, 7)), 2);
     }

@@ -282,9 +282,10 @@ extern "C" fn maker(arg: *mut libc::c_void) -> libc::c_int {
                 0,
             )
         };
-    }
-    while keep {
-        futex(&shared.park, libc::FUTEX_WAIT);
+        // Woken only spuriously: the word stays 0, and the maker ends by being killed.
+        loop {
+            futex(&shared.park, libc::FUTEX_WAIT);
+        }
     }
     0
 }
