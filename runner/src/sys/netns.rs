@@ -146,7 +146,9 @@ impl Ahead {
             let gone = unsafe {
                 libc::waitpid(self.pid, std::ptr::null_mut(), libc::__WALL | libc::WNOHANG)
             };
-            if gone == self.pid || gone < 0 {
+            let no_child =
+                gone < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD);
+            if gone == self.pid || no_child {
                 // Gone; but it may have stored its result just before.
                 self.reaped = true;
                 continue;
