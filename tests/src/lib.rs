@@ -310,6 +310,10 @@ impl Client {
         self.send_value(&json!({"jsonrpc": "2.0", "id": id, "method": "task.wait",
             "params": {"task_id": task_id, "timeout_ms": 600_000}}));
         assert_eq!(d.client().task(task_id)["state"], "running");
+        // The daemon answers each request in a task of its own, so nothing on the wire says
+        // when the wait has been registered; the round trip above usually covers it, but on a
+        // loaded machine (the whole suite at once) it did not once. Give it time.
+        std::thread::sleep(Duration::from_millis(200));
         release();
         self.reply_to(id).expect("task.wait")
     }
