@@ -200,12 +200,20 @@ fn not_on_sandbox_path(
     ))
 }
 
-/// Runs `sidejob exec`; returns the process exit code.
+/// What `sidejob exec` does first, before its arguments are parsed: the run's network
+/// namespace is made on another CPU while this one prepares the run (see `sys::netns`; most
+/// profiles need one, and a run that does not drops it), and this process stays on its own
+/// CPU, with its run's init, so that their hand-offs wake no idle CPU (see `sys::cpu`).
+pub(super) fn start_early() -> Option<crate::sys::netns::Ahead> {
+    let netns = crate::sys::netns::Ahead::start().ok();
+    crate::sys::cpu::stay_here();
+    netns
+}
+
+/// Runs `sidejob exec`; returns the process exit code. `netns` is what [`start_early`]
+/// started, when the command line put `exec` first; otherwise it is started now.
 pub(super) fn exec(a: ExecArgs, netns: Option<crate::sys::netns::Ahead>) -> i32 {
-    // The run's network namespace, made on another CPU while this one prepares the run (see
-    // `sys::netns`), unless the caller has started that already. Most profiles need one; a
-    // run that does not drops it.
-    let netns = netns.or_else(|| crate::sys::netns::Ahead::start().ok());
+    let netns = netns.or_else(start_early);
     let catalog = Catalog::new(Catalog::default_dir());
     let mut profile = match catalog.get_or_file(a.profile.as_deref().unwrap_or("workspace-write")) {
         Ok(p) => p,

@@ -31,17 +31,10 @@ fn socket(conn: &Conn, top: &Conn) -> PathBuf {
 
 /// Runs the command line; returns the process exit code.
 pub fn main() -> i32 {
-    // `sidejob exec` has its run's network namespace made on another CPU from the start, so
-    // that it is ready by the time the run needs it (see `sys::netns`); it stays on this CPU
-    // itself, with its run's init, so that their hand-offs need no idle CPU woken (see
-    // `sys::cpu`).
-    let exec = std::env::args_os().nth(1).is_some_and(|a| a == "exec");
-    let netns = exec
-        .then(crate::sys::netns::Ahead::start)
-        .and_then(Result::ok);
-    if exec {
-        crate::sys::cpu::stay_here();
-    }
+    // `sidejob exec` starts its run before anything else (see `exec::start_early`).
+    let netns = (std::env::args_os().nth(1).is_some_and(|a| a == "exec"))
+        .then(exec::start_early)
+        .flatten();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),

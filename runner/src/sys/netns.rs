@@ -105,7 +105,7 @@ impl Ahead {
         ahead.reaped = false;
         move_elsewhere(pid);
         ahead.shared.gate.store(1, Ordering::Release);
-        futex_wake(&ahead.shared.gate);
+        futex(&ahead.shared.gate, libc::FUTEX_WAKE, 1, None);
         Ok(ahead)
     }
 
@@ -157,16 +157,12 @@ impl Ahead {
                 tv_sec: 0,
                 tv_nsec: CHECK_EVERY_NS,
             };
-            // SAFETY: a futex wait on a live word while it holds PENDING, with a timeout.
-            unsafe {
-                libc::syscall(
-                    libc::SYS_futex,
-                    &self.shared.result as *const AtomicI32,
-                    libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
-                    PENDING,
-                    &timeout as *const libc::timespec,
-                )
-            };
+            futex(
+                &self.shared.result,
+                libc::FUTEX_WAIT,
+                PENDING,
+                Some(&timeout),
+            );
         }
     }
 }
@@ -190,15 +186,21 @@ impl Drop for Ahead {
     }
 }
 
-/// Wakes one waiter on `word`.
-fn futex_wake<T>(word: &T) {
-    // SAFETY: a futex wake on a live word of ours.
+/// `futex(2)` on one of the 32-bit atomic words of [`Shared`]: `op` (a wait while the word
+/// holds `val`, until `timeout` if given; or a wake of `val` waiters), private to this
+/// process's memory. From this process only: it goes through libc (the maker uses `raw`).
+fn futex<T>(word: &T, op: libc::c_int, val: i32, timeout: Option<&libc::timespec>) {
+    debug_assert_eq!(std::mem::size_of::<T>(), 4);
+    let timeout = timeout.map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: a futex call on a live, aligned 32-bit word of ours; the timeout, if any, is
+    // borrowed for the call.
     unsafe {
         libc::syscall(
             libc::SYS_futex,
             word as *const T,
-            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
-            1,
+            op | libc::FUTEX_PRIVATE_FLAG,
+            val,
+            timeout,
         )
     };
 }
@@ -218,13 +220,13 @@ fn move_elsewhere(pid: i32) {
 extern "C" fn maker(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: `arg` is the boxed `Shared`, alive until this process ends or reaps the maker.
     let shared = unsafe { &*(arg as *const Shared) };
-    let futex = |word: &AtomicU32, op: libc::c_int| {
-        // SAFETY: a futex call on a live word: a wait while it holds 0 (no timeout), or a
-        // wake.
+    // A futex wait on a word while it holds 0 (no timeout), or a wake of one waiter.
+    let futex = |word: *const u32, op: libc::c_int| {
+        // SAFETY: `word` is one of `Shared`'s live 32-bit atomic words.
         unsafe {
             raw::syscall4(
                 libc::SYS_futex,
-                word as *const AtomicU32 as usize,
+                word as usize,
                 (op | libc::FUTEX_PRIVATE_FLAG) as usize,
                 if op == libc::FUTEX_WAKE { 1 } else { 0 },
                 0,
@@ -232,7 +234,7 @@ extern "C" fn maker(arg: *mut libc::c_void) -> libc::c_int {
         }
     };
     while shared.gate.load(Ordering::Acquire) == 0 {
-        futex(&shared.gate, libc::FUTEX_WAIT);
+        futex(shared.gate.as_ptr(), libc::FUTEX_WAIT);
     }
     // SAFETY: unshare takes flags only.
     let mut r = unsafe { raw::syscall4(libc::SYS_unshare, libc::CLONE_NEWNET as usize, 0, 0, 0) };
@@ -264,12 +266,7 @@ extern "C" fn maker(arg: *mut libc::c_void) -> libc::c_int {
             && raw::syscall4(libc::SYS_getppid, 0, 0, 0, 0) == shared.parent as isize
     };
     shared.result.store(r as i32, Ordering::Release);
-    // The result word is an AtomicI32: wake through its address.
-    // SAFETY: AtomicI32 and AtomicU32 have the same size and alignment.
-    futex(
-        unsafe { &*(&shared.result as *const AtomicI32 as *const AtomicU32) },
-        libc::FUTEX_WAKE,
-    );
+    futex(shared.result.as_ptr() as *const u32, libc::FUTEX_WAKE);
     if keep {
         // What is left for it is tearing down this process's memory, after this process
         // has ended: that may wait until its CPU has nothing else to do.
@@ -286,7 +283,7 @@ extern "C" fn maker(arg: *mut libc::c_void) -> libc::c_int {
         };
         // Woken only spuriously: the word stays 0, and the maker ends by being killed.
         loop {
-            futex(&shared.park, libc::FUTEX_WAIT);
+            futex(shared.park.as_ptr(), libc::FUTEX_WAIT);
         }
     }
     0
