@@ -547,6 +547,17 @@ pub fn wait_until(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// The value of `key` in `/proc/<who>/status` (`who`: a pid, `self` or `thread-self`),
+/// trimmed; `None` when the process is gone or has no such line.
+pub fn proc_status(who: &str, key: &str) -> Option<String> {
+    let status = std::fs::read_to_string(format!("/proc/{who}/status")).ok()?;
+    status.lines().find_map(|l| {
+        l.strip_prefix(key)
+            .and_then(|rest| rest.strip_prefix(':'))
+            .map(|v| v.trim().to_owned())
+    })
+}
+
 /// Live (non-zombie) processes whose command line contains `needle`, this process excluded.
 pub fn pids_mentioning(needle: &str) -> Vec<i32> {
     let mut out = Vec::new();

@@ -309,13 +309,7 @@ fn killing_the_supervisor_takes_the_whole_run_with_it() {
 
 /// `Cpus_allowed_list` of `/proc/<who>/status`.
 fn cpus_allowed(who: &str) -> String {
-    let status = std::fs::read_to_string(format!("/proc/{who}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-        .unwrap()
-        .trim()
-        .to_owned()
+    sidejob_tests::proc_status(who, "Cpus_allowed_list").expect("Cpus_allowed_list")
 }
 
 /// `sidejob exec` keeps itself (and its run's init) on the CPU it started on, so that their

@@ -8,7 +8,7 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 
 use serde_json::{json, Value};
-use sidejob_tests::{skip_without, Client, Daemon, Need};
+use sidejob_tests::{proc_status, skip_without, Client, Daemon, Need};
 
 use crate::containment::{exec, exec_command, probe_bin, Ws};
 use crate::isolation::NOBODY;
@@ -235,32 +235,18 @@ fn overlapping_exec_runs_never_share_a_namespace() {
 
 /// The children of `pid`, from `/proc/*/status`.
 fn children_of(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").expect("/proc").flatten() {
-        let Ok(child) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let status = std::fs::read_to_string(e.path().join("status")).unwrap_or_default();
-        let ppid = status
-            .lines()
-            .find_map(|l| l.strip_prefix("PPid:"))
-            .and_then(|v| v.trim().parse::<u32>().ok());
-        if ppid == Some(pid) {
-            out.push(child);
-        }
-    }
-    out
+    let parent = pid.to_string();
+    std::fs::read_dir("/proc")
+        .expect("/proc")
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|c| proc_status(&c.to_string(), "PPid").as_deref() == Some(parent.as_str()))
+        .collect()
 }
 
 /// Running, or sleeping: neither gone nor a zombie.
 fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rfind(')')
-                .map(|i| s[i + 2..].starts_with(['R', 'S', 'D']))
-        })
-        .unwrap_or(false)
+    proc_status(&pid.to_string(), "State").is_some_and(|s| s.starts_with(['R', 'S', 'D']))
 }
 
 /// `sidejob exec`'s namespace maker stays alive after its work only to hold exec's memory
