@@ -25,6 +25,14 @@ pub mod supervisor;
 mod sys;
 mod wake;
 
+/// What a process of the `sidejob` binary does first, in place of the Rust runtime's set-up
+/// (the binary has its own C `main`): descriptors 0, 1 and 2 are made to exist (`/dev/null`
+/// where one is closed), so no file sidejob opens lands on one of them, and `SIGPIPE` is
+/// ignored, so a write to a closed pipe is an error, not the end of the process.
+pub fn start() {
+    sys::process_start();
+}
+
 /// `sidejob check-schemas`: the helper the daemon checks plugins' input schemas in.
 pub use plugin_host::{check_schemas_main, CHECK_SCHEMAS};
 

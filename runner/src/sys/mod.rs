@@ -547,6 +547,33 @@ pub(crate) fn async_fd(fd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<Owned
         .map_err(|e| e.into_parts().1)
 }
 
+/// See `sidejob::start`: what the Rust runtime would do at start-up that sidejob relies on.
+pub(crate) fn process_start() {
+    let mut fds = [0, 1, 2].map(|fd| libc::pollfd {
+        fd,
+        events: 0,
+        revents: 0,
+    });
+    // SAFETY: `fds` is an array of three pollfds, alive for the call.
+    let polled = unsafe { libc::poll(fds.as_mut_ptr(), 3, 0) };
+    for p in fds {
+        let closed = if polled == -1 {
+            // A failed poll: each descriptor is checked on its own.
+            // SAFETY: F_GETFD only reads the descriptor's flags.
+            unsafe { libc::fcntl(p.fd, libc::F_GETFD) == -1 }
+        } else {
+            p.revents & libc::POLLNVAL != 0
+        };
+        // Opening takes the lowest free descriptor: this one. It stays open for good.
+        // SAFETY: a NUL-terminated path and plain flags.
+        if closed && unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR) } == -1 {
+            std::process::abort();
+        }
+    }
+    // SAFETY: ignoring a signal runs no code of ours.
+    let _ = unsafe { nsig::signal(Signal::SIGPIPE, SigHandler::SigIgn) };
+}
+
 /// Restores the default action of SIGPIPE (Rust ignores it), so a client command whose output
 /// pipe closes (`sidejob tasks | head`) ends quietly like other Unix tools. Never for the daemon.
 pub(crate) fn default_sigpipe() {

@@ -191,6 +191,59 @@ pub fn secret_file(ws: &Ws) -> PathBuf {
     p
 }
 
+// ---- start-up --------------------------------------------------------------------------------
+
+/// `sidejob` starts without the Rust runtime's set-up (its own C `main`), so it must itself
+/// fill a closed descriptor 0, 1 or 2 before it opens anything: otherwise the namespace or
+/// pipe it opens next lands there, and is swapped for the command's stdin or output.
+#[test]
+fn exec_started_with_its_standard_descriptors_closed_still_runs_the_command() {
+    let Some(ws) = Ws::new() else { return };
+    for closed in ["<&-", ">&-", "2>&-", "<&- >&- 2>&-"] {
+        let o = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "exec {closed}; exec \"$0\" exec --workspace \"$1\" -- sh -c 'echo out; echo err >&2; exit 3'"
+            ))
+            .arg(sidejob_bin())
+            .arg(ws.path())
+            .output()
+            .expect("run sh");
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr),
+        );
+        assert_eq!(o.status.code(), Some(3), "{closed}: {stdout}{stderr}");
+        // The run's output (stdout and stderr, one stream) goes to stdout if it is open;
+        // sidejob itself has nothing to say.
+        let out_open = !closed.contains(" >&-") && !closed.starts_with(">&-");
+        assert_eq!(
+            stdout,
+            if out_open { "out\nerr\n" } else { "" },
+            "{closed}: {stderr}"
+        );
+        assert_eq!(stderr, "", "{closed}: {stdout}");
+    }
+}
+
+/// The reader of `exec`'s output goes away mid-run (`| true`): the next write is an error
+/// (`SIGPIPE` is ignored, as the Rust runtime would have set it), the run goes on, and the
+/// command's own exit status comes through. Killed by `SIGPIPE`, `exec` would leave the run
+/// unreported and its run directory behind.
+#[test]
+fn exec_whose_output_reader_goes_away_still_reports_the_commands_exit() {
+    let Some(ws) = Ws::new() else { return };
+    let o = Command::new("bash")
+        .arg("-c")
+        .arg("\"$0\" exec --workspace \"$1\" -- sh -c 'sleep 0.3; echo gone; exit 4' | true; echo ${PIPESTATUS[0]}")
+        .arg(sidejob_bin())
+        .arg(ws.path())
+        .output()
+        .expect("run bash");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(stdout.trim(), "4", "{}", String::from_utf8_lossy(&o.stderr));
+}
+
 // ---- filesystem ------------------------------------------------------------------------------
 
 #[test]
