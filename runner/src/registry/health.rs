@@ -105,7 +105,15 @@ pub(crate) fn backup(state_dir: &Path) -> Result<PathBuf> {
     let dest = backup_path(state_dir);
     let tmp = state_dir.join(format!("{BACKUP_FILE}.tmp"));
     let _ = std::fs::remove_file(&tmp);
-    src.backup(rusqlite::DatabaseName::Main, &tmp, None)?;
+    src.backup(rusqlite::DatabaseName::Main, &tmp, None)
+        .map_err(|e| {
+            // A half-written copy only takes room: on a full disk, the room that is missing.
+            let _ = std::fs::remove_file(&tmp);
+            RegistryError::Backup {
+                path: dest.clone(),
+                why: backup_failure(&e),
+            }
+        })?;
     let io = |source| RegistryError::StateDir {
         path: dest.clone(),
         source,
@@ -118,6 +126,19 @@ pub(crate) fn backup(state_dir: &Path) -> Result<PathBuf> {
     std::fs::rename(&tmp, &dest).map_err(io)?;
     crate::sys::fsync_dir(state_dir).map_err(io)?;
     Ok(dest)
+}
+
+/// Why a backup failed, in words: a failed backup step leaves SQLite's message for the
+/// connection at "not an error", so the error code speaks instead.
+fn backup_failure(e: &rusqlite::Error) -> String {
+    match e {
+        rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::DiskFull => {
+            "no space left on its disk".into()
+        }
+        rusqlite::Error::SqliteFailure(_, Some(m)) if m != "not an error" => m.clone(),
+        rusqlite::Error::SqliteFailure(f, _) => f.to_string(),
+        other => other.to_string(),
+    }
 }
 
 /// Moves a damaged registry (and its -wal/-shm) aside as `sidejob.db.damaged-<time>`;

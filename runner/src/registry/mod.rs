@@ -49,6 +49,9 @@ pub enum RegistryError {
     Sql(#[from] rusqlite::Error),
     #[error("registry holds a malformed row: {0}")]
     Corrupt(String),
+    /// The online backup could not be written (a full disk, say).
+    #[error("cannot write {path}: {why}")]
+    Backup { path: PathBuf, why: String },
     /// The file is there but must not be used as it is (damaged, or emptied).
     #[error("the registry {path} cannot be used: {why}")]
     Unusable { path: PathBuf, why: String },

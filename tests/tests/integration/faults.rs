@@ -171,6 +171,23 @@ fn a_settlement_the_full_registry_cannot_record_is_retried_until_it_is() {
         t["state"], "running",
         "nothing recorded, nothing contradicted: {t}"
     );
+    // A backup taken now fails, saying why and naming the file once, and leaves no
+    // half-written copy behind to hold on to the space.
+    let backup = d.state_dir.join("sidejob.db.backup");
+    let o = registry_cli(&d, &["backup"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_ne!(o.status.code(), Some(0), "{err}");
+    assert!(err.contains("no space left"), "{err}");
+    assert_eq!(
+        err.matches(&backup.display().to_string()).count(),
+        1,
+        "{err}"
+    );
+    assert!(!err.contains("not an error"), "{err}");
+    assert!(
+        !d.state_dir.join("sidejob.db.backup.tmp").exists(),
+        "a half-written backup is left: {err}"
+    );
     // Room again: the settlement is recorded with the true exit code, and one wake is made.
     std::fs::remove_file(&filler).expect("free the disk");
     let _ = std::fs::remove_file(format!("{}.small", filler.display()));
@@ -179,6 +196,15 @@ fn a_settlement_the_full_registry_cannot_record_is_retried_until_it_is() {
     assert_eq!(t["reason"], "exit_code", "{t}");
     assert_eq!(t["exit_code"], 3, "{t}");
     assert_eq!(c.output(&id), "done\n");
+    // And a backup can be taken again.
+    let o = registry_cli(&d, &["backup"]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(backup.exists());
     drop(c);
     d.kill9();
     drop(disk);
