@@ -60,10 +60,13 @@ impl Conn {
 
     fn read(&mut self) -> Value {
         let mut line = String::new();
-        assert!(
-            self.r.read_line(&mut line).unwrap() > 0,
-            "connection closed"
-        );
+        let n = self.r.read_line(&mut line).unwrap_or_else(|e| {
+            panic!(
+                "no message from the daemon within 120 s ({e}); a run that cannot settle \
+                 waits, so check the space left under TMPDIR"
+            )
+        });
+        assert!(n > 0, "connection closed");
         serde_json::from_str(&line).unwrap()
     }
 
