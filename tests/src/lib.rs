@@ -558,6 +558,22 @@ pub fn proc_status(who: &str, key: &str) -> Option<String> {
     })
 }
 
+/// Every process's children as this process's PID namespace sees them (parent pid → child
+/// pids), from one pass over `/proc`.
+pub fn children_by_parent() -> std::collections::HashMap<i32, Vec<i32>> {
+    let mut map: std::collections::HashMap<i32, Vec<i32>> = std::collections::HashMap::new();
+    for pid in std::fs::read_dir("/proc")
+        .expect("/proc")
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+    {
+        if let Some(ppid) = proc_status(&pid.to_string(), "PPid").and_then(|p| p.parse().ok()) {
+            map.entry(ppid).or_default().push(pid);
+        }
+    }
+    map
+}
+
 /// Live (non-zombie) processes whose command line contains `needle`, this process excluded.
 pub fn pids_mentioning(needle: &str) -> Vec<i32> {
     let mut out = Vec::new();

@@ -154,24 +154,6 @@ fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-/// Every process's children, as the host sees them, from one pass over `/proc`.
-fn children_by_parent() -> std::collections::HashMap<i32, Vec<i32>> {
-    let mut map: std::collections::HashMap<i32, Vec<i32>> = std::collections::HashMap::new();
-    for p in std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-    {
-        // After the name: state, then the parent's pid.
-        if let Some(ppid) =
-            stat_after_name(p).and_then(|s| s.split_whitespace().nth(1)?.parse::<i32>().ok())
-        {
-            map.entry(ppid).or_default().push(p);
-        }
-    }
-    map
-}
-
 fn percentile(v: &mut [f64], p: f64) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     if v.is_empty() {
@@ -233,7 +215,7 @@ fn spawn_section() {
     let took = t.elapsed();
     let daemon_cpu = cpu_time(d.pid()).saturating_sub(cpu_before);
     let busy = rss_kib(d.pid());
-    let tree = children_by_parent();
+    let tree = sidejob_tests::children_by_parent();
     let none = Vec::new();
     let supervisors = tree.get(&(d.pid() as i32)).unwrap_or(&none);
     let mut pss = 0;

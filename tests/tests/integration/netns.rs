@@ -8,7 +8,7 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 
 use serde_json::{json, Value};
-use sidejob_tests::{proc_status, skip_without, Client, Daemon, Need};
+use sidejob_tests::{children_by_parent, proc_status, skip_without, Client, Daemon, Need};
 
 use crate::containment::{exec, exec_command, probe_bin, Ws};
 use crate::isolation::NOBODY;
@@ -233,19 +233,8 @@ fn overlapping_exec_runs_never_share_a_namespace() {
     }
 }
 
-/// The children of `pid`, from `/proc/*/status`.
-fn children_of(pid: u32) -> Vec<u32> {
-    let parent = pid.to_string();
-    std::fs::read_dir("/proc")
-        .expect("/proc")
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|c| proc_status(&c.to_string(), "PPid").as_deref() == Some(parent.as_str()))
-        .collect()
-}
-
 /// Running, or sleeping: neither gone nor a zombie.
-fn alive(pid: u32) -> bool {
+fn alive(pid: i32) -> bool {
     proc_status(&pid.to_string(), "State").is_some_and(|s| s.starts_with(['R', 'S', 'D']))
 }
 
@@ -261,7 +250,7 @@ fn execs_namespace_maker_holds_nothing_but_memory_and_ends_with_exec() {
         .spawn()
         .expect("sidejob exec");
     let ours = std::fs::read_link("/proc/self/ns/pid").expect("our PID namespace");
-    let policy = |pid: u32| {
+    let policy = |pid: i32| {
         std::fs::read_to_string(format!("/proc/{pid}/sched"))
             .unwrap_or_default()
             .lines()
@@ -272,7 +261,9 @@ fn execs_namespace_maker_holds_nothing_but_memory_and_ends_with_exec() {
     // with its work once it waits at SCHED_IDLE.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     let maker = loop {
-        let maker = children_of(child.id())
+        let maker = children_by_parent()
+            .remove(&(child.id() as i32))
+            .unwrap_or_default()
             .into_iter()
             .find(|c| std::fs::read_link(format!("/proc/{c}/ns/pid")).is_ok_and(|ns| ns == ours));
         if let Some(m) = maker.filter(|&m| policy(m) == Some(libc::SCHED_IDLE)) {
