@@ -7,7 +7,9 @@
 //! here for each hand-off, against 2–6 µs on the waker's own CPU. `sidejob exec` therefore
 //! keeps itself and its init on the CPU it starts on ([`stay_here`]), and the command is given
 //! back every CPU the caller allowed ([`free_to_move`]) before it execs: only sidejob's own
-//! processes, which mostly wait, are held to one CPU.
+//! processes, which mostly wait, are held to one CPU. At the end init leaves that CPU
+//! ([`leave_this_cpu`]), so that the teardown of its exit runs beside the supervisor's last
+//! steps, not ahead of whoever the supervisor's exit wakes.
 
 use std::io;
 use std::sync::OnceLock;
@@ -95,6 +97,20 @@ pub(crate) fn free_to_move() {
     }
 }
 
+/// The CPUs this process may use other than the one it runs on, when there are any.
+pub(crate) fn elsewhere() -> Option<CpuSet> {
+    let (set, here) = (usable().ok()?, current()?);
+    (count(&set) > 1).then(|| without(set, here))
+}
+
+/// Moves the calling process off the CPU [`stay_here`] kept it on, to another it may use:
+/// the work it has left (its exit's teardown, say) then runs beside the process it shared
+/// that CPU with instead of ahead of it. Returns whether it moved; it cannot where
+/// [`stay_here`] narrowed nothing or there is no other CPU.
+pub(crate) fn leave_this_cpu() -> bool {
+    allowed_before().is_some() && elsewhere().is_some_and(|set| allow(0, &set).is_ok())
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -107,25 +123,31 @@ mod tests {
             .collect()
     }
 
-    /// Narrowed to the CPU it runs on, then given back exactly what it had. (On a thread of
-    /// its own: the calls change the calling thread's CPUs only.)
+    /// Narrowed to the CPU it runs on, moved off it, then given back exactly what it had. (On
+    /// a thread of its own: the calls change the calling thread's CPUs only.)
     #[test]
-    fn stays_on_one_cpu_and_is_given_back_what_it_had() {
+    fn stays_on_one_cpu_leaves_it_and_is_given_back_what_it_had() {
         let before = allowed().unwrap();
         if count(&before) < 2 {
             eprintln!("skipped: this machine lets us use one CPU only");
             return;
         }
-        let (narrowed, here, back) = std::thread::spawn(|| {
+        let (narrowed, here, left, moved, back) = std::thread::spawn(|| {
             stay_here();
             let narrowed = cpus(&allowed().unwrap());
             let here = current().unwrap();
+            let left = leave_this_cpu();
+            // sched_setaffinity has moved the thread before it returns.
+            let moved = (current().unwrap(), cpus(&allowed().unwrap()));
             free_to_move();
-            (narrowed, here, cpus(&allowed().unwrap()))
+            (narrowed, here, left, moved, cpus(&allowed().unwrap()))
         })
         .join()
         .unwrap();
         assert_eq!(narrowed, [here]);
+        assert!(left, "leave_this_cpu found no other CPU");
+        assert_ne!(moved.0, here, "still on CPU {here}");
+        assert_eq!(moved.1, cpus(&without(before, here)));
         assert_eq!(back, cpus(&before));
         assert_eq!(cpus(allowed_before().unwrap()), cpus(&before));
     }

@@ -208,10 +208,8 @@ fn futex<T>(word: &T, op: libc::c_int, val: i32, timeout: Option<&libc::timespec
 /// Lets `pid` run on any CPU this process may use except the current one, when there is
 /// another. Best effort: where it fails, the maker runs here, later.
 fn move_elsewhere(pid: i32) {
-    if let (Ok(set), Some(here)) = (cpu::usable(), cpu::current()) {
-        if cpu::count(&set) > 1 {
-            let _ = cpu::allow(pid, &cpu::without(set, here));
-        }
+    if let Some(set) = cpu::elsewhere() {
+        let _ = cpu::allow(pid, &set);
     }
 }
 
