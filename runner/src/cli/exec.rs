@@ -401,7 +401,12 @@ pub(super) fn exec(a: ExecArgs, netns: Option<crate::sys::netns::Ahead>) -> i32 
     ) {
         eprintln!("sidejob exec: {line}");
     }
-    code
+    // Done. What this process still holds (the plan, the result, the profile) is left to the
+    // kernel instead of being freed piece by piece, and the C library's exit handlers, none of
+    // which sidejob needs, are skipped: about 0.08 ms of every `sidejob exec`, which its caller
+    // waits for. Standard error is unbuffered; standard output is flushed first.
+    let _ = std::io::Write::flush(&mut std::io::stdout());
+    crate::sys::exit_now(code)
 }
 
 /// The proxy of an `exec` run: its socket, bound before the run, and the process that serves
