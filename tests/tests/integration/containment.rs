@@ -350,6 +350,96 @@ fn proc_pid_root_does_not_lead_to_the_host() {
     assert!(outside(&["read", &format!("/proc/self/root{}", secret.display())]).ok());
 }
 
+/// The mounts of a mount namespace, as a process at its root sees them (`nsenter` resets the
+/// root to the namespace's): "mount-point fs-type" per mount.
+fn mounts_of_namespace(pid: i32, pid_namespace_too: bool) -> Vec<String> {
+    let mut c = Command::new("nsenter");
+    c.arg("-t").arg(pid.to_string()).arg("-m");
+    if pid_namespace_too {
+        // The run's /proc shows its own PID namespace only: `cat` must be in it to read itself.
+        c.arg("-p");
+    }
+    let out = c
+        .args(["cat", "/proc/self/mountinfo"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run nsenter");
+    assert!(
+        out.status.success(),
+        "nsenter: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let fields: Vec<&str> = l.split(' ').collect();
+            let dash = fields.iter().position(|f| *f == "-")?;
+            Some(format!("{} {}", fields.get(4)?, fields.get(dash + 1)?))
+        })
+        .collect()
+}
+
+/// The host's tree is detached from the run's mount namespace, not just out of sight: a
+/// process entering that namespace at its root (as `setns` puts it) finds the view's mounts
+/// and nothing of the host's (its sysfs and cgroup mounts, its devtmpfs at `/dev`, its root
+/// file system at `/`).
+#[test]
+fn the_hosts_tree_is_detached_from_the_runs_mount_namespace() {
+    let Some(ws) = Ws::new() else { return };
+    if Command::new("nsenter").arg("--version").output().is_err() {
+        eprintln!("skipped: nsenter (util-linux) is not installed");
+        return;
+    }
+    let host_only = |m: &String| {
+        let (point, fs) = m.split_once(' ').unwrap_or_default();
+        // (The view binds single device nodes from the host's devtmpfs; its /dev is a tmpfs.)
+        matches!(fs, "sysfs" | "cgroup" | "cgroup2")
+            || (point == "/dev" && fs == "devtmpfs")
+            || (point == "/" && !matches!(fs, "tmpfs" | "rootfs"))
+    };
+    // Control: the host's own namespace, seen the same way, has them.
+    let host = mounts_of_namespace(std::process::id() as i32, false);
+    assert!(host.iter().any(host_only), "{host:?}");
+
+    let pause = sidejob_tests::unique_sleep();
+    let mut run = Command::new(sidejob_bin())
+        .args(["exec", "--workspace"])
+        .arg(ws.path())
+        .args(["--", "sleep", &pause])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start sidejob exec");
+    let sleeper = (0..500)
+        .find_map(|_| {
+            let found = sidejob_tests::pids_mentioning(&pause)
+                .into_iter()
+                .find(|p| {
+                    std::fs::read_to_string(format!("/proc/{p}/comm"))
+                        .is_ok_and(|c| c.trim() == "sleep")
+                });
+            if found.is_none() {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            found
+        })
+        .expect("the run's sleep never started");
+    let mounts = mounts_of_namespace(sleeper, true);
+    let _ = run.kill();
+    let _ = run.wait();
+    assert!(
+        mounts
+            .iter()
+            .any(|m| m == "/usr ext4" || m.starts_with("/usr ")),
+        "{mounts:?}"
+    );
+    let leaked: Vec<&String> = mounts.iter().filter(|m| host_only(m)).collect();
+    assert!(
+        leaked.is_empty(),
+        "host mounts in the run's namespace: {leaked:?}\nall: {mounts:?}"
+    );
+}
+
 #[test]
 fn no_inherited_descriptor_reaches_the_command() {
     let Some(ws) = Ws::new() else { return };
