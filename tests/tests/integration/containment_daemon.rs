@@ -4,7 +4,7 @@
 use serde_json::{json, Value};
 use sidejob_tests::{skip_without, Client, Daemon, Need};
 
-use crate::containment::probe_bin;
+use crate::containment::{have_nsenter, host_only, mounts_of_namespace, probe_bin, sleeper};
 
 struct Setup {
     d: Daemon,
@@ -291,5 +291,32 @@ fn a_workspace_swapped_for_a_symlink_is_refused_not_followed() {
     assert!(
         !elsewhere.join("planted").exists(),
         "the symlink's target was written"
+    );
+}
+
+/// A daemon run's mount namespace holds the view and nothing of the host's tree, seen from
+/// that namespace's root: the same as
+/// `containment::the_hosts_tree_is_detached_from_the_runs_mount_namespace` checks for
+/// `sidejob exec`, for a run that a supervisor forked by the spawner started.
+#[test]
+fn a_daemon_runs_mount_namespace_holds_nothing_of_the_hosts_tree() {
+    let Some(mut st) = setup() else { return };
+    if !have_nsenter() {
+        return;
+    }
+    let pause = sidejob_tests::unique_sleep();
+    let r = st.c.bash(
+        &st.s,
+        &format!("sleep {pause}"),
+        json!({"background": true}),
+    );
+    let task_id = r["task_id"].as_str().expect("task id").to_owned();
+    let mounts = mounts_of_namespace(sleeper(&pause), true);
+    let _ = st.c.call("task.cancel", json!({"task_id": task_id}));
+    assert!(mounts.iter().any(|m| m.starts_with("/usr ")), "{mounts:?}");
+    let leaked: Vec<&String> = mounts.iter().filter(|m| host_only(m)).collect();
+    assert!(
+        leaked.is_empty(),
+        "host mounts in the run's namespace: {leaked:?}\nall: {mounts:?}"
     );
 }
