@@ -390,17 +390,9 @@ impl ToolHost {
         let _serial = self.reloading.lock().unwrap_or_else(|e| e.into_inner());
         let old = self.current();
         let previous_errors = self.errors();
-        // A refusal is a warning the first time, then quiet while it stays the same.
-        let report = |e: &LoadError| {
-            let line = e.to_string();
-            if previous_errors.contains(&line) {
-                debug!("{line}");
-            } else {
-                warn!("{line}");
-            }
-        };
         let copies = self.open_copies();
-        let mut errors = Vec::new();
+        // Each failure's line, logged once the scan's result is in place (below).
+        let mut errors: Vec<String> = Vec::new();
         let mut plugins: Vec<Arc<LoadedPlugin>> = Vec::new();
         for candidate in self.candidates() {
             let source = candidate.path.clone();
@@ -433,7 +425,6 @@ impl ToolHost {
                     plugins.push(Arc::new(p));
                 }
                 Err(e) => {
-                    report(&e);
                     let refused = matches!(e, LoadError::Unsafe { .. });
                     errors.push(e.to_string());
                     // A file that anyone else could now write is not trusted any more; any
@@ -468,7 +459,6 @@ impl ToolHost {
                         first: first.plugin.source.clone(),
                         second: p.source.clone(),
                     };
-                    report(&e);
                     errors.push(e.to_string());
                     continue;
                 }
@@ -497,7 +487,17 @@ impl ToolHost {
         if differs {
             self.changed.send_modify(|generation| *generation += 1);
         }
-        *self.errors.lock().unwrap_or_else(|e| e.into_inner()) = errors;
+        // Logged only now, so that whoever reads a failure in the log and then asks (tool.list's
+        // plugin_errors) finds it there. A failure is a warning the first time, then quiet
+        // while it stays the same.
+        *self.errors.lock().unwrap_or_else(|e| e.into_inner()) = errors.clone();
+        for line in &errors {
+            if previous_errors.contains(line) {
+                debug!("{line}");
+            } else {
+                warn!("{line}");
+            }
+        }
     }
 
     /// The directory of private copies, created if needed and checked like a plugin
