@@ -389,18 +389,26 @@ pub fn host_only(m: &str) -> bool {
         || (point == "/" && !matches!(fs, "tmpfs" | "rootfs"))
 }
 
-/// The pid of the `sleep` whose argv holds `pause` (see `unique_sleep`), once it runs.
+/// The pid of the run's `sleep {pause}` (see `unique_sleep`), once it runs.
 pub fn sleeper(pause: &str) -> i32 {
-    for _ in 0..500 {
-        let found = sidejob_tests::pids_mentioning(pause).into_iter().find(|p| {
-            std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "sleep")
-        });
-        if let Some(pid) = found {
-            return pid;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    panic!("the run's sleep {pause} never started");
+    let cmdline = format!("sleep {pause}");
+    let mut found = None;
+    sidejob_tests::wait_until(std::time::Duration::from_secs(5), || {
+        found = sidejob_tests::pids_running(&cmdline).first().copied();
+        found.is_some()
+    });
+    found.unwrap_or_else(|| panic!("the run's {cmdline} never started"))
+}
+
+/// Checks that a run's mount namespace (see [`mounts_of_namespace`]) holds the view (its
+/// `/usr`) and none of the host's own mounts (see [`host_only`]).
+pub fn assert_holds_only_the_view(mounts: &[String]) {
+    assert!(mounts.iter().any(|m| m.starts_with("/usr ")), "{mounts:?}");
+    let leaked: Vec<&String> = mounts.iter().filter(|m| host_only(m)).collect();
+    assert!(
+        leaked.is_empty(),
+        "host mounts in the run's namespace: {leaked:?}\nall: {mounts:?}"
+    );
 }
 
 /// Whether `nsenter` (util-linux) is here; says why a test skips if not.
@@ -439,12 +447,7 @@ fn the_hosts_tree_is_detached_from_the_runs_mount_namespace() {
     let mounts = mounts_of_namespace(sleeper, true);
     let _ = run.kill();
     let _ = run.wait();
-    assert!(mounts.iter().any(|m| m.starts_with("/usr ")), "{mounts:?}");
-    let leaked: Vec<&String> = mounts.iter().filter(|m| host_only(m)).collect();
-    assert!(
-        leaked.is_empty(),
-        "host mounts in the run's namespace: {leaked:?}\nall: {mounts:?}"
-    );
+    assert_holds_only_the_view(&mounts);
 }
 
 #[test]
