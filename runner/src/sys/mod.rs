@@ -574,8 +574,9 @@ pub(crate) fn process_start() {
     let _ = unsafe { nsig::signal(Signal::SIGPIPE, SigHandler::SigIgn) };
 }
 
-/// Restores the default action of SIGPIPE (Rust ignores it), so a client command whose output
-/// pipe closes (`sidejob tasks | head`) ends quietly like other Unix tools. Never for the daemon.
+/// Restores the default action of SIGPIPE ([`process_start`] ignores it), so a client command
+/// whose output pipe closes (`sidejob tasks | head`) ends quietly like other Unix tools. Never
+/// for the daemon.
 pub(crate) fn default_sigpipe() {
     // SAFETY: the default disposition runs no code of ours, so no handler can break an
     // invariant of the code it interrupts.
