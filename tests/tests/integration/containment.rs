@@ -672,6 +672,51 @@ fn a_symlink_swapped_in_for_a_protected_path_is_refused() {
 }
 
 #[test]
+fn a_protected_path_reached_through_a_symlink_is_refused() {
+    let Some(ws) = Ws::new() else { return };
+    let body = profile_with("", "").replace(
+        r#"protected = [".git/hooks", ".git/config"]"#,
+        r#"protected = ["conf/sub/app.toml"]"#,
+    );
+    let p = ws.profile("conf", &body);
+    // `conf/sub` leads elsewhere in the workspace: the kernel would follow it to a file the
+    // profile never named, which would stay writable. (A symlink as the first component is
+    // refused earlier, when that directory is pinned.)
+    std::fs::create_dir_all(ws.path().join("conf/real")).unwrap();
+    let target = ws.path().join("conf/real/app.toml");
+    std::fs::write(&target, "safe\n").unwrap();
+    std::os::unix::fs::symlink("real", ws.path().join("conf/sub")).unwrap();
+    let out = exec(
+        &ws,
+        &["--profile", &p],
+        &[&ws.probe(), "write", target.to_str().unwrap(), "x"],
+    );
+    assert_eq!(out.code, 125, "{} {}", out.stdout, out.stderr);
+    assert!(
+        out.stderr.contains("passes through a symlink"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "safe\n");
+    // Control: with a real directory there, the run goes ahead and the file is read-only.
+    std::fs::remove_file(ws.path().join("conf/sub")).unwrap();
+    std::fs::rename(ws.path().join("conf/real"), ws.path().join("conf/sub")).unwrap();
+    let file = ws.path().join("conf/sub/app.toml");
+    let out = exec(
+        &ws,
+        &["--profile", &p],
+        &[&ws.probe(), "write", file.to_str().unwrap(), "x"],
+    );
+    assert_ne!(out.code, 125, "{} {}", out.stdout, out.stderr);
+    assert_ne!(
+        out.code, 0,
+        "the protected file was writable: {}",
+        out.stdout
+    );
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "safe\n");
+}
+
+#[test]
 fn a_hard_link_to_a_protected_file_is_refused() {
     let Some(ws) = Ws::new() else { return };
     git_ws(&ws);

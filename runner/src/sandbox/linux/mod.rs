@@ -704,15 +704,24 @@ pub(crate) fn launch(
     let sources = view::open_sources(&p.plan.mounts, p.caller.as_ref())?;
     // 7. The minimal root view: an empty tmpfs, the profile's paths, a fresh /proc for this
     //    PID namespace, a minimal /dev, and the protected paths read-only on top.
+    //    Once its root is mounted, the view is built from inside it: every path below is
+    //    relative to it, so the kernel walks only the part inside the view, not the run
+    //    directory's whole path again for each of the view's some hundred calls.
     view::mount_root(&p.staging)?;
-    view::mount_sources(&p.staging, &sources, &p.tmp_options)?;
+    std::env::set_current_dir(&p.staging).map_err(|source| LaunchError {
+        step: "enter the view",
+        path: Some(p.staging.clone()),
+        source,
+    })?;
+    let root = Path::new(".");
+    view::mount_sources(root, &sources, &p.tmp_options)?;
     drop(sources);
-    view::mount_proc(&p.staging, p.root_run)?;
-    view::mask_sys(&p.staging)?;
-    view::mount_dev(&p.staging)?;
-    view::protect(&p.staging, &p.pinned, &p.plan.protected)?;
+    view::mount_proc(root, p.root_run)?;
+    view::mask_sys(root)?;
+    view::mount_dev(root)?;
+    view::protect(root, &p.pinned, &p.plan.protected)?;
     if let Some((shadow, options)) = &p.git_shadow {
-        view::shadow_git(&p.staging, shadow, options)?;
+        view::shadow_git(root, shadow, options)?;
     }
     // 8. Make it the root; the host's tree is detached and unreachable from here on.
     view::pivot(&p.staging)?;

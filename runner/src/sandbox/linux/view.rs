@@ -1,6 +1,7 @@
 //! The pieces of the minimal root view. [`super::launch`] calls them in order; each works in
 //! the run's own mount namespace, on a tmpfs staged at the run directory, before
-//! `pivot_root` makes that tmpfs `/`.
+//! `pivot_root` makes that tmpfs `/`. Their `staging` is where that tmpfs is: `launch` passes
+//! `.`, having entered it, so each path is walked from there.
 
 use std::ffi::CStr;
 use std::io;
@@ -21,10 +22,15 @@ const NOSUID: libc::c_ulong = libc::MS_NOSUID;
 const NODEV: libc::c_ulong = libc::MS_NODEV;
 const NOEXEC: libc::c_ulong = libc::MS_NOEXEC;
 
+/// A failed step; a path in the view (relative to its root, see the module's documentation)
+/// is named as the run would see it.
 fn err<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> LaunchError + 'a {
     move |source| LaunchError {
         step,
-        path: Some(path.to_path_buf()),
+        path: Some(match path.strip_prefix(".") {
+            Ok(rest) => Path::new("/").join(rest),
+            Err(_) => path.to_path_buf(),
+        }),
         source,
     }
 }
@@ -255,14 +261,7 @@ pub(crate) fn mount_sources(
                 continue;
             }
             let dst = in_view(staging, target);
-            sys::mount(
-                Some(&sys::fd_path(fd)),
-                &dst,
-                None,
-                libc::MS_BIND | libc::MS_REC,
-                None,
-            )
-            .map_err(err("bind", &dst))?;
+            sys::bind_fd(fd, &dst).map_err(err("bind", &dst))?;
         }
     }
     sys::mount_setattr_path(
@@ -292,7 +291,8 @@ pub(crate) fn mount_sources(
                 if !write {
                     set |= MOUNT_ATTR_RDONLY;
                 }
-                bind(&sys::fd_path(fd), &dst, set)?;
+                sys::bind_fd(fd, &dst).map_err(err("bind", &dst))?;
+                sys::mount_setattr_path(&dst, set, 0).map_err(err("set mount attributes", &dst))?;
             }
             Source::Tmpfs { target, exec } => {
                 let mut flags = NOSUID | NODEV;
@@ -457,11 +457,10 @@ pub(crate) fn mount_dev(staging: &Path) -> Result<(), LaunchError> {
 }
 
 fn refuse(path: &Path, why: &str) -> LaunchError {
-    LaunchError {
-        step: "protect",
-        path: Some(path.to_path_buf()),
-        source: io::Error::new(io::ErrorKind::PermissionDenied, why.to_owned()),
-    }
+    err("protect", path)(io::Error::new(
+        io::ErrorKind::PermissionDenied,
+        why.to_owned(),
+    ))
 }
 
 /// Checks a protected directory's contents: a hard-linked file could be written through its
@@ -536,7 +535,9 @@ pub(crate) fn protect(
     }
     for p in protected {
         let path = in_view(staging, p);
-        let fd = match sys::open_path(&path, true) {
+        // No symlink on the way (the kernel refuses one with ELOOP); one as the last
+        // component is opened as itself, and refused below.
+        let fd = match dirfd::open_path_no_symlinks(&path) {
             Ok(fd) => fd,
             // Missing, or below a file (`.git/hooks` when `.git` is a worktree's file).
             Err(e)
@@ -545,14 +546,14 @@ pub(crate) fn protect(
             {
                 continue
             }
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                return Err(refuse(&path, "a protected path passes through a symlink"))
+            }
             Err(e) => return Err(err("open", &path)(e)),
         };
         let info = sys::fstat(&fd).map_err(err("stat", &path))?;
         if info.is_symlink() {
             return Err(refuse(&path, "a protected path is a symlink"));
-        }
-        if std::fs::canonicalize(&path).ok().as_deref() != Some(path.as_path()) {
-            return Err(refuse(&path, "a protected path passes through a symlink"));
         }
         if info.is_file() && info.nlink > 1 {
             return Err(refuse(
