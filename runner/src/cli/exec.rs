@@ -4,6 +4,7 @@
 //! ended it, 124 on timeout, 125 when the sandbox could not be built, 126/127 when the
 //! command could not be run).
 
+use std::io::Write;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -17,14 +18,22 @@ use crate::supervisor::{self, RunResult};
 
 use super::args::ExecArgs;
 
+/// `eprintln!` that lets a closed standard error pass: `exec` ignores SIGPIPE so that a run
+/// whose reader went away is still reported, and `eprintln!` would panic instead.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 /// Exit code when the sandbox cannot be built (as `env`, `timeout` and container runtimes use).
 pub(super) const EXIT_SANDBOX: i32 = 125;
 pub(super) const EXIT_TIMEOUT: i32 = 124;
 
 fn fail(msg: impl std::fmt::Display, hint: Option<&str>) -> i32 {
-    eprintln!("sidejob exec: {msg}");
+    say!("sidejob exec: {msg}");
     if let Some(h) = hint {
-        eprintln!("  hint: {h}");
+        say!("  hint: {h}");
     }
     EXIT_SANDBOX
 }
@@ -113,7 +122,7 @@ fn add_to_profile(p: &mut Profile, a: &ExecArgs) -> Result<(), String> {
     }
     if !a.allow.is_empty() {
         if p.network == Network::Host {
-            eprintln!(
+            say!(
                 "sidejob exec: --allow: profile {} has the host's network already",
                 p.name
             );
@@ -147,7 +156,7 @@ fn command_env(
             None => match std::env::var(kv) {
                 Ok(v) => (kv.clone(), v),
                 Err(_) => {
-                    eprintln!("sidejob exec: --env {kv}: not set here, not passed");
+                    say!("sidejob exec: --env {kv}: not set here, not passed");
                     continue;
                 }
             },
@@ -283,7 +292,7 @@ pub(super) fn exec(a: ExecArgs, netns: Option<crate::sys::netns::Ahead>) -> i32 
         .first()
         .and_then(|argv0| not_on_sandbox_path(argv0, &env, &home))
     {
-        eprintln!("sidejob exec: {msg}");
+        say!("sidejob exec: {msg}");
         return 127;
     }
     // Stay in the current directory when it is inside the workspace, like a shell would.
@@ -379,10 +388,10 @@ pub(super) fn exec(a: ExecArgs, netns: Option<crate::sys::netns::Ahead>) -> i32 
         let mut shown = result.clone();
         // The run directory is gone; the output went to the terminal.
         shown.output_path = String::new();
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&shown).unwrap_or_default()
-        );
+        // Not println!: with no one left reading (`| head`), it would panic, and the
+        // command's exit code would be lost. The code is what matters then.
+        let text = serde_json::to_string_pretty(&shown).unwrap_or_default();
+        let _ = writeln!(std::io::stdout(), "{text}");
     } else if let Some(err) = &result.error {
         let hint = match result.reason {
             Some(FailReason::SandboxError) => Some(
@@ -390,16 +399,16 @@ pub(super) fn exec(a: ExecArgs, netns: Option<crate::sys::netns::Ahead>) -> i32 
             ),
             _ => None,
         };
-        eprintln!("sidejob exec: {err}");
+        say!("sidejob exec: {err}");
         if let Some(h) = hint {
-            eprintln!("  hint: {h}");
+            say!("  hint: {h}");
         }
     }
     if let (Some(line), false) = (
         crate::supervisor::result::summary(&result.violations),
         a.json,
     ) {
-        eprintln!("sidejob exec: {line}");
+        say!("sidejob exec: {line}");
     }
     // Done. What this process still holds (the plan, the result, the profile) is left to the
     // kernel instead of being freed piece by piece, and the C library's exit handlers, none of
@@ -422,7 +431,7 @@ impl LazyProxy {
             match crate::egress::standalone::spawn(listener, run) {
                 Ok(pid) => self.pid = Some(pid),
                 // The run's connections then find nobody: closed, never open.
-                Err(e) => eprintln!("sidejob exec: cannot start the egress proxy: {e}"),
+                Err(e) => say!("sidejob exec: cannot start the egress proxy: {e}"),
             }
         }
     }

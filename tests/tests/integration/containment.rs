@@ -233,15 +233,21 @@ fn exec_started_with_its_standard_descriptors_closed_still_runs_the_command() {
 #[test]
 fn exec_whose_output_reader_goes_away_still_reports_the_commands_exit() {
     let Some(ws) = Ws::new() else { return };
-    let o = Command::new("bash")
-        .arg("-c")
-        .arg("\"$0\" exec --workspace \"$1\" -- sh -c 'sleep 0.3; echo gone; exit 4' | true; echo ${PIPESTATUS[0]}")
-        .arg(sidejob_bin())
-        .arg(ws.path())
-        .output()
-        .expect("run bash");
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    assert_eq!(stdout.trim(), "4", "{}", String::from_utf8_lossy(&o.stderr));
+    // With --json too: the result printed at the end finds the pipe closed as well.
+    for json in ["", "--json"] {
+        let o = Command::new("bash")
+            .arg("-c")
+            .arg("\"$0\" exec --workspace \"$1\" $2 -- sh -c 'sleep 0.3; echo gone; exit 4' | true; echo ${PIPESTATUS[0]}")
+            .arg(sidejob_bin())
+            .arg(ws.path())
+            .arg(json)
+            .output()
+            .expect("run bash");
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(stdout.trim(), "4", "{json}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{json}: {stderr}");
+    }
 }
 
 // ---- filesystem ------------------------------------------------------------------------------
