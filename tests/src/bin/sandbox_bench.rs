@@ -65,11 +65,23 @@ fn stats(mut v: Vec<Duration>) -> (f64, f64) {
 }
 
 fn main() {
-    let rounds: usize = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(200)
-        .max(1);
+    let rounds: usize = match std::env::args().nth(1) {
+        None => 200,
+        Some(a) => match a.parse::<usize>() {
+            Ok(n) if n > 0 => n,
+            _ => {
+                let usage = "usage: sidejob-sandbox-bench [ROUNDS]   (default 200)\n\
+                     SIDEJOB_BIN: the sidejob binary to measure [default: the one beside this bench]\n\
+                     SIDEJOB_BENCH_BASELINE: another sidejob binary, measured in the same rounds";
+                if a == "-h" || a == "--help" {
+                    println!("{usage}");
+                    std::process::exit(0);
+                }
+                eprintln!("sidejob-sandbox-bench: {a:?} is not a number of rounds\n{usage}");
+                std::process::exit(2);
+            }
+        },
+    };
     // The bench binary sits next to `sidejob` (the harness expects a test's deps/ dir).
     if std::env::var_os("SIDEJOB_BIN").is_none() {
         if let Some(dir) = std::env::current_exe()
