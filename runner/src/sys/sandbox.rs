@@ -126,54 +126,13 @@ pub(crate) fn mount_setattr_path(path: &Path, set: u64, clear: u64) -> io::Resul
     Ok(())
 }
 
-/// `open_tree(fd, "", OPEN_TREE_CLONE | AT_EMPTY_PATH)`: a detached copy of the mount (or
-/// the file) at `fd`, ready to be attached elsewhere with [`move_mount`].
-///
-/// Raw: nix 0.32 has no `open_tree`.
-pub(crate) fn open_tree_clone(fd: &OwnedFd) -> io::Result<OwnedFd> {
-    const OPEN_TREE_CLONE: libc::c_uint = 1;
-    // SAFETY: a valid descriptor, an empty path and integer flags; returns a new descriptor.
-    let r = cvt_long(unsafe {
-        libc::syscall(
-            libc::SYS_open_tree,
-            fd.as_raw_fd(),
-            c"".as_ptr(),
-            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | libc::AT_EMPTY_PATH as libc::c_uint,
-        )
-    })?;
-    // SAFETY: the kernel returned a fresh descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
-}
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
 
-/// Attaches the detached mount `from` on top of the file or directory `to` (both descriptors,
-/// so no path is looked up again between the check and the mount).
-///
-/// Raw: nix 0.32 has no `move_mount`.
-pub(crate) fn move_mount(from: &OwnedFd, to: &OwnedFd) -> io::Result<()> {
-    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
-    const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
-    // SAFETY: two valid descriptors with empty paths and integer flags.
-    cvt_long(unsafe {
-        libc::syscall(
-            libc::SYS_move_mount,
-            from.as_raw_fd(),
-            c"".as_ptr(),
-            to.as_raw_fd(),
-            c"".as_ptr(),
-            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
-        )
-    })?;
-    Ok(())
-}
-
-/// A recursive bind mount of what `fd` is (a file or a directory, with every mount below it)
-/// at `target`: `open_tree(fd, "", OPEN_TREE_CLONE | AT_RECURSIVE)`, then `move_mount` of
-/// that copy onto `target`. What `mount(2)` would do with `/proc/self/fd/N` as its source,
-/// without the walk through `/proc` that name costs.
-pub(crate) fn bind_fd(fd: &OwnedFd, target: &Path) -> io::Result<()> {
-    const OPEN_TREE_CLONE: libc::c_uint = 1;
-    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
-    let to = cpath(target)?;
+/// `open_tree(fd, "", OPEN_TREE_CLONE | AT_EMPTY_PATH | flags)`: a detached copy of the mount
+/// (or the file) at `fd`. Raw: nix 0.32 has no `open_tree`.
+fn clone_tree(fd: &OwnedFd, flags: libc::c_uint) -> io::Result<OwnedFd> {
     // SAFETY: a valid descriptor, an empty path and integer flags; returns a new descriptor.
     let r = cvt_long(unsafe {
         libc::syscall(
@@ -181,26 +140,56 @@ pub(crate) fn bind_fd(fd: &OwnedFd, target: &Path) -> io::Result<()> {
             fd.as_raw_fd(),
             c"".as_ptr(),
             OPEN_TREE_CLONE
-                | AT_RECURSIVE
+                | flags
                 | libc::O_CLOEXEC as libc::c_uint
                 | libc::AT_EMPTY_PATH as libc::c_uint,
         )
     })?;
     // SAFETY: the kernel returned a fresh descriptor that nothing else owns.
-    let tree = unsafe { OwnedFd::from_raw_fd(r as RawFd) };
-    // SAFETY: a valid descriptor with an empty path, a NUL-terminated target path relative
-    // to the working directory, and integer flags.
+    Ok(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
+}
+
+/// `move_mount(from, "", to_dir, to_path, MOVE_MOUNT_F_EMPTY_PATH | flags)`: attaches the
+/// detached mount `from`. Raw: nix 0.32 has no `move_mount`.
+fn attach_tree(
+    from: &OwnedFd,
+    to_dir: RawFd,
+    to_path: &CStr,
+    flags: libc::c_uint,
+) -> io::Result<()> {
+    // SAFETY: a valid descriptor with an empty path, a directory descriptor (or AT_FDCWD)
+    // with a NUL-terminated path, and integer flags.
     cvt_long(unsafe {
         libc::syscall(
             libc::SYS_move_mount,
-            tree.as_raw_fd(),
+            from.as_raw_fd(),
             c"".as_ptr(),
-            libc::AT_FDCWD,
-            to.as_ptr(),
-            MOVE_MOUNT_F_EMPTY_PATH,
+            to_dir,
+            to_path.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH | flags,
         )
     })?;
     Ok(())
+}
+
+/// A detached copy of the mount (or the file) at `fd`, ready to be attached elsewhere with
+/// [`move_mount`].
+pub(crate) fn open_tree_clone(fd: &OwnedFd) -> io::Result<OwnedFd> {
+    clone_tree(fd, 0)
+}
+
+/// Attaches the detached mount `from` on top of the file or directory `to` (both descriptors,
+/// so no path is looked up again between the check and the mount).
+pub(crate) fn move_mount(from: &OwnedFd, to: &OwnedFd) -> io::Result<()> {
+    attach_tree(from, to.as_raw_fd(), c"", MOVE_MOUNT_T_EMPTY_PATH)
+}
+
+/// A recursive bind mount of what `fd` is (a file or a directory, with every mount below it)
+/// at `target`: a recursive copy of it, attached there. What `mount(2)` would do with
+/// `/proc/self/fd/N` as its source, without the walk through `/proc` that name costs.
+pub(crate) fn bind_fd(fd: &OwnedFd, target: &Path) -> io::Result<()> {
+    let tree = clone_tree(fd, AT_RECURSIVE)?;
+    attach_tree(&tree, libc::AT_FDCWD, &cpath(target)?, 0)
 }
 
 /// Opens `path` as an `O_PATH` descriptor (no read or write access, just a handle on the
