@@ -180,7 +180,16 @@ impl Zygote {
             &mut reply,
             nix::sys::socket::MsgFlags::empty(),
         )
-        .map_err(|e| Failed::NoReply(e.into()))?;
+        .map_err(|e| match e {
+            // The spawner closed its end with the request still queued, unread (unix(7)
+            // sockets say so with ECONNRESET; a read request closes to an end of file): it
+            // was dying as the request went out, and forked nothing.
+            nix::errno::Errno::ECONNRESET => Failed::Unsent(io::Error::new(
+                io::ErrorKind::ConnectionReset,
+                "it closed its socket without reading the request",
+            )),
+            e => Failed::NoReply(e.into()),
+        })?;
         if n == 0 {
             return Err(Failed::NoReply(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
@@ -199,5 +208,50 @@ impl Zygote {
         let _ = sys::kill(self.pid, libc::SIGKILL);
         drop(self.sock);
         let _ = sys::waitpid(self.pid, false);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+
+    /// A zygote whose other end is given to `peer`, which plays a spawner that dies.
+    fn fork_against(peer: impl FnOnce(OwnedFd) + Send + 'static) -> Result<i32, Failed> {
+        let (ours, theirs) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .unwrap();
+        let peer = std::thread::spawn(move || peer(theirs));
+        let null = File::open("/dev/null").unwrap();
+        let zygote = Zygote { sock: ours, pid: 0 };
+        let got = zygote.fork(Path::new("/runs/x"), None, &[null.as_fd()]);
+        peer.join().unwrap();
+        got
+    }
+
+    #[test]
+    fn a_spawner_that_dies_with_the_request_unread_forked_nothing() {
+        // Closed after the request was queued (or before it was sent: then sending fails).
+        let got = fork_against(|theirs| {
+            std::thread::sleep(Duration::from_millis(50));
+            drop(theirs);
+        });
+        assert!(matches!(got, Err(Failed::Unsent(_))), "not Unsent");
+    }
+
+    #[test]
+    fn a_spawner_that_dies_after_reading_the_request_may_have_forked() {
+        let got = fork_against(|theirs| {
+            let mut buf = [0u8; 4096];
+            sys::poll_readable(&[Some(theirs.as_fd())], -1).unwrap();
+            let (n, _fds) = fdpass::recv_with_fds(theirs.as_fd(), &mut buf).unwrap();
+            assert!(n > 0);
+            drop(theirs);
+        });
+        assert!(matches!(got, Err(Failed::NoReply(_))), "not NoReply");
     }
 }

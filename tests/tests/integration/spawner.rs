@@ -6,15 +6,13 @@ use std::time::Duration;
 use serde_json::json;
 use sidejob_tests::{pids_mentioning, signal, wait_until, Daemon, Gate};
 
-/// Field `n` (1-based, as in proc(5)) of `/proc/<pid>/stat`.
-fn stat_field(pid: i32, n: usize) -> i64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+/// Field `n` (1-based, as in proc(5)) of `/proc/<pid>/stat`, or `None` once the process
+/// is gone (a listed process may exit, and be reaped, before its stat is read).
+fn stat_field(pid: i32, n: usize) -> Option<i64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let after = stat.rsplit_once(')').expect("comm").1;
-    after
-        .split_whitespace()
-        .nth(n - 3)
-        .and_then(|f| f.parse().ok())
-        .expect("a number")
+    let field = after.split_whitespace().nth(n - 3).expect("the field");
+    Some(field.parse().expect("a number"))
 }
 
 fn comm(pid: i32) -> String {
@@ -30,7 +28,7 @@ fn spawners(d: &Daemon) -> Vec<i32> {
     let needle = format!("spawner {}", d.state_dir.join("runs").display());
     pids_mentioning(&needle)
         .into_iter()
-        .filter(|p| stat_field(*p, 4) == d.pid() as i64 && comm(*p) == "sidejob")
+        .filter(|p| stat_field(*p, 4) == Some(d.pid() as i64) && comm(*p) == "sidejob")
         .collect()
 }
 
@@ -59,12 +57,12 @@ fn a_supervisor_is_the_daemons_child_in_a_process_group_of_its_own() {
     assert_eq!(spawners(&d).len(), 1, "one spawner");
     assert_eq!(
         stat_field(sup, 4),
-        d.pid() as i64,
+        Some(d.pid() as i64),
         "parent of supervisor {sup}"
     );
     assert_eq!(
         stat_field(sup, 5),
-        sup as i64,
+        Some(sup as i64),
         "process group of supervisor {sup}"
     );
     // Its descriptors are the five it is given and its own: nothing of the spawner's.
