@@ -3,7 +3,7 @@
 //! A test that needs root, python3, node, unprivileged user namespaces or writable cgroups
 //! starts with `if skip_without(&[Need::Root]) { return; }`. When a need is missing the test
 //! skips, unless the run declared that this machine provides it: `SIDEJOB_TEST_REQUIRE` lists
-//! the declared needs by name (`.ci/run` sets `root,python3,node,userns,cgroups`), and a test
+//! the declared needs by name (`.ci/run` sets `root,python3,node,userns,cgroups,strace`), and a test
 //! that would skip for a declared need fails instead, saying what is missing. A skip is never
 //! silent either: it is printed, and appended as one line to the file `SIDEJOB_TEST_SKIPS`
 //! names, so the run's summary can list every test that passed without running.
@@ -27,15 +27,19 @@ pub enum Need {
     /// Memory, pids and cpu cgroups this process can create children in (the `ci` profile,
     /// the pids and memory limits).
     Cgroups,
+    /// `strace`, whose fault injection kills a process at an exact system call (the spawner
+    /// that dies between its fork and its reply).
+    Strace,
 }
 
 impl Need {
-    pub const ALL: [Need; 5] = [
+    pub const ALL: [Need; 6] = [
         Need::Root,
         Need::Python3,
         Need::Node,
         Need::UserNamespaces,
         Need::Cgroups,
+        Need::Strace,
     ];
 
     /// The name `SIDEJOB_TEST_REQUIRE` uses.
@@ -46,6 +50,7 @@ impl Need {
             Need::Node => "node",
             Need::UserNamespaces => "userns",
             Need::Cgroups => "cgroups",
+            Need::Strace => "strace",
         }
     }
 
@@ -55,7 +60,8 @@ impl Need {
 
     /// `None` when the machine provides this, else why not (checked once per process).
     pub fn missing(self) -> Option<String> {
-        static CHECKED: [OnceLock<Option<String>>; 5] = [
+        static CHECKED: [OnceLock<Option<String>>; 6] = [
+            OnceLock::new(),
             OnceLock::new(),
             OnceLock::new(),
             OnceLock::new(),
@@ -74,6 +80,9 @@ impl Need {
                     .then(|| format!("no node in {SANDBOX_PATH}")),
                 Need::UserNamespaces => userns_missing(),
                 Need::Cgroups => cgroups_missing(),
+                Need::Strace => sandbox_program("strace")
+                    .is_none()
+                    .then(|| format!("no strace in {SANDBOX_PATH}")),
             })
             .clone()
     }

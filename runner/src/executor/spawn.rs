@@ -107,16 +107,20 @@ impl Spawner {
                             z.stop();
                         }
                     }
-                    // A supervisor may have been forked: starting another could give the run
-                    // two. The run fails (`spawn_error`), and the spawner is started again.
+                    // A supervisor may have been forked. Once the spawner is gone (it forks
+                    // nothing more), its pid file says: a supervisor goes ahead with the run
+                    // only once the spawner has written that file (`spawner::fork_supervisor`).
+                    // So with the file, that supervisor is the run's; without it, any
+                    // supervisor forked runs nothing, and one is started directly.
                     Err(Failed::NoReply(e)) => {
                         if let Some(z) = zygote.take() {
                             z.stop();
                         }
-                        return Err(io::Error::new(
-                            e.kind(),
-                            format!("the spawner did not answer: {e}"),
-                        ));
+                        if let Some(pid) = forked_before_it_died(private) {
+                            warn!("the spawner did not answer ({e}), but forked supervisor {pid}");
+                            return Ok(pid);
+                        }
+                        warn!("the spawner did not answer ({e}); starting the supervisor directly");
                     }
                 }
             }
@@ -152,6 +156,14 @@ impl Spawner {
         )?;
         Ok(Zygote { sock: ours, pid })
     }
+}
+
+/// The supervisor the spawner's pid file names, if it is this daemon's child and still the
+/// process that file recorded.
+fn forked_before_it_died(private: &PrivateDir) -> Option<i32> {
+    let (pid, start) = super::recover::read_pid_file(private)?;
+    let ours = sys::is_child(pid) && sys::process_start_time(pid).ok()? == start;
+    ours.then_some(pid)
 }
 
 /// Why the spawner did not start a supervisor.

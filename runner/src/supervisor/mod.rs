@@ -102,10 +102,10 @@ fn supervisor_main(private_dir: &Path, pid_file: PidFile, shared_netns: bool) ->
     let _ = stop_signals().block();
     // Nothing the daemon might have leaked stays open here (stdio, the run directory, the
     // report pipe and a shared network namespace excepted).
-    let keep = if shared_netns {
-        spawner::SHARED_NETNS_FD
-    } else {
-        crate::run_dir::SUPERVISOR_REPORT_FD
+    let keep = match (pid_file, shared_netns) {
+        (PidFile::Written, true) => spawner::SHARED_NETNS_FD,
+        (PidFile::Written, false) => spawner::GO_FD,
+        (PidFile::Write, _) => crate::run_dir::SUPERVISOR_REPORT_FD,
     };
     let _ = sys::close_from(keep as u32 + 1);
     let netns = shared_netns
@@ -148,8 +148,15 @@ fn supervisor_main(private_dir: &Path, pid_file: PidFile, shared_netns: bool) ->
             return 2;
         }
     };
-    if pid_file == PidFile::Write {
-        write_pid_file(&private, sys::getpid());
+    match pid_file {
+        PidFile::Write => write_pid_file(&private, sys::getpid()),
+        // Read as late as this, the spawner's go-ahead has long been given.
+        PidFile::Written => {
+            if let Err(e) = spawner_go_ahead() {
+                say(format_args!("{e}; nothing was run"));
+                return 2;
+            }
+        }
     }
     let opts = Options {
         egress_first_use: None,
@@ -210,6 +217,24 @@ fn say(msg: std::fmt::Arguments<'_>) {
 
 /// Records the supervisor's `pid start_time`, so a daemon that restarts before it recorded
 /// the spawn can still find it.
+/// Waits for the spawner's go-ahead (see `spawner::fork_supervisor`).
+fn spawner_go_ahead() -> io::Result<()> {
+    let go = sys::take_inherited_fd(spawner::GO_FD)?;
+    let mut byte = [0u8; 1];
+    loop {
+        match nix::unistd::read(&go, &mut byte) {
+            Ok(1) => return Ok(()),
+            Ok(_) => {
+                return Err(io::Error::other(
+                    "the spawner went away before it let the run go ahead",
+                ))
+            }
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 fn write_pid_file(private: &PrivateDir, pid: i32) {
     let start = sys::process_start_time(pid).unwrap_or(0);
     let _ = std::fs::write(private.pid_file(), format!("{pid} {start}\n"));

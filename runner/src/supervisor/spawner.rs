@@ -48,8 +48,12 @@ pub(crate) const SUPERVISOR_NAME: &std::ffi::CStr = c"sidejob-run";
 /// The spawner's socket, as it is inherited.
 const SOCKET_FD: i32 = 3;
 
+/// Where a forked supervisor finds the read end of its go-ahead pipe (see
+/// [`fork_supervisor`]).
+pub(crate) const GO_FD: i32 = FDS as i32;
+
 /// Where a forked supervisor finds the shared network namespace it was given, if any.
-pub(crate) const SHARED_NETNS_FD: i32 = FDS as i32;
+pub(crate) const SHARED_NETNS_FD: i32 = GO_FD + 1;
 
 /// A shared network namespace no run has asked for in this long is let go.
 const SHARED_NETNS_IDLE: Duration = Duration::from_secs(600);
@@ -260,6 +264,12 @@ pub fn main(runs_dir: &Path) -> i32 {
 
 /// Forks a supervisor for the run a request names, with the descriptors it came with (and
 /// the shared network namespace it may join, at [`SHARED_NETNS_FD`]).
+///
+/// The supervisor does nothing of the run until it has the spawner's go-ahead (a byte on a
+/// pipe at [`GO_FD`]; the end of the pipe instead means no), given once its pid file is
+/// written, before the reply. So a spawner that dies between the fork and its reply leaves
+/// either a supervisor the daemon finds by that file, or one that runs nothing and exits:
+/// never a run the daemon does not know of (`executor::spawn`).
 fn fork_supervisor(
     runs_dir: &Path,
     request: &[u8],
@@ -278,6 +288,8 @@ fn fork_supervisor(
         (Some(key), Some(nets)) => nets.get(&key, Instant::now()),
         _ => None,
     };
+    let (go_read, go) = sys::pipe()?;
+    fds.push(go_read);
     let shared_netns = match netns {
         Some(fd) => {
             fds.push(fd.try_clone()?);
@@ -291,9 +303,12 @@ fn fork_supervisor(
             // finds it here after its restart. Written by the spawner, not the supervisor,
             // so the run does not wait for it. (The descriptors are closed as they drop.)
             super::write_pid_file(&crate::run_dir::PrivateDir::at(private_dir), pid);
+            sys::write_all_fd(&go, b"g");
             Ok(pid)
         }
         Fork::Child => {
+            // Only the spawner may give the go-ahead (or, gone, refuse it).
+            drop(go);
             // What `executor::spawn` asks of posix_spawn, done here: the descriptors at
             // their numbers, a process group of its own. The signal mask and dispositions
             // are the spawner's, which posix_spawn reset. The spawner's socket is closed by

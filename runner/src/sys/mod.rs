@@ -291,6 +291,33 @@ pub(crate) fn waitpid(pid: i32, nohang: bool) -> io::Result<Option<(i32, Exit)>>
     }
 }
 
+/// Whether `pid` is a child of this process not yet reaped (running or a zombie): it leaves
+/// it as it is (`waitid` with `WNOWAIT`).
+pub(crate) fn is_child(pid: i32) -> bool {
+    let Ok(id) = libc::id_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: a zeroed siginfo_t is a valid out-parameter for waitid.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: `info` is valid and writable for the duration of the call.
+        let r = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                id,
+                &mut info,
+                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+            )
+        };
+        if r == 0 {
+            return true;
+        }
+        if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            return false;
+        }
+    }
+}
+
 /// Asks the kernel to send `sig` to this process when its parent exits.
 pub(crate) fn set_parent_death_signal(sig: i32) -> io::Result<()> {
     nix::sys::prctl::set_pdeathsig(signal(sig)?)?;

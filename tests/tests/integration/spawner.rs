@@ -115,3 +115,105 @@ fn a_spawner_that_dies_loses_no_run_and_is_started_again() {
     assert_eq!(now.len(), 1, "{now:?}");
     assert_ne!(now, first);
 }
+
+/// Kills the daemon's spawner with `strace` fault injection on the `nth` (1-based) `call` it
+/// makes from now on, as it makes it (the call is not made). Returns once it is attached.
+fn kill_spawner_at(d: &Daemon, call: &str, nth: u32) -> std::process::Child {
+    let spawner = spawners(d)[0];
+    let strace = std::process::Command::new("strace")
+        .args(["-qq", "-o", "/dev/null", "-e", &format!("trace={call}")])
+        .arg("-e")
+        .arg(format!("inject={call}:error=EIO:signal=SIGKILL:when={nth}"))
+        .args(["-p", &spawner.to_string()])
+        .spawn()
+        .expect("strace");
+    let traced = || {
+        std::fs::read_to_string(format!("/proc/{spawner}/status")).is_ok_and(|s| {
+            s.lines()
+                .any(|l| l.starts_with("TracerPid:") && l.split_whitespace().nth(1) != Some("0"))
+        })
+    };
+    assert!(
+        wait_until(Duration::from_secs(10), traced),
+        "strace did not attach"
+    );
+    strace
+}
+
+/// A run that records each time it runs, in the workspace; returns the call's reply and how
+/// many times the command ran.
+fn counted_run(d: &Daemon, c: &mut sidejob_tests::Client, s: &str) -> (serde_json::Value, usize) {
+    let r = c.bash(s, "echo ran >> count; echo ran", json!({}));
+    // A second copy of the run, had one been started behind the daemon's back, would be done
+    // by now too.
+    std::thread::sleep(Duration::from_millis(300));
+    let count = std::fs::read_to_string(d.workspace.join("count")).unwrap_or_default();
+    (r, count.lines().count())
+}
+
+/// The spawner is killed after it forked and wrote the pid file, as it sends its reply: the
+/// daemon finds the supervisor by that file, and the run goes through, once.
+#[test]
+fn a_spawner_killed_before_its_reply_loses_no_run() {
+    if sidejob_tests::skip_without(&[sidejob_tests::Need::Root, sidejob_tests::Need::Strace]) {
+        return;
+    }
+    let d = Daemon::start();
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let r = c.bash(&s, "echo one", json!({}));
+    assert_eq!(r["output"], "one\n", "{r}");
+    let first = spawners(&d);
+    let mut strace = kill_spawner_at(&d, "sendto", 1);
+    let (r, ran) = counted_run(&d, &mut c, &s);
+    assert_eq!(r["state"], "succeeded", "{r}");
+    assert_eq!(r["output"], "ran\n", "{r}");
+    assert_eq!(ran, 1, "the command ran {ran} times");
+    let _ = strace.wait();
+    let r = c.bash(&s, "echo after", json!({}));
+    assert_eq!(r["output"], "after\n", "{r}");
+    assert_ne!(spawners(&d), first, "the spawner was not started again");
+}
+
+/// The spawner is killed after its fork, before it wrote the pid file (at its first write):
+/// the supervisor it forked runs nothing, the daemon starts one directly, and the command
+/// runs once.
+#[test]
+fn a_spawner_killed_before_its_pid_file_runs_the_command_once() {
+    if sidejob_tests::skip_without(&[sidejob_tests::Need::Root, sidejob_tests::Need::Strace]) {
+        return;
+    }
+    let d = Daemon::start();
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let r = c.bash(&s, "echo one", json!({}));
+    assert_eq!(r["output"], "one\n", "{r}");
+    let mut strace = kill_spawner_at(&d, "write", 1);
+    let (r, ran) = counted_run(&d, &mut c, &s);
+    assert_eq!(r["state"], "succeeded", "{r}");
+    assert_eq!(r["output"], "ran\n", "{r}");
+    assert_eq!(ran, 1, "the command ran {ran} times");
+    let _ = strace.wait();
+    // The supervisor the spawner forked is the daemon's unreaped child (the daemon never
+    // heard of it): it exited with 2 at the missing go-ahead, having started nothing. (Let
+    // go ahead, it runs the command beside the one the daemon started, and exits with 0.)
+    let tree = sidejob_tests::children_by_parent();
+    let forked: Vec<i32> = tree
+        .get(&(d.pid() as i32))
+        .into_iter()
+        .flatten()
+        .copied()
+        .filter(|p| comm(*p) == "sidejob-run")
+        .collect();
+    assert_eq!(forked.len(), 1, "{forked:?}");
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", forked[0])).expect("stat");
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .expect("comm")
+        .1
+        .split_whitespace()
+        .collect();
+    assert_eq!(fields[0], "Z", "the forked supervisor is not gone: {stat}");
+    // Field 52 of proc(5), the exit status as waitpid reports it.
+    assert_eq!(fields.last(), Some(&"512"), "its exit status: {stat}");
+}
