@@ -87,18 +87,7 @@ pub(crate) fn pidfd_send_signal(pidfd: &OwnedFd, sig: i32) -> io::Result<()> {
 /// The start time of `pid` in clock ticks since boot (field 22 of `/proc/<pid>/stat`), which
 /// tells a process apart from a later one that reuses its pid.
 pub(crate) fn process_start_time(pid: i32) -> io::Result<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // The command name (field 2) is in parentheses and may hold spaces or ')'.
-    let after = stat
-        .rfind(')')
-        .map(|i| &stat[i + 1..])
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "malformed stat"))?;
-    // After ')' come field 3 (state) onwards; start time is field 22, so index 19 here.
-    after
-        .split_whitespace()
-        .nth(19)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "malformed stat"))
+    stat_field(&format!("/proc/{pid}/stat"), 22)
 }
 
 pub(crate) fn getuid() -> u32 {
@@ -156,11 +145,42 @@ pub(crate) enum Fork {
 
 /// How many threads this process has (field 20 of `/proc/self/stat`).
 fn thread_count() -> io::Result<u64> {
-    let stat = std::fs::read_to_string("/proc/self/stat")?;
-    stat.rfind(')')
-        .and_then(|i| stat[i + 1..].split_whitespace().nth(17))
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "malformed /proc/self/stat"))
+    stat_field("/proc/self/stat", 20)
+}
+
+/// Field `n` (1-based, as in proc(5); 3 or more) of a `/proc/<pid>/stat` file. Read into a
+/// buffer that holds it whole, as it is read on every fork: `read_to_string` would first ask
+/// its size (0 for `/proc` files) and then grow its buffer read by read, nine calls in all.
+fn stat_field(path: &str, n: usize) -> io::Result<u64> {
+    use std::io::Read;
+    let malformed = || io::Error::new(io::ErrorKind::InvalidData, format!("malformed {path}"));
+    let mut file = std::fs::File::open(path)?;
+    // proc(5): 52 numeric fields and a name of at most 64 bytes.
+    let mut buf = [0u8; 1536];
+    let mut len = 0;
+    loop {
+        match file.read(&mut buf[len..]) {
+            Ok(0) => break,
+            Ok(got) => len += got,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+        if len == buf.len() {
+            return Err(malformed());
+        }
+    }
+    // The command name (field 2) is in parentheses and may hold spaces or ')'.
+    let stat = &buf[..len];
+    let after = stat
+        .iter()
+        .rposition(|&b| b == b')')
+        .ok_or_else(malformed)?;
+    stat[after + 1..]
+        .split(|b| b.is_ascii_whitespace())
+        .filter(|f| !f.is_empty())
+        .nth(n - 3)
+        .and_then(|f| std::str::from_utf8(f).ok()?.parse().ok())
+        .ok_or_else(malformed)
 }
 
 /// Refuses to go on unless this process has exactly one thread.
@@ -680,5 +700,38 @@ pub(crate) fn trim_heap() {
     // memory; it is safe to call from any thread at any time.
     unsafe {
         libc::malloc_trim(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn stat_fields_are_counted_after_a_name_that_holds_spaces_and_parentheses() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            nix::sys::prctl::set_name(c"a) 1 2 (b").unwrap();
+            // Field 4: the process's parent, the same for each of its threads.
+            tx.send(stat_field("/proc/thread-self/stat", 4).unwrap())
+                .unwrap();
+        });
+        assert_eq!(rx.recv().unwrap(), unistd::getppid().as_raw() as u64);
+    }
+
+    #[test]
+    fn the_start_time_and_thread_count_match_procs_own_text() {
+        let text = std::fs::read_to_string("/proc/self/stat").unwrap();
+        let after: Vec<&str> = text
+            .rsplit_once(')')
+            .unwrap()
+            .1
+            .split_whitespace()
+            .collect();
+        let pid = std::process::id() as i32;
+        assert_eq!(process_start_time(pid).unwrap().to_string(), after[19]);
+        assert!(thread_count().unwrap() >= 1);
+        assert!(process_start_time(i32::MAX).is_err());
     }
 }
