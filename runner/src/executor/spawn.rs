@@ -10,7 +10,8 @@
 //!   stdout (/dev/null), stderr (`supervisor.log` in the private directory),
 //!   [`run_dir::SUPERVISOR_PUBLIC_FD`] (the run's public directory) and
 //!   [`run_dir::SUPERVISOR_REPORT_FD`] (the write end of the daemon's report pipe); nothing
-//!   else is inherited.
+//!   else is inherited (but what the spawner adds: the go-ahead pipe, and the network
+//!   namespace a run may share).
 //!
 //! Normally the spawner forks it (`supervisor/spawner.rs`: a process started once that has
 //! paid for loading the binary, whose forks are made the daemon's children). When the

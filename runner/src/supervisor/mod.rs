@@ -101,7 +101,8 @@ fn supervisor_main(private_dir: &Path, pid_file: PidFile, shared_netns: bool) ->
     // from the signalfd later, instead of killing the supervisor before it can settle the run.
     let _ = stop_signals().block();
     // Nothing the daemon might have leaked stays open here (stdio, the run directory, the
-    // report pipe and a shared network namespace excepted).
+    // report pipe, and from the spawner the go-ahead pipe and a shared network namespace
+    // excepted).
     let keep = match (pid_file, shared_netns) {
         (PidFile::Written, true) => spawner::SHARED_NETNS_FD,
         (PidFile::Written, false) => spawner::GO_FD,
@@ -149,7 +150,11 @@ fn supervisor_main(private_dir: &Path, pid_file: PidFile, shared_netns: bool) ->
         }
     };
     match pid_file {
-        PidFile::Write => write_pid_file(&private, sys::getpid()),
+        PidFile::Write => {
+            if let Err(e) = write_pid_file(&private, sys::getpid()) {
+                say(format_args!("cannot record this supervisor's pid: {e}"));
+            }
+        }
         // Read as late as this, the spawner's go-ahead has long been given.
         PidFile::Written => {
             if let Err(e) = spawner_go_ahead() {
@@ -215,8 +220,6 @@ fn say(msg: std::fmt::Arguments<'_>) {
     let _ = writeln!(std::io::stderr(), "sidejob supervise: {msg}");
 }
 
-/// Records the supervisor's `pid start_time`, so a daemon that restarts before it recorded
-/// the spawn can still find it.
 /// Waits for the spawner's go-ahead (see `spawner::fork_supervisor`).
 fn spawner_go_ahead() -> io::Result<()> {
     let go = sys::take_inherited_fd(spawner::GO_FD)?;
@@ -226,7 +229,8 @@ fn spawner_go_ahead() -> io::Result<()> {
             Ok(1) => return Ok(()),
             Ok(_) => {
                 return Err(io::Error::other(
-                    "the spawner went away before it let the run go ahead",
+                    "the spawner did not let the run go ahead (it could not record this \
+                     supervisor's pid, or it is gone)",
                 ))
             }
             Err(nix::errno::Errno::EINTR) => continue,
@@ -235,9 +239,11 @@ fn spawner_go_ahead() -> io::Result<()> {
     }
 }
 
-fn write_pid_file(private: &PrivateDir, pid: i32) {
-    let start = sys::process_start_time(pid).unwrap_or(0);
-    let _ = std::fs::write(private.pid_file(), format!("{pid} {start}\n"));
+/// Records the supervisor's `pid start_time`, so a daemon that restarts before it recorded
+/// the spawn can still find it.
+fn write_pid_file(private: &PrivateDir, pid: i32) -> io::Result<()> {
+    let start = sys::process_start_time(pid)?;
+    std::fs::write(private.pid_file(), format!("{pid} {start}\n"))
 }
 
 fn stop_signals() -> SigSet {

@@ -228,7 +228,7 @@ pub fn main(runs_dir: &Path) -> i32 {
         return 2;
     }
     let _ = sys::close_from(SOCKET_FD as u32 + 1);
-    // Moved out of the way: a supervisor's descriptors 0 to 4 are placed where it was.
+    // Moved out of the way: a supervisor's descriptors (0 to 6) are placed where it was.
     let sock = match sys::take_inherited_fd(SOCKET_FD)
         .and_then(|fd| sys::spawn::dup_at_least(fd.as_fd(), 16))
     {
@@ -302,8 +302,12 @@ fn fork_supervisor(
             // Before the daemon hears of it: a daemon that dies before it records the pid
             // finds it here after its restart. Written by the spawner, not the supervisor,
             // so the run does not wait for it. (The descriptors are closed as they drop.)
-            super::write_pid_file(&crate::run_dir::PrivateDir::at(private_dir), pid);
-            sys::write_all_fd(&go, b"g");
+            // Without the file, no go-ahead: the supervisor exits, having run nothing, and
+            // the daemon settles the run failed with its message.
+            match super::write_pid_file(&crate::run_dir::PrivateDir::at(private_dir), pid) {
+                Ok(()) => sys::write_all_fd(&go, b"g"),
+                Err(e) => eprintln!("sidejob spawner: cannot record supervisor {pid}: {e}"),
+            }
             Ok(pid)
         }
         Fork::Child => {
@@ -312,7 +316,7 @@ fn fork_supervisor(
             // What `executor::spawn` asks of posix_spawn, done here: the descriptors at
             // their numbers, a process group of its own. The signal mask and dispositions
             // are the spawner's, which posix_spawn reset. The spawner's socket is closed by
-            // the supervisor's first step (it keeps descriptors 0 to 4 only).
+            // the supervisor's first step (it keeps only the descriptors placed here).
             let code =
                 match sys::spawn::place_fds(fds).and_then(|()| sys::spawn::own_process_group()) {
                     Ok(()) => {
