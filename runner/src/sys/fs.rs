@@ -108,7 +108,7 @@ impl Refusal {
             }
             Problem::Writable { .. } => format!("run chmod go-w {p}"),
             Problem::BadPath => "use an absolute path without '..'".into(),
-            Problem::Io(_) => format!("check that the daemon can open {p}"),
+            Problem::Io(_) => format!("check that the user sidejob runs as can open {p}"),
         }
     }
 }
