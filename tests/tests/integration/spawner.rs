@@ -140,39 +140,45 @@ fn kill_spawner_at(d: &Daemon, call: &str, nth: u32) -> std::process::Child {
     strace
 }
 
-/// A run that records each time it runs, in the workspace; returns the call's reply and how
-/// many times the command ran.
-fn counted_run(d: &Daemon, c: &mut sidejob_tests::Client, s: &str) -> (serde_json::Value, usize) {
-    let r = c.bash(s, "echo ran >> count; echo ran", json!({}));
-    // A second copy of the run, had one been started behind the daemon's back, would be done
-    // by now too.
-    std::thread::sleep(Duration::from_millis(300));
-    let count = std::fs::read_to_string(d.workspace.join("count")).unwrap_or_default();
-    (r, count.lines().count())
-}
-
-/// The spawner is killed after it forked and wrote the pid file, as it sends its reply: the
-/// daemon finds the supervisor by that file, and the run goes through, once.
-#[test]
-fn a_spawner_killed_before_its_reply_loses_no_run() {
+/// A daemon whose spawner is killed at the first `call` it makes once it is up (see
+/// [`kill_spawner_at`]), and the run that call served: it succeeds, and its command (which
+/// records each time it runs, in the workspace) ran once. Returns the daemon, a client, the
+/// session and the spawner that was killed; `None` when the test is skipped.
+fn one_run_with_the_spawner_killed_at(
+    call: &str,
+) -> Option<(Daemon, sidejob_tests::Client, String, Vec<i32>)> {
     if sidejob_tests::skip_without(&[sidejob_tests::Need::Root, sidejob_tests::Need::Strace]) {
-        return;
+        return None;
     }
     let d = Daemon::start();
     let mut c = d.client();
     let s = d.open_session(&mut c);
     let r = c.bash(&s, "echo one", json!({}));
     assert_eq!(r["output"], "one\n", "{r}");
-    let first = spawners(&d);
-    let mut strace = kill_spawner_at(&d, "sendto", 1);
-    let (r, ran) = counted_run(&d, &mut c, &s);
+    let killed = spawners(&d);
+    let mut strace = kill_spawner_at(&d, call, 1);
+    let r = c.bash(&s, "echo ran >> count; echo ran", json!({}));
     assert_eq!(r["state"], "succeeded", "{r}");
     assert_eq!(r["output"], "ran\n", "{r}");
-    assert_eq!(ran, 1, "the command ran {ran} times");
+    // A second copy of the run, had one been started behind the daemon's back, would be done
+    // by now too.
+    std::thread::sleep(Duration::from_millis(300));
+    let count = std::fs::read_to_string(d.workspace.join("count")).unwrap_or_default();
+    assert_eq!(count.lines().count(), 1, "the command ran more than once");
     let _ = strace.wait();
+    Some((d, c, s, killed))
+}
+
+/// The spawner is killed after it forked and wrote the pid file, as it sends its reply: the
+/// daemon finds the supervisor by that file, and the run goes through, once.
+#[test]
+fn a_spawner_killed_before_its_reply_loses_no_run() {
+    let Some((d, mut c, s, killed)) = one_run_with_the_spawner_killed_at("sendto") else {
+        return;
+    };
     let r = c.bash(&s, "echo after", json!({}));
     assert_eq!(r["output"], "after\n", "{r}");
-    assert_ne!(spawners(&d), first, "the spawner was not started again");
+    assert_ne!(spawners(&d), killed, "the spawner was not started again");
 }
 
 /// The spawner is killed after its fork, before it wrote the pid file (at its first write):
@@ -180,20 +186,9 @@ fn a_spawner_killed_before_its_reply_loses_no_run() {
 /// runs once.
 #[test]
 fn a_spawner_killed_before_its_pid_file_runs_the_command_once() {
-    if sidejob_tests::skip_without(&[sidejob_tests::Need::Root, sidejob_tests::Need::Strace]) {
+    let Some((d, ..)) = one_run_with_the_spawner_killed_at("write") else {
         return;
-    }
-    let d = Daemon::start();
-    let mut c = d.client();
-    let s = d.open_session(&mut c);
-    let r = c.bash(&s, "echo one", json!({}));
-    assert_eq!(r["output"], "one\n", "{r}");
-    let mut strace = kill_spawner_at(&d, "write", 1);
-    let (r, ran) = counted_run(&d, &mut c, &s);
-    assert_eq!(r["state"], "succeeded", "{r}");
-    assert_eq!(r["output"], "ran\n", "{r}");
-    assert_eq!(ran, 1, "the command ran {ran} times");
-    let _ = strace.wait();
+    };
     // The supervisor the spawner forked is the daemon's unreaped child (the daemon never
     // heard of it): it exited with 2 at the missing go-ahead, having started nothing. (Let
     // go ahead, it runs the command beside the one the daemon started, and exits with 0.)
