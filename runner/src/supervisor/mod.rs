@@ -223,19 +223,12 @@ fn say(msg: std::fmt::Arguments<'_>) {
 /// Waits for the spawner's go-ahead (see `spawner::fork_supervisor`).
 fn spawner_go_ahead() -> io::Result<()> {
     let go = sys::take_inherited_fd(spawner::GO_FD)?;
-    let mut byte = [0u8; 1];
-    loop {
-        match nix::unistd::read(&go, &mut byte) {
-            Ok(1) => return Ok(()),
-            Ok(_) => {
-                return Err(io::Error::other(
-                    "the spawner did not let the run go ahead (it could not record this \
-                     supervisor's pid, or it is gone)",
-                ))
-            }
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => return Err(e.into()),
-        }
+    match sys::read_fd(&go, &mut [0u8; 1])? {
+        1 => Ok(()),
+        _ => Err(io::Error::other(
+            "the spawner did not let the run go ahead (it could not record this supervisor's \
+             pid, or it is gone)",
+        )),
     }
 }
 

@@ -152,18 +152,15 @@ fn thread_count() -> io::Result<u64> {
 /// buffer that holds it whole, as it is read on every fork: `read_to_string` would first ask
 /// its size (0 for `/proc` files) and then grow its buffer read by read, nine calls in all.
 fn stat_field(path: &str, n: usize) -> io::Result<u64> {
-    use std::io::Read;
     let malformed = || io::Error::new(io::ErrorKind::InvalidData, format!("malformed {path}"));
-    let mut file = std::fs::File::open(path)?;
+    let file = std::fs::File::open(path)?;
     // proc(5): 52 numeric fields and a name of at most 64 bytes.
     let mut buf = [0u8; 1536];
     let mut len = 0;
     loop {
-        match file.read(&mut buf[len..]) {
-            Ok(0) => break,
-            Ok(got) => len += got,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+        match read_fd(&file, &mut buf[len..])? {
+            0 => break,
+            got => len += got,
         }
         if len == buf.len() {
             return Err(malformed());
@@ -573,8 +570,9 @@ pub(crate) fn write_all_fd(fd: &OwnedFd, data: &[u8]) {
     }
 }
 
-/// Reads what is available from a (non-blocking) descriptor into `buf`; returns the number of
-/// bytes read, `Ok(0)` at end of file, and `WouldBlock` when nothing is ready.
+/// Reads what is available from a descriptor into `buf` (retrying an interrupted read);
+/// returns the number of bytes read, `Ok(0)` at end of file, and, from a non-blocking one,
+/// `WouldBlock` when nothing is ready.
 pub(crate) fn read_fd(fd: impl AsFd, buf: &mut [u8]) -> io::Result<usize> {
     loop {
         match unistd::read(&fd, buf) {
