@@ -59,6 +59,9 @@ pub(crate) struct Config {
     pub per_user: PerUser,
     /// How often the registry is backed up to `sidejob.db.backup` (when it changed); 0: never.
     pub backup_interval_ms: u64,
+    /// A session with nothing live (no run, no armed schedule, no subscriber that named it)
+    /// and no activity for this long is closed; opening it again reopens it. 0: never.
+    pub session_idle_ms: u64,
     /// Serve Prometheus metrics on this loopback address (e.g. `127.0.0.1:9464`); off when
     /// unset.
     pub metrics_addr: Option<std::net::SocketAddr>,
@@ -131,6 +134,7 @@ impl Default for Config {
             max_connections: 4096,
             per_user: PerUser::default(),
             backup_interval_ms: 300_000,
+            session_idle_ms: 7 * 24 * 3600 * 1000,
             metrics_addr: None,
         }
     }

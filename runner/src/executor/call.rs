@@ -5,7 +5,8 @@ use super::*;
 impl Executor {
     /// Runs a `tool.call` to its answer: inline if the run settles before `yield_after_ms`,
     /// else `running`. `closed` resolves if the caller's connection goes away, in which case
-    /// the task moves to the background so its result is not lost.
+    /// the task moves to the background so its result is not lost, or, when the call asked
+    /// for it (`on_disconnect: cancel`), is stopped.
     pub(crate) async fn call(
         self: &Arc<Self>,
         req: CallRequest,
@@ -21,6 +22,7 @@ impl Executor {
                     .unwrap_or(30_000)
             });
         let detach = req.background || yield_after == 0;
+        let on_disconnect = req.on_disconnect;
         let hint = self
             .polling
             .observe(&req.session.session_id, &req.args, detach);
@@ -59,8 +61,18 @@ impl Executor {
                 }
                 _ = &mut closed, if !closed_seen => {
                     closed_seen = true;
-                    if self.try_yield(&row.task_id) {
-                        return Ok(self.running(&row.task_id, &row));
+                    match on_disconnect {
+                        // Nobody is coming back for it: stop it. Its result still arrives
+                        // here (and, unwritable, is handed back as `pending`: no wake).
+                        OnDisconnect::Cancel => {
+                            let why = "the caller went away while the call was in the foreground".to_owned();
+                            self.stop(&row.task_id, StopReason::Canceled, self.cfg.cancel_grace_ms, Some(why));
+                        }
+                        OnDisconnect::Background => {
+                            if self.try_yield(&row.task_id) {
+                                return Ok(self.running(&row.task_id, &row));
+                            }
+                        }
                     }
                 }
             }

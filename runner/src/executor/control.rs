@@ -177,17 +177,24 @@ impl Executor {
         true
     }
 
-    /// `task.cancel`.
+    /// `task.cancel`. With [`WakeMode::Silent`] the caller reads the outcome itself: the
+    /// stop it asked for makes no wake (a `task.wait` takes the result).
     pub(crate) async fn cancel(
         &self,
         task_id: &str,
         grace_ms: Option<u64>,
+        wake: WakeMode,
     ) -> Result<CancelOutcome, ExecError> {
         let grace = grace_ms.unwrap_or(self.cfg.cancel_grace_ms);
         // Cancelling a subagent cancels everything below it (see `RunHooks::canceling`).
         self.hooks().canceling(self, task_id);
         let mut done = match self.get_live(task_id) {
-            Some(live) => live.done.subscribe(),
+            Some(live) => {
+                if wake == WakeMode::Silent {
+                    live.lock().silenced = true;
+                }
+                live.done.subscribe()
+            }
             None => return Ok(CancelOutcome::AlreadyTerminal),
         };
         if !self.stop(task_id, StopReason::Canceled, grace, None) {

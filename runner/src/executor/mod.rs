@@ -45,7 +45,7 @@ use crate::config::Config;
 use crate::ids;
 use crate::plugin_host::{PlanContext, ToolHost};
 use crate::protocol::{
-    CancelOutcome, CompletedCall, Delivery, FailReason, RunningCall, StdinMode, TaskKind,
+    CancelOutcome, CompletedCall, Delivery, FailReason, OnDisconnect, RunningCall, StdinMode, TaskKind,
     TaskState, ToolCallResult, WakeMode,
 };
 use crate::registry::{Holding, Registry, RegistryError, SessionRow, TaskRow};
@@ -116,6 +116,8 @@ pub(crate) struct CallRequest {
     pub parent_task_id: Option<String>,
     /// For schedule occurrences: makes the occurrence start at most once.
     pub occurrence_key: Option<String>,
+    /// What the call becomes if its caller goes away while it is in the foreground.
+    pub on_disconnect: OnDisconnect,
 }
 
 struct StdinChunk {
@@ -132,6 +134,9 @@ struct LiveState {
     /// The supervisor's pidfd, once it runs.
     supervisor: Option<Arc<AsyncFd<OwnedFd>>>,
     stdin: Option<mpsc::UnboundedSender<StdinChunk>>,
+    /// Its owner stopped it and reads the outcome itself (`task.cancel` with `wake:
+    /// silent`): its settlement makes no wake.
+    silenced: bool,
 }
 
 /// A task that has not settled yet.

@@ -227,7 +227,7 @@ impl Executor {
             Delivery::Inline
         } else if !st.waiters.is_empty() {
             Delivery::Wait
-        } else if live.wake == WakeMode::OnTerminal {
+        } else if live.wake == WakeMode::OnTerminal && !st.silenced {
             Delivery::Wake
         } else {
             Delivery::Pending

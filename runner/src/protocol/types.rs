@@ -322,6 +322,20 @@ pub(crate) struct ToolCallParams {
     /// Root only: start the call in a session another uid owns (it runs as that user).
     #[serde(default)]
     pub adopt: Option<bool>,
+    /// What becomes of the call if its connection goes away while it is in the foreground:
+    /// `background` (default) keeps it running with its result delivered later; `cancel`
+    /// stops it (an MCP client that went away is not coming back for the result).
+    #[serde(default)]
+    pub on_disconnect: Option<OnDisconnect>,
+}
+
+/// What a foreground call becomes when its caller's connection goes away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum OnDisconnect {
+    #[default]
+    Background,
+    Cancel,
 }
 
 /// `tool.call`'s result: either the finished run, or a handle to the one still running.
@@ -420,6 +434,10 @@ pub(crate) struct TaskCancelParams {
     pub task_id: String,
     #[serde(default)]
     pub grace_ms: Option<u64>,
+    /// `silent`: the caller reads the outcome itself (`task.cancel` waits for it, `task.wait`
+    /// takes it), so the stop it asked for makes no wake. Default `on_terminal`.
+    #[serde(default)]
+    pub wake: Option<WakeMode>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -433,6 +433,26 @@ impl Registry {
         Ok(rows.collect::<std::result::Result<_, _>>()?)
     }
 
+    /// Open top-level sessions with nothing live (no run, no armed schedule) whose last
+    /// activity (opened, reopened, a task of theirs submitted or ended) was before `cutoff`
+    /// (RFC 3339, as every timestamp here is written).
+    pub(crate) fn idle_sessions(&self, cutoff: &str) -> Result<Vec<String>> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare_cached(
+            "SELECT s.session_id FROM sessions s
+             WHERE s.state = 'open' AND s.parent_session_id IS NULL
+               AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.session_id = s.session_id
+                               AND t.state NOT IN ('succeeded','failed','canceled'))
+               AND NOT EXISTS (SELECT 1 FROM schedules c WHERE c.session_id = s.session_id AND c.enabled = 1)
+               AND COALESCE((SELECT MAX(COALESCE(t.ended_at, t.created_at)) FROM tasks t
+                             WHERE t.session_id = s.session_id), '') < ?1
+               AND COALESCE((SELECT MAX(e.at) FROM events e
+                             WHERE e.entity = 'session' AND e.entity_id = s.session_id), s.created_at) < ?1",
+        )?;
+        let rows = stmt.query_map([cutoff], |r| r.get(0))?;
+        Ok(rows.collect::<std::result::Result<_, _>>()?)
+    }
+
     // ----- tasks -----
 
     pub(crate) fn insert_task(&self, row: &TaskRow) -> Result<i64> {

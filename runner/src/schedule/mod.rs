@@ -449,6 +449,7 @@ impl Scheduler {
                         wake: call.wake.unwrap_or_default(),
                         parent_task_id: Some(s.task_id.clone()),
                         occurrence_key: Some(key.clone()),
+                        on_disconnect: Default::default(),
                     };
                     self.executor.submit(req, false)?;
                 }

@@ -213,6 +213,12 @@ fn start(cfg: Arc<Config>, activated: bool) -> Result<Arc<Daemon>, ServeError> {
         ));
     }
     tokio::spawn(daemon.scheduler.clone().run());
+    if cfg.session_idle_ms > 0 {
+        tokio::spawn(expire_idle_sessions(
+            daemon.clone(),
+            std::time::Duration::from_millis(cfg.session_idle_ms),
+        ));
+    }
     info!(socket = %cfg.socket.display(), state_dir = %cfg.state_dir.display(), socket_activated = activated, ?recovered, "sidejob is listening");
     Ok(daemon)
 }
@@ -249,6 +255,21 @@ async fn backups(registry: Arc<Registry>, state_dir: PathBuf, every: std::time::
             }
             Ok(Err(e)) => warn!("cannot back up the registry: {e}"),
             Err(e) => warn!("the registry backup stopped: {e}"),
+        }
+    }
+}
+
+/// Closes idle sessions (`session_idle_ms`), looking a quarter of that time apart (at most
+/// every ten minutes), so that no share of sessions fills up with ones nobody uses.
+async fn expire_idle_sessions(daemon: Arc<Daemon>, idle: std::time::Duration) {
+    let every = (idle / 4).clamp(
+        std::time::Duration::from_millis(50),
+        std::time::Duration::from_secs(600),
+    );
+    loop {
+        tokio::time::sleep(every).await;
+        if let Err(e) = handlers::session::expire_idle(&daemon, idle).await {
+            warn!("cannot close idle sessions: {}", e.message);
         }
     }
 }

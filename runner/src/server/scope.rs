@@ -269,5 +269,6 @@ fn call(
         wake,
         parent_task_id,
         occurrence_key: None,
+        on_disconnect: p.on_disconnect.unwrap_or_default(),
     }
 }

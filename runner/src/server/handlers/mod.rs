@@ -7,7 +7,7 @@
 mod daemon;
 mod events;
 mod schedule;
-mod session;
+pub(super) mod session;
 mod task;
 
 use std::future::Future;

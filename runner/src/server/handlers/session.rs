@@ -45,10 +45,7 @@ pub(super) async fn close(
             }
             canceled.extend(d.executor.cancel_session(&s.session_id)?);
         }
-        if s.is_open() {
-            registry.close_session(&s.session_id)?;
-            d.executor.forget_session(&s.session_id);
-        }
+        close_one(d, &s)?;
     }
     if p.delete.unwrap_or(false) {
         delete(d, &p.session_id)?;
@@ -58,6 +55,37 @@ pub(super) async fn close(
         closed: true,
         canceled_tasks: canceled,
     })
+}
+
+fn close_one(d: &Daemon, s: &crate::registry::SessionRow) -> Result<(), RpcError> {
+    if s.is_open() {
+        d.executor.registry().close_session(&s.session_id)?;
+        d.executor.forget_session(&s.session_id);
+    }
+    Ok(())
+}
+
+/// Closes the sessions that have been idle for `idle` (see [`Registry::idle_sessions`]),
+/// with the sessions below them, unless a subscriber named them (someone is still there).
+/// Nothing of theirs is live, so nothing is cancelled; opening one again reopens it.
+///
+/// [`Registry::idle_sessions`]: crate::registry::Registry::idle_sessions
+pub(in crate::server) async fn expire_idle(d: &Daemon, idle: std::time::Duration) -> Result<usize, RpcError> {
+    let cutoff = crate::ids::rfc3339(std::time::SystemTime::now() - idle);
+    let routed = d.hub.routable().await.sessions;
+    let registry = d.executor.registry();
+    let mut closed = 0;
+    for id in registry.idle_sessions(&cutoff)? {
+        if routed.binary_search(&id).is_ok() {
+            continue;
+        }
+        for s in session::with_descendants(registry, &id)? {
+            close_one(d, &s)?;
+        }
+        tracing::info!(session_id = %id, "idle session closed");
+        closed += 1;
+    }
+    Ok(closed)
 }
 
 pub(super) fn status(d: &Daemon, peer: &Peer, p: SessionStatusParams) -> Result<Reply, RpcError> {

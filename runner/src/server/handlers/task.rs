@@ -90,7 +90,10 @@ pub(super) async fn cancel(
             d.scheduler.disarm(&s.schedule_id).await?
         }
         (TaskKind::Monitor, _) => CancelOutcome::AlreadyTerminal,
-        (TaskKind::Call, _) => d.executor.cancel(&p.task_id, p.grace_ms).await?,
+        (TaskKind::Call, _) => {
+            let wake = p.wake.unwrap_or_default();
+            d.executor.cancel(&p.task_id, p.grace_ms, wake).await?
+        }
     };
     to_value(TaskCancelResult {
         task_id: p.task_id,
