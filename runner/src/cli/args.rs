@@ -252,14 +252,21 @@ pub(crate) enum Command {
         #[command(subcommand)]
         command: super::doctor::CacheCommand,
     },
-    /// Serve the daemon's tools to an MCP client on stdin/stdout (one session per connection)
-    #[command(after_help = "See docs/mcp.md for client configuration snippets.")]
+    /// Serve the daemon's tools to an MCP client on stdin/stdout, in this user's session of
+    /// the current directory (so the next agent run here finds what the last left unread)
+    #[command(
+        after_help = "Examples:\n  claude mcp add sidejob -- sidejob mcp\n  sidejob integrate claude     configure Claude Code here: the server and its hooks\n\n\
+                      See docs/mcp.md for every client's configuration."
+    )]
     Mcp {
         #[command(flatten)]
         conn: Conn,
-        /// Share this session instead of a fresh one for this connection
-        #[arg(long, value_name = "ID")]
+        /// Work in this session [default: mcp-<uid>-<hash of the current directory>]
+        #[arg(long, value_name = "ID", conflicts_with = "new_session")]
         session: Option<String>,
+        /// Work in a fresh session of its own (mcp-<uid>-<ulid>), shared with no other run
+        #[arg(long)]
+        new_session: bool,
         /// As root, act in a session another uid owns (sends adopt: true)
         #[arg(long)]
         adopt: bool,

@@ -31,13 +31,19 @@ const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
 /// `cli-<uid>-<hash>`. The uid is part of it so that root never lands in another user's
 /// session by accident.
 pub(super) fn default_session(uid: u32, cwd: &Path) -> String {
+    derived_session("cli", uid, cwd)
+}
+
+/// `<prefix>-<uid>-<hash of the directory>`: the same id for every run of the same user
+/// in the same directory (`cli` for the command line, `mcp` for `sidejob mcp`).
+pub(super) fn derived_session(prefix: &str, uid: u32, cwd: &Path) -> String {
     // FNV-1a: stable across runs and versions, unlike std's hasher.
     let mut h: u64 = 0xcbf29ce484222325;
     for b in cwd.as_os_str().as_encoded_bytes() {
         h ^= *b as u64;
         h = h.wrapping_mul(0x100000001b3);
     }
-    format!("cli-{uid}-{:08x}", h as u32)
+    format!("{prefix}-{uid}-{:08x}", h as u32)
 }
 
 fn shell_quote(arg: &str) -> String {

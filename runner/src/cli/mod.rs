@@ -154,12 +154,14 @@ pub fn main() -> i32 {
         Command::Mcp {
             conn,
             session,
+            new_session,
             adopt,
             start_daemon,
         } => mcp::run(
             &socket(&conn, &top),
             mcp::McpArgs {
                 session,
+                new_session,
                 adopt,
                 start_daemon,
             },

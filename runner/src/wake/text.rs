@@ -36,10 +36,9 @@ pub(crate) fn completion(
         return ("info".into(), "notice".into(), text);
     }
     let mut text = format!(
-        "[automatic] Background task {} ({}: `{}`) finished: {outcome}{took}.\nResult: {}\nOutput: {}\n",
+        "[automatic] Background task {} ({}) finished: {outcome}{took}.\nResult: {}\nOutput: {}\n",
         task.task_id,
-        task.tool,
-        task.summary,
+        what_ran(task),
         task.result_path(),
         task.output_path()
     );
@@ -63,6 +62,26 @@ pub(crate) fn completion(
          Read the result, then continue the work it belongs to.",
     );
     (severity.into(), "wake".into(), text)
+}
+
+/// What the task ran, as the wake names it: a command as code, with the caller's
+/// description beside it (in quotes, never as if it were the command) when it gave one;
+/// otherwise the tool's one-line summary, as words.
+fn what_ran(task: &TaskRow) -> String {
+    const MAX: usize = 160;
+    let args: serde_json::Value = serde_json::from_str(&task.args).unwrap_or_default();
+    let Some(command) = args.get("command").and_then(|c| c.as_str()) else {
+        return format!("{}: {}", task.tool, task.summary);
+    };
+    let mut line: String = command.split_whitespace().collect::<Vec<_>>().join(" ");
+    if line.chars().count() > MAX {
+        line = line.chars().take(MAX).collect::<String>() + "…";
+    }
+    let line = line.replace('`', "'");
+    match args.get("description").and_then(|d| d.as_str()).map(str::trim) {
+        Some(d) if !d.is_empty() => format!("{}: `{line}`, \"{d}\"", task.tool),
+        _ => format!("{}: `{line}`", task.tool),
+    }
 }
 
 fn outcome(s: &Settlement) -> String {

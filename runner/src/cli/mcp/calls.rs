@@ -1,17 +1,18 @@
-//! What each MCP tool call does against the daemon: a run (started detached, then waited
-//! for up to its yield, cancelled if the client cancels), or one of the `job_*` tools.
-
-use std::sync::Arc;
+//! What each MCP tool call does against the daemon: a run (a foreground `tool.call` on a
+//! connection of its own, cancelled by closing it; or a background one), or one of the
+//! `job_*` tools; and the background completions a result carries, taken from the inbox.
 
 use rmcp::service::{RequestContext, RoleServer};
-use rmcp::ErrorData as McpError;
 use serde_json::{json, Value};
 
 use super::daemon::Daemon;
 use super::{tools, Server, INLINE_OUTPUT};
-use crate::protocol::{Notification, Task, TaskState, ToolCallResult};
+use crate::protocol::{CompletedCall, Notification, RpcError, Task, TaskState, ToolCallResult};
 
-pub(super) fn rpc_error(e: crate::protocol::RpcError) -> String {
+/// The most output `job_output` / `job_wait` return at once (`max_bytes`).
+const MAX_OUTPUT: u64 = 1 << 20;
+
+pub(super) fn rpc_error(e: RpcError) -> String {
     match e
         .data
         .as_ref()
@@ -23,30 +24,71 @@ pub(super) fn rpc_error(e: crate::protocol::RpcError) -> String {
     }
 }
 
-impl Server {
-    pub(super) fn daemon(&self) -> std::result::Result<&Arc<Daemon>, McpError> {
-        self.0
-            .daemon
-            .as_ref()
-            .map_err(|e| McpError::internal_error(e.clone(), None))
-    }
+/// What a tool call answers: the text for `content`, the `structuredContent`, whether it is
+/// an error, and the task it is about (whose own completion is then not reported apart).
+pub(super) struct Answer {
+    pub text: String,
+    pub structured: Value,
+    pub is_error: bool,
+    pub task_id: Option<String>,
+}
 
-    /// Takes the completions to report with a result, and acks them.
-    pub(super) async fn take_completions(&self, d: &Daemon) -> Vec<Notification> {
-        let taken: Vec<Notification> =
-            std::mem::take(&mut *self.0.unreported.lock().unwrap_or_else(|e| e.into_inner()));
-        if !taken.is_empty() {
-            let ids: Vec<&str> = taken.iter().map(|n| n.id.as_str()).collect();
-            let _ = d.call("inbox.ack", json!({ "ids": ids })).await;
+impl Answer {
+    fn error(text: String) -> Answer {
+        Answer {
+            text,
+            structured: json!({}),
+            is_error: true,
+            task_id: None,
         }
-        taken
+    }
+}
+
+/// The guidance a `running` result carries, in `structuredContent.next` and its text: the
+/// only way a job's result reaches the model in clients that end the run with the turn.
+fn still_running(task_id: &str) -> String {
+    format!(
+        "Job {task_id} is still running in the background. Before you finish, call job_wait with task_id \"{task_id}\" to get its result; \
+         or keep working: its result comes with your next sidejob tool call."
+    )
+}
+
+impl Server {
+    /// This session's unread notifications, oldest first, acked by this call: only those
+    /// this call acked itself are returned (another client of the session, a hook or
+    /// `sidejob inbox --ack` may take some first), so each reaches one result.
+    pub(super) async fn take_completions(&self) -> Vec<Notification> {
+        let link = &self.0.link;
+        let Ok(listed) = link
+            .call(
+                "inbox.list",
+                json!({"session_id": link.session, "unread_only": true}),
+            )
+            .await
+        else {
+            return Vec::new();
+        };
+        let mut unread: Vec<Notification> =
+            serde_json::from_value(listed["notifications"].clone()).unwrap_or_default();
+        if unread.is_empty() {
+            return unread;
+        }
+        unread.reverse();
+        let ids: Vec<&str> = unread.iter().map(|n| n.id.as_str()).collect();
+        let Ok(acked) = link.call("inbox.ack", json!({ "ids": ids })).await else {
+            return Vec::new();
+        };
+        let acked: Vec<String> = serde_json::from_value(acked["acked"].clone()).unwrap_or_default();
+        unread.retain(|n| acked.contains(&n.id));
+        for n in &mut unread {
+            n.acked = true;
+        }
+        unread
     }
 
-    pub(super) async fn output_tail(&self, d: &Daemon, task_id: &str) -> (String, bool) {
-        match d
-            .call("task.output", json!({"task_id": task_id, "tail_bytes": INLINE_OUTPUT, "max_bytes": INLINE_OUTPUT}))
-            .await
-        {
+    async fn output_tail(&self, task_id: &str, max: u64) -> (String, bool) {
+        let q = json!({"task_id": task_id, "tail_bytes": max, "max_bytes": max});
+        match self.0.link.call("task.output", q).await {
             Ok(p) => (
                 p["data"].as_str().unwrap_or("").to_owned(),
                 p["offset"].as_u64().unwrap_or(0) > 0,
@@ -57,124 +99,88 @@ impl Server {
 
     pub(super) async fn run_tool(
         &self,
-        d: &Daemon,
         name: &str,
         mut args: Value,
         ctx: &RequestContext<RoleServer>,
-    ) -> (String, Value, bool) {
+    ) -> Answer {
+        let link = &self.0.link;
         let mut background = false;
-        let mut yield_ms = self
-            .0
-            .yields
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(name)
-            .copied()
-            .unwrap_or(30_000);
+        let mut yield_ms = None;
         if let Some(obj) = args.as_object_mut() {
             if let Some(b) = obj.remove("background").and_then(|v| v.as_bool()) {
                 background = b;
             }
-            if let Some(y) = obj.remove("yield_after_ms").and_then(|v| v.as_u64()) {
-                yield_ms = y;
-            }
+            yield_ms = obj.remove("yield_after_ms").and_then(|v| v.as_u64());
         }
-        let mut call =
-            json!({"session_id": self.0.session, "tool": name, "args": args, "background": true});
-        if self.0.adopt {
+        let mut call = json!({"session_id": link.session, "tool": name, "args": args});
+        if link.adopt {
             call["adopt"] = json!(true);
         }
-        let started = match d.call("tool.call", call).await {
-            Ok(r) => r,
-            Err(e) => return (rpc_error(e), json!({}), true),
-        };
-        let task_id = match serde_json::from_value::<ToolCallResult>(started) {
-            Ok(ToolCallResult::Running(r)) => r.task_id,
-            Ok(ToolCallResult::Completed(c)) => {
-                let text = c.error.clone().unwrap_or_else(|| c.output.clone());
-                return (
-                    text,
-                    json!({"status": "completed", "task_id": c.task_id, "state": c.state}),
-                    true,
-                );
+        let reply = if background {
+            call["background"] = json!(true);
+            link.call("tool.call", call).await
+        } else {
+            // A foreground call: the daemon decides once whether it completes inline or
+            // yields, so a quick run is never also a wake. On a connection of its own that
+            // this server closes when the client cancels, and that closes with this process
+            // when the client goes away: either way the daemon stops the run.
+            if let Some(y) = yield_ms {
+                call["yield_after_ms"] = json!(y);
             }
-            Err(e) => return (format!("unexpected tool.call result: {e}"), json!({}), true),
-        };
-        if !background && yield_ms > 0 {
-            let waited = tokio::select! {
-                w = d.call("task.wait", json!({"task_id": task_id, "timeout_ms": yield_ms})) => w,
-                _ = ctx.ct.cancelled() => {
-                    let _ = d.call("task.cancel", json!({ "task_id": task_id })).await;
-                    return (format!("job {task_id} was canceled"), json!({"status": "completed", "task_id": task_id, "state": "canceled"}), true);
-                }
-            };
-            if let Ok(task) = waited.and_then(|t| {
-                serde_json::from_value::<Task>(t).map_err(|e| {
-                    crate::protocol::RpcError::new(
+            call["on_disconnect"] = json!("cancel");
+            let fg = match link.get().await {
+                Ok(_) => Daemon::connect_quiet(&link.socket).await.map_err(|e| {
+                    RpcError::new(
                         crate::protocol::ErrorKind::Internal,
-                        e.to_string(),
+                        format!("cannot connect to the sidejob daemon: {e}"),
                     )
-                })
-            }) {
-                if task.state.is_terminal() {
-                    return self.completed(d, &task).await;
+                }),
+                Err(e) => Err(e),
+            };
+            let fg = match fg {
+                Ok(fg) => fg,
+                Err(e) => return Answer::error(rpc_error(e)),
+            };
+            tokio::select! {
+                r = fg.call("tool.call", call) => r,
+                _ = ctx.ct.cancelled() => {
+                    drop(fg);
+                    return Answer::error("the call was cancelled; its run is stopped".into());
                 }
             }
+        };
+        match reply.map(serde_json::from_value::<ToolCallResult>) {
+            Ok(Ok(ToolCallResult::Completed(c))) => completed_call(&c),
+            Ok(Ok(ToolCallResult::Running(r))) => {
+                let next = still_running(&r.task_id);
+                Answer {
+                    text: format!("{}\n[{next}]", r.output),
+                    structured: json!({
+                        "status": "running",
+                        "task_id": r.task_id,
+                        "output": r.output,
+                        "output_path": r.output_path,
+                        "result_path": r.result_path,
+                        "next": next,
+                    }),
+                    is_error: false,
+                    task_id: Some(r.task_id),
+                }
+            }
+            Ok(Err(e)) => Answer::error(format!("unexpected tool.call result: {e}")),
+            Err(e) => Answer::error(rpc_error(e)),
         }
-        let (output, _) = self.output_tail(d, &task_id).await;
-        let text = format!(
-            "{output}\n[still running in the background as job {task_id}; you will be told when it finishes, or use job_wait / job_output]"
-        );
-        (
-            text,
-            json!({"status": "running", "task_id": task_id, "output": output}),
-            false,
-        )
     }
 
-    pub(super) async fn completed(&self, d: &Daemon, t: &Task) -> (String, Value, bool) {
-        let (output, cut) = self.output_tail(d, &t.task_id).await;
-        let failed = t.state != TaskState::Succeeded;
-        let mut text = output.clone();
-        if failed {
-            let why = t.reason.map(|r| r.as_str()).unwrap_or(t.state.as_str());
-            if !text.is_empty() && !text.ends_with('\n') {
-                text.push('\n');
-            }
-            text.push_str(&format!(
-                "[{why}{}]",
-                t.exit_code
-                    .map(|c| format!(", exit code {c}"))
-                    .unwrap_or_default()
-            ));
-            if let Some(e) = &t.error {
-                text.push_str(&format!("\n{e}"));
-            }
-        }
-        let structured = json!({
-            "status": "completed",
-            "task_id": t.task_id,
-            "state": t.state,
-            "exit_code": t.exit_code,
-            "output": output,
-            "output_truncated": cut || t.output_truncated.unwrap_or(false),
-            "duration_ms": t.duration_ms.unwrap_or(0),
-        });
-        (text, structured, failed)
-    }
-
-    pub(super) async fn job_tool(
-        &self,
-        d: &Daemon,
-        name: &str,
-        args: &Value,
-    ) -> (String, Value, bool) {
-        let task_id = args["task_id"].clone();
-        let outcome = match name {
-            "job_list" => d
-                .call("task.list", json!({ "session_id": self.0.session }))
+    /// A `job_*` tool. Each acts only on a job of this connection's session.
+    pub(super) async fn job_tool(&self, name: &str, args: &Value) -> Answer {
+        let link = &self.0.link;
+        if name == "job_list" {
+            return match link
+                .call("task.list", json!({ "session_id": link.session }))
                 .await
-                .map(|r| {
+            {
+                Ok(r) => {
                     let tasks: Vec<Task> =
                         serde_json::from_value(r["tasks"].clone()).unwrap_or_default();
                     let lines: Vec<String> = tasks
@@ -186,52 +192,194 @@ impl Server {
                     } else {
                         lines.join("\n")
                     };
-                    (text, json!({ "jobs": tasks }), false)
-                }),
+                    Answer {
+                        text,
+                        structured: json!({ "jobs": tasks }),
+                        is_error: false,
+                        task_id: None,
+                    }
+                }
+                Err(e) => Answer::error(rpc_error(e)),
+            };
+        }
+        let Some(task_id) = args["task_id"].as_str() else {
+            return Answer::error(format!("{name} needs a task_id"));
+        };
+        let task = match self.own_task(task_id).await {
+            Ok(t) => t,
+            Err(e) => return Answer::error(e),
+        };
+        let max = args["max_bytes"]
+            .as_u64()
+            .unwrap_or(INLINE_OUTPUT)
+            .min(MAX_OUTPUT);
+        let outcome = match name {
             "job_output" => {
-                let mut q = json!({"task_id": task_id, "max_bytes": INLINE_OUTPUT});
+                let mut q = json!({"task_id": task_id, "max_bytes": max});
                 match args.get("offset").and_then(Value::as_u64) {
                     Some(o) => q["offset"] = json!(o),
-                    None => q["tail_bytes"] = json!(INLINE_OUTPUT),
+                    None => q["tail_bytes"] = json!(max),
                 }
-                d.call("task.output", q).await.map(|r| {
+                link.call("task.output", q).await.map(|r| {
                     let data = r["data"].as_str().unwrap_or("").to_owned();
-                    (
-                        data.clone(),
-                        json!({"output": data, "next_offset": r["next_offset"], "eof": r["eof"]}),
-                        false,
-                    )
+                    Answer {
+                        text: data.clone(),
+                        structured: json!({"output": data, "next_offset": r["next_offset"], "eof": r["eof"]}),
+                        is_error: false,
+                        task_id: None,
+                    }
                 })
             }
             "job_wait" => {
                 let timeout = args.get("timeout_ms").cloned().unwrap_or(json!(30_000));
-                d.call(
-                    "task.wait",
-                    json!({"task_id": task_id, "timeout_ms": timeout}),
-                )
-                .await
-                .map(|t| match serde_json::from_value::<Task>(t.clone()) {
-                    Ok(task) => (
-                        tools::describe_task(&task),
-                        json!({ "task": t }),
-                        task.state == TaskState::Failed,
-                    ),
-                    Err(e) => (format!("unexpected task.wait result: {e}"), json!({}), true),
-                })
-            }
-            "job_stop" => d
-                .call("task.cancel", json!({ "task_id": task_id }))
-                .await
-                .map(|r| {
-                    let result = r["result"].as_str().unwrap_or("?").to_owned();
-                    (
-                        result.replace('_', " "),
-                        json!({"task_id": task_id, "result": result}),
-                        false,
+                let waited = link
+                    .call(
+                        "task.wait",
+                        json!({"task_id": task_id, "timeout_ms": timeout}),
                     )
-                }),
-            other => Ok((format!("unknown tool {other}"), json!({}), true)),
+                    .await;
+                match waited.map(serde_json::from_value::<Task>) {
+                    Ok(Ok(t)) => Ok(self.finished_or_not(&t, max).await),
+                    Ok(Err(e)) => Ok(Answer::error(format!("unexpected task.wait result: {e}"))),
+                    Err(e) => Err(e),
+                }
+            }
+            "job_stop" => {
+                // The agent asked for the stop: it hears the outcome here, not in a wake.
+                let stopped = link
+                    .call(
+                        "task.cancel",
+                        json!({"task_id": task_id, "wake": "silent"}),
+                    )
+                    .await;
+                match stopped {
+                    Ok(r) => {
+                        let result = r["result"].as_str().unwrap_or("?").to_owned();
+                        // Takes the result (a wait), so the task is not left undelivered.
+                        let now = link
+                            .call("task.wait", json!({"task_id": task_id, "timeout_ms": 0}))
+                            .await
+                            .ok()
+                            .and_then(|t| serde_json::from_value::<Task>(t).ok())
+                            .unwrap_or(task);
+                        Ok(Answer {
+                            text: format!("{}: {}", result.replace('_', " "), tools::describe_task(&now)),
+                            structured: json!({"task_id": task_id, "result": result, "state": now.state}),
+                            is_error: false,
+                            task_id: Some(task_id.to_owned()),
+                        })
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            other => Ok(Answer::error(format!("unknown tool {other}"))),
         };
-        outcome.unwrap_or_else(|e| (rpc_error(e), json!({}), true))
+        outcome.unwrap_or_else(|e| Answer::error(rpc_error(e)))
+    }
+
+    /// A task of this connection's session, or why not: another session's id is as good as
+    /// unknown here.
+    async fn own_task(&self, task_id: &str) -> Result<Task, String> {
+        let link = &self.0.link;
+        let not_here = || format!("no job {task_id} in this session (job_list shows its jobs)");
+        let got = link
+            .call("task.get", json!({ "task_id": task_id }))
+            .await
+            .map_err(|e| match e.data.as_ref().and_then(|d| d["kind"].as_str()) {
+                Some("not_found" | "permission_denied") => not_here(),
+                _ => rpc_error(e),
+            })?;
+        let task: Task =
+            serde_json::from_value(got).map_err(|e| format!("unexpected task.get result: {e}"))?;
+        if task.session_id != link.session {
+            return Err(not_here());
+        }
+        Ok(task)
+    }
+
+    /// `job_wait`'s answer: a settled job with its output, or one still running.
+    async fn finished_or_not(&self, t: &Task, max: u64) -> Answer {
+        if !t.state.is_terminal() {
+            let (output, _) = self.output_tail(&t.task_id, max).await;
+            let next = still_running(&t.task_id);
+            return Answer {
+                text: format!("{output}\n[{next}]"),
+                structured: json!({"status": "running", "task_id": t.task_id, "state": t.state, "output": output, "next": next, "task": t}),
+                is_error: false,
+                task_id: Some(t.task_id.clone()),
+            };
+        }
+        let (output, cut) = self.output_tail(&t.task_id, max).await;
+        let failed = t.state != TaskState::Succeeded;
+        let mut text = output.clone();
+        if failed {
+            push_failure(&mut text, t.reason.map(|r| r.as_str()).unwrap_or(t.state.as_str()), t.exit_code, t.error.as_deref());
+        }
+        Answer {
+            text,
+            structured: json!({
+                "status": "completed",
+                "task_id": t.task_id,
+                "state": t.state,
+                "exit_code": t.exit_code,
+                "output": output,
+                "output_truncated": cut || t.output_truncated.unwrap_or(false),
+                "duration_ms": t.duration_ms.unwrap_or(0),
+                "result_path": t.result_path,
+                "task": t,
+            }),
+            is_error: false,
+            task_id: Some(t.task_id.clone()),
+        }
+    }
+}
+
+/// `[reason, exit code N]` and the error, after the output.
+fn push_failure(text: &mut String, why: &str, exit_code: Option<i32>, error: Option<&str>) {
+    if !text.is_empty() && !text.ends_with('\n') {
+        text.push('\n');
+    }
+    text.push_str(&format!(
+        "[{why}{}]",
+        exit_code
+            .map(|c| format!(", exit code {c}"))
+            .unwrap_or_default()
+    ));
+    if let Some(e) = error {
+        text.push_str(&format!("\n{e}"));
+    }
+}
+
+/// A run that settled inline.
+fn completed_call(c: &CompletedCall) -> Answer {
+    let failed = c.state != TaskState::Succeeded;
+    let mut text = c.output.clone();
+    if failed {
+        let why = c.reason.map(|r| r.as_str()).unwrap_or(c.state.as_str());
+        push_failure(&mut text, why, c.exit_code, c.error.as_deref());
+    }
+    if let Some(h) = &c.hint {
+        if !text.is_empty() && !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text.push_str(&format!("[hint: {h}]"));
+    }
+    let mut structured = json!({
+        "status": "completed",
+        "task_id": c.task_id,
+        "state": c.state,
+        "exit_code": c.exit_code,
+        "output": c.output,
+        "output_truncated": c.output_truncated,
+        "duration_ms": c.duration_ms,
+    });
+    if let Some(h) = &c.hint {
+        structured["hint"] = json!(h);
+    }
+    Answer {
+        text,
+        structured,
+        is_error: failed,
+        task_id: Some(c.task_id.clone()),
     }
 }

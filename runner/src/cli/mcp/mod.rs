@@ -1,14 +1,17 @@
 //! `sidejob mcp`: an MCP server on stdio, built on the official Rust SDK (`rmcp`), so any
 //! MCP-capable agent can use sidejob's tools.
 //!
-//! - One session per MCP connection (`mcp-<uid>-<ulid>`), shared only with `--session ID`.
-//! - Requests are served concurrently (rmcp runs each in its own task); they share one
-//!   daemon connection, matched by id.
-//! - A tool call starts its run detached and waits for it on the daemon (`task.wait`), so
-//!   its task id is known at once: `notifications/cancelled` cancels that task.
-//! - A background job's completion arrives as its own MCP notification
-//!   (`notifications/message`) as soon as it happens, and as a separate, labelled content
-//!   block on the next tool result (then it is acked).
+//! - One session per user and workspace (`mcp-<uid>-<hash of the directory>`), so the next
+//!   agent run in the same project finds what the last one left unread; `--session ID`
+//!   chooses one, `--new-session` makes a fresh one. The daemon closes idle sessions.
+//! - Requests are served concurrently (rmcp runs each in its own task). A foreground call
+//!   is a foreground `tool.call` on a daemon connection of its own, which the daemon stops
+//!   when that connection closes: a cancelled call closes it, and so does this process
+//!   ending when the client goes away. Everything else shares one connection ([`Link`]),
+//!   made again if the daemon restarts.
+//! - A background job's completion is announced at once (`notifications/message`, filtered
+//!   by `logging/setLevel`), and every tool result carries the session's unread completions
+//!   from the inbox, acked by that result, so each reaches the model once.
 //! - Plugin reloads reach the client as `notifications/tools/list_changed`.
 
 mod calls;
@@ -17,14 +20,17 @@ mod tools;
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+#[allow(deprecated)] // logging: still what clients show, through 2025-11-25
+use rmcp::model::{LoggingLevel, SetLevelRequestParams};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, InitializeRequestParams,
-    InitializeResult, ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerConfig,
+    CallToolRequestParams, CallToolResponse, InitializeRequestParams, InitializeResult,
+    ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerConfig,
 };
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{ErrorData as McpError, ServerHandler, ServiceExt};
@@ -32,10 +38,11 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use crate::protocol::{Notification, ToolInfo};
-use daemon::Daemon;
+use daemon::{Daemon, Link};
 
 pub(super) struct McpArgs {
     pub session: Option<String>,
+    pub new_session: bool,
     pub adopt: bool,
     pub start_daemon: bool,
 }
@@ -44,18 +51,20 @@ pub(super) struct McpArgs {
 const INLINE_OUTPUT: u64 = 64 * 1024;
 
 struct State {
-    /// `Err`: why there is no daemon; `initialize` answers it.
-    daemon: std::result::Result<Arc<Daemon>, String>,
-    session: String,
-    adopt: bool,
-    /// Background completions not yet shown in a result.
-    unreported: Mutex<Vec<Notification>>,
+    link: Link,
     /// Each daemon tool's default `yield_after_ms`.
     yields: Mutex<HashMap<String, u64>>,
+    /// The least severe log notification the client wants (`logging/setLevel`), as a rank
+    /// of [`level_rank`]; everything by default.
+    min_level: AtomicU8,
 }
 
 #[derive(Clone)]
 struct Server(Arc<State>);
+
+/// Before the daemon is reached, `initialize` answers why it cannot be.
+#[derive(Clone)]
+struct Unavailable(String);
 
 pub(super) fn run(socket: &Path, a: McpArgs) -> Result<i32> {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -66,36 +75,46 @@ pub(super) fn run(socket: &Path, a: McpArgs) -> Result<i32> {
     rt.block_on(serve(socket, a))
 }
 
+/// The session this server works in: the one asked for, a fresh one, or the stable one of
+/// this user and directory.
+fn session_id(a: &McpArgs) -> Result<String> {
+    let uid = crate::sys::getuid();
+    if let Some(s) = &a.session {
+        return Ok(s.clone());
+    }
+    if a.new_session {
+        return Ok(format!("mcp-{uid}-{}", crate::ids::ulid()));
+    }
+    let cwd = std::env::current_dir().context("cannot read the current directory")?;
+    Ok(super::call::derived_session("mcp", uid, &cwd))
+}
+
 async fn serve(socket: &Path, a: McpArgs) -> Result<i32> {
     let (push_tx, pushes) = mpsc::unbounded_channel();
-    let session = a
-        .session
-        .clone()
-        .unwrap_or_else(|| format!("mcp-{}-{}", crate::sys::getuid(), crate::ids::ulid()));
-    let daemon = connect(socket, a.start_daemon, push_tx)
-        .await
-        .map_err(|e| e.to_string());
-    let daemon = match daemon {
-        Ok(d) => open_session(&d, &session, a.adopt).await.map(|_| d),
+    let session = session_id(&a)?;
+    let link = match connect(socket, a.start_daemon, push_tx.clone()).await {
+        Ok(d) => Link::open(d, socket, session, a.adopt, push_tx).await,
         Err(e) => Err(e),
     };
-    let server = Server(Arc::new(State {
-        daemon,
-        session,
-        adopt: a.adopt,
-        unreported: Mutex::new(Vec::new()),
-        yields: Mutex::new(HashMap::new()),
-    }));
     let (stdin, stdout) = rmcp::transport::io::stdio_pipes();
+    let link = match link {
+        Ok(l) => l,
+        Err(why) => {
+            // The client hears why at `initialize`; say it here too.
+            eprintln!("sidejob mcp: {why}");
+            let _ = Unavailable(why).serve((stdin, stdout)).await;
+            return Ok(1);
+        }
+    };
+    let server = Server(Arc::new(State {
+        link,
+        yields: Mutex::new(HashMap::new()),
+        min_level: AtomicU8::new(0),
+    }));
     let running = match server.clone().serve((stdin, stdout)).await {
         Ok(r) => r,
         Err(e) => {
-            // The client has the reason (the initialize error); say it here too.
-            if let Err(why) = &server.0.daemon {
-                eprintln!("sidejob mcp: {why}");
-            } else {
-                eprintln!("sidejob mcp: {e}");
-            }
+            eprintln!("sidejob mcp: {e}");
             return Ok(1);
         }
     };
@@ -105,6 +124,8 @@ async fn serve(socket: &Path, a: McpArgs) -> Result<i32> {
         .waiting()
         .await
         .context("the MCP connection failed")?;
+    // The client went away (stdin closed): returning ends the process, which closes every
+    // daemon connection, and so stops the foreground calls still running.
     Ok(0)
 }
 
@@ -164,24 +185,36 @@ fn start_daemon(socket: &Path) -> std::result::Result<(), String> {
         .map_err(|e| format!("cannot start `sidejob serve`: {e}"))
 }
 
-async fn open_session(d: &Daemon, session: &str, adopt: bool) -> std::result::Result<(), String> {
-    let cwd: PathBuf =
-        std::env::current_dir().map_err(|e| format!("cannot read the current directory: {e}"))?;
-    let mut p = json!({"session_id": session, "workspace": cwd});
-    if adopt {
-        p["adopt"] = json!(true);
+/// The MCP logging levels, least severe first.
+#[allow(deprecated)]
+fn level_rank(level: LoggingLevel) -> u8 {
+    match level {
+        LoggingLevel::Debug => 0,
+        LoggingLevel::Info => 1,
+        LoggingLevel::Notice => 2,
+        LoggingLevel::Warning => 3,
+        LoggingLevel::Error => 4,
+        LoggingLevel::Critical => 5,
+        LoggingLevel::Alert => 6,
+        LoggingLevel::Emergency => 7,
     }
-    d.call("session.open", p)
-        .await
-        .map_err(|e| format!("cannot open session {session}: {}", e.message))?;
-    d.call("events.subscribe", json!({ "session_ids": [session] }))
-        .await
-        .map_err(|e| format!("cannot subscribe to session {session}: {}", e.message))?;
-    Ok(())
 }
 
-/// Daemon pushes → MCP notifications: a completion is announced at once (and kept for the
-/// next result); a change of tools is `notifications/tools/list_changed`.
+/// The level a notification of this severity is logged at.
+#[allow(deprecated)]
+fn level_of(severity: &str) -> LoggingLevel {
+    match severity {
+        "error" => LoggingLevel::Error,
+        "warn" => LoggingLevel::Warning,
+        "action_required" => LoggingLevel::Alert,
+        "success" => LoggingLevel::Notice,
+        _ => LoggingLevel::Info,
+    }
+}
+
+/// Daemon pushes → MCP notifications: a completion is announced at once (at or above the
+/// client's level; the inbox keeps it for the next result either way); a change of tools is
+/// `notifications/tools/list_changed`.
 async fn relay_pushes(
     state: Arc<State>,
     peer: rmcp::Peer<RoleServer>,
@@ -195,32 +228,21 @@ async fn relay_pushes(
                 else {
                     continue;
                 };
-                if n.acked || n.session_id != state.session {
+                let level = level_of(&n.severity);
+                if n.acked
+                    || n.session_id != state.link.session
+                    || level_rank(level) < state.min_level.load(Ordering::Relaxed)
+                {
                     continue;
                 }
-                {
-                    let mut un = state.unreported.lock().unwrap_or_else(|e| e.into_inner());
-                    if un.iter().any(|x| x.id == n.id) {
-                        continue;
-                    }
-                    un.push(n.clone());
-                }
-                let level = match n.severity.as_str() {
-                    "error" => "error",
-                    "warn" => "warning",
-                    "action_required" => "alert",
-                    "success" => "notice",
-                    _ => "info",
-                };
-                let param = serde_json::from_value(json!({
-                    "level": level,
-                    "logger": "sidejob",
-                    "data": {"kind": n.kind, "task_id": n.task_id, "severity": n.severity, "text": n.text, "notification_id": n.id}
-                }));
-                if let Ok(param) = param {
-                    #[allow(deprecated)] // still the notification clients show, through 2025-11-25
-                    let _ = peer.notify_logging_message(param).await;
-                }
+                #[allow(deprecated)]
+                let param = rmcp::model::LoggingMessageNotificationParam::new(
+                    level,
+                    json!({"kind": n.kind, "task_id": n.task_id, "severity": n.severity, "text": n.text, "notification_id": n.id}),
+                )
+                .with_logger("sidejob");
+                #[allow(deprecated)]
+                let _ = peer.notify_logging_message(param).await;
             }
             Some("tools.changed") => {
                 let _ = peer.notify_tool_list_changed().await;
@@ -230,25 +252,52 @@ async fn relay_pushes(
     }
 }
 
-impl ServerHandler for Server {
+/// What `initialize` says about the server, with or without a daemon.
+fn info() -> ServerConfig {
+    let info = json!({
+        "protocolVersion": ProtocolVersion::LATEST_WITH_INITIALIZE,
+        "capabilities": {"tools": {"listChanged": true}, "logging": {}},
+        "serverInfo": {"name": "sidejob", "title": "sidejob", "version": env!("CARGO_PKG_VERSION")},
+        "instructions": "Shell work runs in a sandbox. A call still running after yield_after_ms returns status \"running\" with a task_id and keeps running. \
+                         Before you finish, call job_wait with that task_id; or keep working: finished jobs are reported, once, with your next sidejob tool call \
+                         (structuredContent.background_completions). Start servers, watchers and long waits with background: true; use job_output / job_stop for them."
+    });
+    serde_json::from_value(info).unwrap_or_else(|_| InitializeResult::new(Default::default()))
+}
+
+/// Every revision this SDK knows that still has the `initialize` handshake: the
+/// completions and tool-list notifications are pushed on the session that it opens.
+fn protocol_versions() -> Cow<'static, [ProtocolVersion]> {
+    Cow::Borrowed(ProtocolVersion::known_up_to(
+        &ProtocolVersion::LATEST_WITH_INITIALIZE,
+    ))
+}
+
+impl ServerHandler for Unavailable {
     fn get_info(&self) -> ServerConfig {
-        let info = json!({
-            "protocolVersion": ProtocolVersion::LATEST_WITH_INITIALIZE,
-            "capabilities": {"tools": {"listChanged": true}, "logging": {}},
-            "serverInfo": {"name": "sidejob", "title": "sidejob", "version": env!("CARGO_PKG_VERSION")},
-            "instructions": "Shell work runs in a sandbox. A call still running after yield_after_ms returns a job id and keeps running; \
-                             when a background job finishes you get a notification, and the next tool result carries it as a separate \
-                             content block. Run waits on CI, deploys and servers with background: true; use job_wait / job_output / job_stop."
-        });
-        serde_json::from_value(info).unwrap_or_else(|_| InitializeResult::new(Default::default()))
+        info()
     }
 
-    /// Every revision this SDK knows that still has the `initialize` handshake: the
-    /// completions and tool-list notifications are pushed on the session that it opens.
     fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
-        Cow::Borrowed(ProtocolVersion::known_up_to(
-            &ProtocolVersion::LATEST_WITH_INITIALIZE,
-        ))
+        protocol_versions()
+    }
+
+    async fn initialize(
+        &self,
+        _request: InitializeRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> std::result::Result<InitializeResult, McpError> {
+        Err(McpError::internal_error(self.0.clone(), None))
+    }
+}
+
+impl ServerHandler for Server {
+    fn get_info(&self) -> ServerConfig {
+        info()
+    }
+
+    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
+        protocol_versions()
     }
 
     async fn initialize(
@@ -256,11 +305,20 @@ impl ServerHandler for Server {
         request: InitializeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> std::result::Result<InitializeResult, McpError> {
-        if let Err(why) = &self.0.daemon {
-            return Err(McpError::internal_error(why.clone(), None));
-        }
         context.peer.set_peer_info(request.clone());
         self.negotiate_initialize(&request)
+    }
+
+    #[allow(deprecated)]
+    async fn set_level(
+        &self,
+        request: SetLevelRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> std::result::Result<(), McpError> {
+        self.0
+            .min_level
+            .store(level_rank(request.level), Ordering::Relaxed);
+        Ok(())
     }
 
     async fn list_tools(
@@ -268,8 +326,9 @@ impl ServerHandler for Server {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> std::result::Result<ListToolsResult, McpError> {
-        let d = self.daemon()?;
-        let listed = d
+        let listed = self
+            .0
+            .link
             .call("tool.list", json!({}))
             .await
             .map_err(|e| McpError::internal_error(calls::rpc_error(e), None))?;
@@ -291,17 +350,15 @@ impl ServerHandler for Server {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> std::result::Result<CallToolResponse, McpError> {
-        let d = self.daemon()?.clone();
         let name = request.name.to_string();
         let args = Value::Object(request.arguments.unwrap_or_default());
-        let (text, structured, is_error) = match name.as_str() {
+        let answer = match name.as_str() {
             "job_list" | "job_output" | "job_wait" | "job_stop" => {
-                self.job_tool(&d, &name, &args).await
+                self.job_tool(&name, &args).await
             }
-            _ => self.run_tool(&d, &name, args, &context).await,
+            _ => self.run_tool(&name, args, &context).await,
         };
-        let completions = self.take_completions(&d).await;
-        let result: CallToolResult = tools::result(text, structured, is_error, &completions);
-        Ok(result.into())
+        let completions = self.take_completions().await;
+        Ok(tools::result(answer, &completions).into())
     }
 }
