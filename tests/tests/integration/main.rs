@@ -27,6 +27,7 @@ mod inbox;
 mod isolation;
 mod mcp;
 mod mcp_sdk;
+mod mcp_wakes;
 mod netns;
 mod network;
 mod network_attacks;

@@ -311,7 +311,7 @@ impl Server {
         }
         let (output, cut) = self.output_tail(&t.task_id, max).await;
         let failed = t.state != TaskState::Succeeded;
-        let mut text = output.clone();
+        let mut text = format!("{}\n{output}", tools::describe_task(t));
         if failed {
             push_failure(&mut text, t.reason.map(|r| r.as_str()).unwrap_or(t.state.as_str()), t.exit_code, t.error.as_deref());
         }
