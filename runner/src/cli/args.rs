@@ -49,6 +49,16 @@ pub(crate) enum LogFormat {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
+pub(crate) enum HookKindArg {
+    /// Claude Code's Stop, SessionStart and UserPromptSubmit hook (JSON on stdin)
+    Claude,
+    /// Wait while background jobs run (up to --wait), then print what finished
+    Wait,
+    /// Print what finished and is unread
+    Unread,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
 pub(crate) enum Shell {
     Bash,
     Zsh,
@@ -274,6 +284,47 @@ pub(crate) enum Command {
         /// listening
         #[arg(long)]
         start_daemon: bool,
+    },
+    /// Hand a workspace's finished background jobs to an agent client's hook or plugin
+    /// (acked, so each reaches the model once); see integrations/
+    #[command(
+        after_help = "Examples:\n  sidejob hook claude          as Claude Code's Stop, SessionStart and UserPromptSubmit hook\n  \
+                      sidejob hook wait --json     wait while background jobs run, then print what finished\n  \
+                      sidejob hook unread          print what finished and is unread\n\n\
+                      The session is the one `sidejob mcp` uses for this user and directory."
+    )]
+    Hook {
+        #[command(flatten)]
+        conn: Conn,
+        #[arg(value_enum)]
+        kind: HookKindArg,
+        /// The workspace whose session it reads [default: the hook's project directory
+        /// (Claude Code), else the current directory]
+        #[arg(long, value_name = "DIR")]
+        workspace: Option<PathBuf>,
+        /// The longest wait for a running background job (`claude` at Stop, `wait`)
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "9m")]
+        wait: Duration,
+        /// Print JSON: {"completions": [{id, task_id, text}], "text": "..."} (`wait`, `unread`)
+        #[arg(long)]
+        json: bool,
+    },
+    /// Configure an agent client to use sidejob in a workspace: its MCP server, and the hook
+    /// or plugin that hands it finished background jobs after its turn ends
+    #[command(
+        after_help = "Examples:\n  sidejob integrate claude             write .mcp.json and .claude/settings.json here\n  \
+                      sidejob integrate codex --print      print the ~/.codex/config.toml section\n  \
+                      sidejob integrate opencode           write opencode.json and .opencode/plugin/sidejob.js here"
+    )]
+    Integrate {
+        #[arg(value_enum)]
+        client: super::integrate::AgentClient,
+        /// The project to configure [default: the current directory]
+        #[arg(long, value_name = "DIR")]
+        workspace: Option<PathBuf>,
+        /// Print what would be written instead of writing it
+        #[arg(long)]
+        print: bool,
     },
     /// Print a shell completion script (e.g. sidejob completions bash > /etc/bash_completion.d/sidejob)
     Completions {

@@ -106,6 +106,11 @@ impl Client {
             .map_err(|e| ClientError::Protocol(e.to_string()))
     }
 
+    /// How long a read (a reply, [`Client::next_push`]) may wait; `None`: for ever.
+    pub(crate) fn set_read_timeout(&self, t: Option<std::time::Duration>) -> std::io::Result<()> {
+        self.reader.get_ref().set_read_timeout(t)
+    }
+
     /// Sends one request and waits for its reply.
     pub fn call(&mut self, method: &str, params: Value) -> Result<Value, ClientError> {
         let id = self.send(method, params)?;

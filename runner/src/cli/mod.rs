@@ -8,6 +8,8 @@ mod commands;
 mod doctor;
 mod exec;
 mod format;
+mod hook;
+mod integrate;
 mod mcp;
 mod schedule;
 
@@ -166,6 +168,26 @@ pub fn main() -> i32 {
                 start_daemon,
             },
         ),
+        Command::Hook {
+            conn,
+            kind,
+            workspace,
+            wait,
+            json,
+        } => hook::run(
+            &socket(&conn, &top),
+            kind,
+            hook::HookArgs {
+                workspace,
+                wait,
+                json,
+            },
+        ),
+        Command::Integrate {
+            client,
+            workspace,
+            print,
+        } => integrate::run(client, workspace, print),
         Command::Completions { shell } => commands::completions(shell),
         Command::Man { dir } => commands::man(dir),
         Command::Supervise { .. }

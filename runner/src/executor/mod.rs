@@ -45,8 +45,8 @@ use crate::config::Config;
 use crate::ids;
 use crate::plugin_host::{PlanContext, ToolHost};
 use crate::protocol::{
-    CancelOutcome, CompletedCall, Delivery, FailReason, OnDisconnect, RunningCall, StdinMode, TaskKind,
-    TaskState, ToolCallResult, WakeMode,
+    CancelOutcome, CompletedCall, Delivery, FailReason, OnDisconnect, RunningCall, StdinMode,
+    TaskKind, TaskState, ToolCallResult, WakeMode,
 };
 use crate::registry::{Holding, Registry, RegistryError, SessionRow, TaskRow};
 use crate::run_dir::{self, PrivateDir};

@@ -78,7 +78,11 @@ fn what_ran(task: &TaskRow) -> String {
         line = line.chars().take(MAX).collect::<String>() + "…";
     }
     let line = line.replace('`', "'");
-    match args.get("description").and_then(|d| d.as_str()).map(str::trim) {
+    match args
+        .get("description")
+        .and_then(|d| d.as_str())
+        .map(str::trim)
+    {
         Some(d) if !d.is_empty() => format!("{}: `{line}`, \"{d}\"", task.tool),
         _ => format!("{}: `{line}`", task.tool),
     }

@@ -26,6 +26,7 @@ mod faults;
 mod inbox;
 mod isolation;
 mod mcp;
+mod mcp_hooks;
 mod mcp_sdk;
 mod mcp_wakes;
 mod netns;

@@ -121,7 +121,11 @@ impl Mcp {
         arguments: Value,
     ) -> (String, bool, Vec<String>) {
         let res = self.call(name, arguments);
-        (text_of(&res), res["isError"].as_bool().unwrap(), reports_of(&res))
+        (
+            text_of(&res),
+            res["isError"].as_bool().unwrap(),
+            reports_of(&res),
+        )
     }
 }
 
@@ -181,7 +185,10 @@ fn an_mcp_client_runs_tools_and_hears_about_background_jobs() {
         "bash",
         json!({"command": "echo from-the-background", "background": true}),
     );
-    assert_eq!(started["structuredContent"]["status"], "running", "{started}");
+    assert_eq!(
+        started["structuredContent"]["status"], "running",
+        "{started}"
+    );
     let job = started["structuredContent"]["task_id"]
         .as_str()
         .unwrap()

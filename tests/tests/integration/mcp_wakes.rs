@@ -62,7 +62,10 @@ fn the_next_agent_run_in_a_workspace_gets_what_the_last_left_unread() {
     );
     let carried = &r["structuredContent"]["background_completions"];
     assert_eq!(carried[0]["task_id"], job.as_str(), "{r}");
-    assert_eq!(carried[0]["acked"], true, "acked in the result that acks it: {r}");
+    assert_eq!(
+        carried[0]["acked"], true,
+        "acked in the result that acks it: {r}"
+    );
     let again = next.call("job_list", json!({}));
     assert!(reports_of(&again).is_empty(), "reported twice: {again}");
     assert!(unread(&d, &session_of(&d, &job)).is_empty());
@@ -96,7 +99,8 @@ fn a_quick_call_is_never_also_a_wake() {
         let r = m.call("bash", json!({"command": format!("echo quick-{i}")}));
         assert_eq!(r["structuredContent"]["status"], "completed", "{r}");
         assert!(
-            reports_of(&r).is_empty() && r["structuredContent"]["background_completions"] == json!([]),
+            reports_of(&r).is_empty()
+                && r["structuredContent"]["background_completions"] == json!([]),
             "call {i} came back with a completion attached: {r}"
         );
         session.get_or_insert_with(|| session_of(&d, &task_id(&r)));
@@ -105,7 +109,11 @@ fn a_quick_call_is_never_also_a_wake() {
     let all = d
         .client()
         .ok("inbox.list", json!({ "session_id": session }));
-    assert_eq!(all["notifications"], json!([]), "quick calls made wakes: {all}");
+    assert_eq!(
+        all["notifications"],
+        json!([]),
+        "quick calls made wakes: {all}"
+    );
 }
 
 #[test]
@@ -126,7 +134,8 @@ fn a_client_that_goes_away_mid_call_leaves_no_job_running() {
     );
     let fg_cmd = format!("sleep {gone}");
     assert!(
-        wait_until(Duration::from_secs(10), || !pids_running(&fg_cmd).is_empty()),
+        wait_until(Duration::from_secs(10), || !pids_running(&fg_cmd)
+            .is_empty()),
         "the foreground call never started"
     );
     // Stdin closes without `notifications/cancelled`, as when `claude -p` is interrupted.
@@ -150,7 +159,10 @@ fn a_client_that_goes_away_mid_call_leaves_no_job_running() {
         }),
         "the abandoned call did not settle canceled: {fg}"
     );
-    assert_eq!(c.ok("task.get", json!({ "task_id": bg }))["state"], "running");
+    assert_eq!(
+        c.ok("task.get", json!({ "task_id": bg }))["state"],
+        "running"
+    );
     assert_eq!(pids_running(&format!("sleep {kept}")).len(), 1);
     c.ok("task.cancel", json!({ "task_id": bg }));
 }
@@ -191,19 +203,34 @@ fn job_wait_returns_the_output_and_takes_the_completion() {
         json!({"command": "sleep 0.3; echo waited-for", "yield_after_ms": 0}),
     );
     assert_eq!(r["structuredContent"]["status"], "running", "{r}");
-    assert!(r["structuredContent"]["next"].as_str().unwrap().contains("job_wait"), "{r}");
+    assert!(
+        r["structuredContent"]["next"]
+            .as_str()
+            .unwrap()
+            .contains("job_wait"),
+        "{r}"
+    );
     let job = task_id(&r);
     let w = m.call("job_wait", json!({"task_id": job, "timeout_ms": 20_000}));
     assert_eq!(w["structuredContent"]["status"], "completed", "{w}");
     assert_eq!(w["structuredContent"]["exit_code"], 0, "{w}");
-    assert!(text_of(&w).contains("waited-for"), "job_wait returned no output: {w}");
+    assert!(
+        text_of(&w).contains("waited-for"),
+        "job_wait returned no output: {w}"
+    );
     // Settled before job_wait asked (a wake was made): job_wait reports it, once.
-    let r = m.call("bash", json!({"command": "echo before-the-wait", "background": true}));
+    let r = m.call(
+        "bash",
+        json!({"command": "echo before-the-wait", "background": true}),
+    );
     let early = task_id(&r);
     d.client().wait_settled_quietly(&early);
     let w = m.call("job_wait", json!({"task_id": early, "timeout_ms": 20_000}));
     assert!(text_of(&w).contains("before-the-wait"), "{w}");
-    assert!(reports_of(&w).is_empty(), "its own completion repeated beside it: {w}");
+    assert!(
+        reports_of(&w).is_empty(),
+        "its own completion repeated beside it: {w}"
+    );
     for _ in 0..3 {
         let r = m.call("job_list", json!({}));
         assert!(reports_of(&r).is_empty(), "reported again: {r}");
@@ -224,9 +251,14 @@ fn job_stop_makes_no_wake_for_the_stop_the_agent_asked_for() {
     assert_eq!(s["structuredContent"]["result"], "canceled", "{s}");
     assert_eq!(s["structuredContent"]["state"], "canceled", "{s}");
     let after = m.call("job_list", json!({}));
-    assert!(reports_of(&after).is_empty(), "the stop came back as a wake: {after}");
+    assert!(
+        reports_of(&after).is_empty(),
+        "the stop came back as a wake: {after}"
+    );
     let session = session_of(&d, &job);
-    let all = d.client().ok("inbox.list", json!({ "session_id": session }));
+    let all = d
+        .client()
+        .ok("inbox.list", json!({ "session_id": session }));
     assert_eq!(all["notifications"], json!([]), "{all}");
 }
 
@@ -272,11 +304,24 @@ fn a_completion_acked_elsewhere_is_not_reported_again() {
     d.client().wait_settled_quietly(&job);
     // The daemon pushed it to this server; then a hook (here, the CLI) reads it first.
     let session = session_of(&d, &job);
-    assert!(wait_until(Duration::from_secs(10), || !unread(&d, &session).is_empty()));
-    let out = d.cli(&["inbox", "--session", &session, "--unread", "--ack", "--json"]);
+    assert!(wait_until(Duration::from_secs(10), || !unread(
+        &d, &session
+    )
+    .is_empty()));
+    let out = d.cli(&[
+        "inbox",
+        "--session",
+        &session,
+        "--unread",
+        "--ack",
+        "--json",
+    ]);
     assert!(out.status.success(), "{out:?}");
     let r = m.call("job_list", json!({}));
-    assert!(reports_of(&r).is_empty(), "acked elsewhere, reported here too: {r}");
+    assert!(
+        reports_of(&r).is_empty(),
+        "acked elsewhere, reported here too: {r}"
+    );
 }
 
 #[test]
@@ -302,7 +347,10 @@ fn logging_set_level_is_served_and_filters_the_notifications() {
         "the failure (level error) was not logged: {:?}",
         m.notifications
     );
-    assert!(!logged(&m, &ok), "a success (notice) passed the error level");
+    assert!(
+        !logged(&m, &ok),
+        "a success (notice) passed the error level"
+    );
 }
 
 #[test]
@@ -324,7 +372,10 @@ fn an_oversized_call_is_refused_and_the_connection_kept() {
 fn a_restarted_daemon_is_reached_again() {
     let mut d = Daemon::start();
     let mut m = agent(&d, &[]);
-    assert_eq!(text_of(&m.call("bash", json!({"command": "echo one"}))), "one\n");
+    assert_eq!(
+        text_of(&m.call("bash", json!({"command": "echo one"}))),
+        "one\n"
+    );
     d.restart();
     let r = m.call("bash", json!({"command": "echo two"}));
     assert_eq!(text_of(&r), "two\n", "{r}");
