@@ -380,3 +380,54 @@ fn a_restarted_daemon_is_reached_again() {
     let r = m.call("bash", json!({"command": "echo two"}));
     assert_eq!(text_of(&r), "two\n", "{r}");
 }
+
+#[test]
+fn idle_sessions_are_closed_and_reopened_on_use() {
+    let d = Daemon::start_with_config("session_idle_ms = 300\n");
+    let mut c = d.client();
+    let open = |c: &mut sidejob_tests::Client, ws: &std::path::Path| {
+        c.ok(
+            "session.open",
+            json!({"session_id": "idle-one", "workspace": ws}),
+        )["session_id"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let idle = open(&mut c, &d.workspace);
+    let busy = {
+        let ws = d.workspace.join("busy");
+        std::fs::create_dir_all(&ws).unwrap();
+        c.open_session_in(&ws)
+    };
+    let sleeping = c.bash(
+        &busy,
+        &format!("sleep {}", unique_sleep()),
+        json!({"background": true}),
+    );
+    let state = |c: &mut sidejob_tests::Client, id: &str| {
+        let all = c.ok("session.list", json!({}));
+        all["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["session_id"] == id)
+            .map(|s| s["state"].as_str().unwrap().to_owned())
+            .unwrap()
+    };
+    assert!(
+        wait_until(Duration::from_secs(10), || state(&mut c, &idle) == "closed"),
+        "the idle session was never closed"
+    );
+    assert_eq!(
+        state(&mut c, &busy),
+        "open",
+        "a session with a live run was closed"
+    );
+    // Opening it again reopens it, and it works as before.
+    assert_eq!(open(&mut c, &d.workspace), idle);
+    assert_eq!(state(&mut c, &idle), "open");
+    let r = c.bash(&idle, "echo back", json!({}));
+    assert_eq!(r["output"], "back\n", "{r}");
+    c.ok("task.cancel", json!({"task_id": sleeping["task_id"]}));
+}
