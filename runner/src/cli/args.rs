@@ -296,7 +296,10 @@ pub(crate) enum Command {
     Hook {
         #[command(flatten)]
         conn: Conn,
-        #[arg(value_enum)]
+        /// claude (Claude Code's Stop, SessionStart and UserPromptSubmit hook, its JSON on
+        /// stdin), wait (wait while background jobs run, then print what finished) or unread
+        /// (print what finished and is unread)
+        #[arg(value_enum, hide_possible_values = true)]
         kind: HookKindArg,
         /// The workspace whose session it reads [default: the hook's project directory
         /// (Claude Code), else the current directory]
@@ -317,7 +320,10 @@ pub(crate) enum Command {
                       sidejob integrate opencode           write opencode.json and .opencode/plugin/sidejob.js here"
     )]
     Integrate {
-        #[arg(value_enum)]
+        /// claude (.mcp.json and hooks in .claude/settings.json), codex (the
+        /// [mcp_servers.sidejob] section of $CODEX_HOME/config.toml) or opencode (opencode.json
+        /// and .opencode/plugin/sidejob.js)
+        #[arg(value_enum, hide_possible_values = true)]
         client: super::integrate::AgentClient,
         /// The project to configure [default: the current directory]
         #[arg(long, value_name = "DIR")]
