@@ -315,12 +315,33 @@ pub(crate) fn default_socket_path() -> PathBuf {
     }
     let uid = sys::getuid();
     if uid == 0 {
-        return PathBuf::from("/run/sidejob/sidejob.sock");
+        return PathBuf::from(SYSTEM_SOCKET);
     }
     match std::env::var_os("XDG_RUNTIME_DIR") {
         Some(dir) if !dir.is_empty() => PathBuf::from(dir).join("sidejob/sidejob.sock"),
         _ => PathBuf::from(format!("/tmp/sidejob-{uid}/sidejob.sock")),
     }
+}
+
+/// The socket a root daemon listens on by default: the one a host's users share.
+pub(crate) const SYSTEM_SOCKET: &str = "/run/sidejob/sidejob.sock";
+
+/// The socket a client uses when none is given: `SIDEJOB_SOCKET`; for a user who has no
+/// daemon of their own (no socket at [`default_socket_path`]) but can see a shared one, the
+/// system socket; else the user's own.
+pub(crate) fn client_socket_path() -> PathBuf {
+    let own = default_socket_path();
+    if std::env::var_os("SIDEJOB_SOCKET").is_some() || sys::getuid() == 0 {
+        return own;
+    }
+    let is_socket = |p: &Path| {
+        std::fs::symlink_metadata(p)
+            .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
+    };
+    if !is_socket(&own) && is_socket(Path::new(SYSTEM_SOCKET)) {
+        return PathBuf::from(SYSTEM_SOCKET);
+    }
+    own
 }
 
 /// The state directory used when none is given: `/var/lib/sidejob` for root, else

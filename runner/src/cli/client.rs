@@ -10,7 +10,7 @@ use crate::protocol::RpcError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("no sidejob daemon is listening on {path} ({reason}); start one with `sidejob serve`, or point --socket / SIDEJOB_SOCKET at the one you run")]
+    #[error("no sidejob daemon is listening on {path} ({reason}); start one with `sidejob serve`, join the group of a shared daemon's socket (/run/sidejob/sidejob.sock, used when you run none), or point --socket / SIDEJOB_SOCKET at the one you run")]
     NoDaemon { path: PathBuf, reason: &'static str },
     #[error("cannot connect to the daemon at {path}: permission denied; the socket is mode 0660, so run as its owner or a member of its group")]
     Denied { path: PathBuf },

@@ -317,8 +317,13 @@ pub(super) fn status(socket: &Path, json_out: bool) -> Result<i32> {
         format_ms(s.uptime_ms),
         s.started_at
     );
+    let whose = if crate::sys::getuid() != 0 && socket == Path::new(crate::config::SYSTEM_SOCKET) {
+        " (the shared system daemon: you run none of your own)"
+    } else {
+        ""
+    };
     println!(
-        "socket     {}{}",
+        "socket     {}{}{whose}",
         s.socket,
         if s.socket_activated {
             " (from the service manager)"

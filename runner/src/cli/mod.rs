@@ -23,12 +23,12 @@ use clap::Parser;
 use args::{Command, Conn, RegistryAction};
 
 /// The socket a client command uses: its own `--socket`, else the one given before the
-/// command, else the default.
+/// command, else the user's own daemon's, else a shared (system) daemon's.
 fn socket(conn: &Conn, top: &Conn) -> PathBuf {
     conn.socket
         .clone()
         .or_else(|| top.socket.clone())
-        .unwrap_or_else(crate::config::default_socket_path)
+        .unwrap_or_else(crate::config::client_socket_path)
 }
 
 /// Runs the command line; returns the process exit code.

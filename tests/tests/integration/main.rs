@@ -47,6 +47,7 @@ mod schedule_triggers;
 mod schedules;
 mod serve;
 mod sessions;
+mod shared_daemon;
 mod shares;
 mod smoke;
 mod spawner;
