@@ -368,7 +368,9 @@ pub(crate) struct CallArgs {
     /// Stop the run after this long (e.g. 90s, 1h30m); exit code 124
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub timeout: Option<Duration>,
-    /// The sandbox profile for this call (it may only narrow the session's)
+    /// Run under this sandbox profile (e.g. python, rust, node, or one of your own): in
+    /// this directory's session of that profile; with --session, it may only narrow that
+    /// session's profile
     #[arg(long, value_name = "NAME")]
     pub profile: Option<String>,
     /// Pass a variable to the command (repeatable): NAME takes its value from your

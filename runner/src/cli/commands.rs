@@ -118,7 +118,7 @@ pub(super) fn tasks(socket: &Path, a: TasksArgs) -> Result<i32> {
     }
     let ids: Vec<&str> = all.iter().map(|t| t.task_id.as_str()).collect();
     let short = short_ids(&ids);
-    let rows: Vec<[String; 6]> = all
+    let rows: Vec<[String; 7]> = all
         .iter()
         .zip(short)
         .map(|(t, id)| {
@@ -131,12 +131,15 @@ pub(super) fn tasks(socket: &Path, a: TasksArgs) -> Result<i32> {
                     .or(t.signal.map(|s| format!("sig {s}")))
                     .unwrap_or_else(|| "-".into()),
                 t.duration_ms.map(format_ms).unwrap_or_else(|| "-".into()),
+                t.profile.clone(),
                 t.summary.clone(),
             ]
         })
         .collect();
     print_table(
-        &["TASK", "SESSION", "STATE", "EXIT", "TOOK", "SUMMARY"],
+        &[
+            "TASK", "SESSION", "STATE", "EXIT", "TOOK", "PROFILE", "SUMMARY",
+        ],
         &rows,
     );
     Ok(0)

@@ -63,3 +63,38 @@ fn a_user_without_a_daemon_of_their_own_reaches_the_shared_one() {
     drop(d);
     let _ = std::fs::remove_file(SYSTEM_SOCKET);
 }
+
+#[test]
+fn call_profile_runs_under_a_profile_wider_than_the_default_and_tasks_shows_it() {
+    if sidejob_tests::skip_without(&[sidejob_tests::Need::Python3]) {
+        return;
+    }
+    let d = Daemon::start();
+    // `python` widens the default profile (its toolchain's paths): before, a call could
+    // only narrow its session's profile, so this was refused.
+    let out = d.cli(&[
+        "call",
+        "--profile",
+        "python",
+        "--",
+        "python3",
+        "-c",
+        "print(6 * 7)",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "42\n");
+    // The directory's default session is untouched by it.
+    let plain = d.cli(&["call", "--", "echo", "plain"]);
+    assert!(plain.status.success(), "{plain:?}");
+    let tasks = String::from_utf8_lossy(&d.cli(&["tasks"]).stdout).into_owned();
+    let line = |needle: &str| {
+        tasks
+            .lines()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no task {needle}:\n{tasks}"))
+            .to_owned()
+    };
+    assert!(line("print(6 * 7)").contains(" python "), "{tasks}");
+    assert!(line("echo plain").contains(" workspace-write "), "{tasks}");
+    assert!(tasks.lines().next().unwrap().contains("PROFILE"), "{tasks}");
+}
