@@ -444,6 +444,12 @@ fn stream(
         );
     } else {
         describe_end(&task);
+        if let Some(line) = &task.violations {
+            eprintln!("sidejob: {line}");
+            if line.contains("network refused") {
+                eprintln!("  hint: {}", super::format::NETWORK_HINT_PROFILE);
+            }
+        }
     }
     if interrupted && task.state == TaskState::Canceled {
         return Ok(EXIT_INTERRUPTED);

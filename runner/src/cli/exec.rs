@@ -409,6 +409,9 @@ pub(super) fn exec(a: ExecArgs, netns: Option<crate::sys::netns::Ahead>) -> i32 
         a.json,
     ) {
         say!("sidejob exec: {line}");
+        if line.contains("network refused") {
+            say!("  hint: {}", super::format::NETWORK_HINT_EXEC);
+        }
     }
     // Done. What this process still holds (the plan, the result, the profile) is left to the
     // kernel instead of being freed piece by piece, and the C library's exit handlers, none of
