@@ -30,6 +30,9 @@ macro_rules! say {
 pub(super) const EXIT_SANDBOX: i32 = 125;
 pub(super) const EXIT_TIMEOUT: i32 = 124;
 
+/// How an unprivileged user gets cgroup limits for `exec`: a cgroup of their own, delegated.
+const CGROUP_DELEGATION_HINT: &str = "cgroup limits need a cgroup delegated to you: run it as systemd-run --user --scope -p Delegate=yes sidejob exec ... (or ask an administrator to delegate one)";
+
 fn fail(msg: impl std::fmt::Display, hint: Option<&str>) -> i32 {
     say!("sidejob exec: {msg}");
     if let Some(h) = hint {
@@ -402,6 +405,9 @@ pub(super) fn exec(a: ExecArgs, netns: Option<crate::sys::netns::Ahead>) -> i32 
         say!("sidejob exec: {err}");
         if let Some(h) = hint {
             say!("  hint: {h}");
+        }
+        if err.contains("not delegated to our uid") {
+            say!("  hint: {CGROUP_DELEGATION_HINT}");
         }
     }
     if let (Some(line), false) = (

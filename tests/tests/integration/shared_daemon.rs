@@ -98,3 +98,22 @@ fn call_profile_runs_under_a_profile_wider_than_the_default_and_tasks_shows_it()
     assert!(line("echo plain").contains(" workspace-write "), "{tasks}");
     assert!(tasks.lines().next().unwrap().contains("PROFILE"), "{tasks}");
 }
+
+#[test]
+fn an_unprivileged_exec_refused_for_cgroups_is_told_how_to_delegate_one() {
+    if sidejob_tests::skip_without(&[
+        sidejob_tests::Need::Root,
+        sidejob_tests::Need::UserNamespaces,
+    ]) {
+        return;
+    }
+    let ws = sidejob_tests::TempDir::new("exec-ci");
+    std::os::unix::fs::chown(ws.path(), Some(NOBODY), Some(NOBODY)).unwrap();
+    let out = as_nobody(ws.path(), &["exec", "--profile", "ci", "--", "true"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    assert!(
+        err.contains("cgroup_memory") && err.contains("systemd-run --user --scope -p Delegate=yes"),
+        "the refusal names no fix:\n{err}"
+    );
+}
