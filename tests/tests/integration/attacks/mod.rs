@@ -11,6 +11,7 @@ mod host_state;
 mod leaks;
 mod paths;
 mod results;
+mod run_as;
 mod setid;
 mod users;
 mod workspace;
@@ -51,6 +52,23 @@ pub(crate) fn daemon_with(extra: &str) -> Option<Daemon> {
 /// reply to a request comes after both.
 pub(crate) fn socket_handed_to_group(d: &Daemon) {
     d.client().ok("initialize", json!({}));
+}
+
+/// [`daemon`] with the profiles `(name, toml)` in a profile directory of its own (root's,
+/// 0755), kept as long as the daemon.
+pub(crate) fn daemon_with_profiles(profiles: &[(&str, &str)]) -> Option<(Daemon, TempDir)> {
+    if skip_without(&[Need::Root]) {
+        return None;
+    }
+    let dir = TempDir::new("profiles");
+    set_mode(dir.path(), 0o755);
+    for (name, text) in profiles {
+        let p = dir.path().join(format!("{name}.toml"));
+        std::fs::write(&p, text).expect("profile");
+        set_mode(&p, 0o644);
+    }
+    let d = daemon_with(&format!("profiles_dir = \"{}\"\n", dir.path().display()))?;
+    Some((d, dir))
 }
 
 /// A connection to `d` as uid 65534.
