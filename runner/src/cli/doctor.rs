@@ -201,12 +201,16 @@ fn print_caches(state_dir: &std::path::Path, caches: &[crate::sandbox::caches::C
     }
     for c in caches {
         println!(
-            "  uid {:<6} {:16} {:12} {:>10}  {}",
+            "  uid {:<6} {:16} {:12} {:>10}  {}  ({})",
             c.uid,
             c.profile,
             c.name,
             human_bytes(c.bytes),
-            c.path.display()
+            c.path.display(),
+            c.workspace.as_ref().map_or_else(
+                || "unused: kept before caches were per workspace".to_owned(),
+                |w| format!("workspace {}", w.display())
+            )
         );
     }
 }

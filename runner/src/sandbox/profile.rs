@@ -109,7 +109,7 @@ pub(crate) struct Profile {
     /// proxy.
     pub egress: Option<Policy>,
     /// Persistent caches: a name and where the run sees it (placeholders allowed). Kept per
-    /// uid and profile under the state directory (see `sandbox::caches`).
+    /// owner, profile and workspace under the state directory (see `sandbox::caches`).
     pub caches: Vec<(String, String)>,
 }
 
