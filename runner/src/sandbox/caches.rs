@@ -15,6 +15,7 @@
 //! `sidejob cache clear` removes them with the rest.
 
 use std::io;
+use std::os::fd::AsFd;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -207,22 +208,40 @@ fn size_of(path: &Path) -> u64 {
     total
 }
 
+/// One cache `clear` removed, or could not.
+#[derive(Debug)]
+pub(crate) struct Cleared {
+    pub cache: CacheInfo,
+    pub error: Option<io::Error>,
+}
+
 /// Removes the caches of `uid` (every uid when `None`) and `profile` (every profile when
-/// `None`); returns what was removed. The removal does not follow symlinks a run left.
-pub(crate) fn clear(
-    state_dir: &Path,
-    uid: Option<u32>,
-    profile: Option<&str>,
-) -> io::Result<Vec<CacheInfo>> {
-    let mut removed = Vec::new();
-    for c in list(state_dir) {
-        if uid.is_some_and(|u| u != c.uid) || profile.is_some_and(|p| p != c.profile) {
-            continue;
-        }
-        std::fs::remove_dir_all(&c.path)?;
-        removed.push(c);
-    }
-    Ok(removed)
+/// `None`), each on its own: one that cannot be removed is reported and the others still
+/// are. The removal holds a few descriptors whatever the depth and never follows a symlink
+/// a run left (`sys::dirfd::remove_tree_at`).
+pub(crate) fn clear(state_dir: &Path, uid: Option<u32>, profile: Option<&str>) -> Vec<Cleared> {
+    list(state_dir)
+        .into_iter()
+        .filter(|c| uid.is_none_or(|u| u == c.uid) && profile.is_none_or(|p| p == c.profile))
+        .map(|cache| {
+            let error = remove(&cache.path).err();
+            Cleared { cache, error }
+        })
+        .collect()
+}
+
+/// Removes one cache: its parent is the daemon's (no caller can rename anything there), the
+/// cache itself is its user's.
+fn remove(path: &Path) -> io::Result<()> {
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str()))
+    else {
+        return Err(io::Error::other(format!(
+            "{} names no cache",
+            path.display()
+        )));
+    };
+    let parent = crate::sys::dirfd::open_dir(parent)?;
+    crate::sys::dirfd::remove_tree_at(parent.as_fd(), name)
 }
 
 #[cfg(test)]
@@ -270,12 +289,45 @@ mod tests {
         assert_eq!(in_a.len(), 2);
         assert_eq!(in_a[0].name, "cargo");
         assert!(in_a[0].bytes >= 5);
-        assert!(clear(state, Some(uid), Some("other")).unwrap().is_empty());
-        assert_eq!(clear(state, Some(uid), Some("rusty")).unwrap().len(), 5);
+        assert!(clear(state, Some(uid), Some("other")).is_empty());
+        let cleared = clear(state, Some(uid), Some("rusty"));
+        assert_eq!(cleared.len(), 5);
+        assert!(cleared.iter().all(|c| c.error.is_none()), "{cleared:?}");
         assert!(list(state).is_empty());
         assert_eq!(
             prepare(state, uid, a, (uid, gid), &Profile::empty("none")).unwrap(),
             None
         );
+    }
+
+    #[test]
+    fn a_deep_tree_is_removed_without_following_its_links() {
+        let scratch = crate::scratch::ScratchDir::new("caches-deep");
+        let base = scratch.path();
+        let outside = base.join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("keep"), "x").unwrap();
+        let tree = base.join("tree");
+        let mut d = tree.clone();
+        std::fs::create_dir(&d).unwrap();
+        std::os::unix::fs::symlink(&outside, d.join("top-link")).unwrap();
+        // Deeper than a path may be long: made one level at a time, relative to the last.
+        let mut fd = crate::sys::dirfd::open_dir(&d).unwrap();
+        for _ in 0..600 {
+            crate::sys::dirfd::mkdir_at(fd.as_fd(), "a-rather-long-directory-name", 0o700).unwrap();
+            fd = crate::sys::dirfd::open_subdir(
+                fd.as_fd(),
+                Path::new("a-rather-long-directory-name"),
+            )
+            .unwrap();
+        }
+        drop(fd);
+        d.push("a-rather-long-directory-name");
+        std::os::unix::fs::symlink(&outside, d.join("out")).unwrap();
+        std::fs::write(d.join("f"), "y").unwrap();
+        let parent = crate::sys::dirfd::open_dir(base).unwrap();
+        crate::sys::dirfd::remove_tree_at(parent.as_fd(), "tree").unwrap();
+        assert!(!tree.exists());
+        assert_eq!(std::fs::read_to_string(outside.join("keep")).unwrap(), "x");
     }
 }

@@ -1,8 +1,13 @@
-//! Issue 32, item 3: a profile's persistent cache is kept per owner, profile and workspace, so
-//! what a run in one workspace leaves there (a tool's configuration, which the tool runs)
-//! never reaches a run in another.
+//! Issue 32, items 3 and 9: a profile's persistent cache is kept per owner, profile and
+//! workspace, so what a run in one workspace leaves there (a tool's configuration, which the
+//! tool runs) never reaches a run in another; and `sidejob cache clear` removes a cache however
+//! deep it is, with a few descriptors, without following its links, and every cache after it.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
 
 use serde_json::json;
+use sidejob_tests::sidejob_bin;
 
 use super::{daemon_with_profiles, mode_uid, nobody, present, NobodyDir, NOBODY};
 use crate::toolchains::{cache_list, cache_path};
@@ -106,4 +111,81 @@ fn attack_configuration_planted_in_a_cache_runs_in_no_other_workspace() {
         "{:?}",
         cache_list(&d.state_dir)
     );
+}
+
+/// `sidejob cache clear` over `state`, as root, with a soft descriptor limit of 1024.
+fn clear_under_1024_descriptors(state: &Path) -> std::process::Output {
+    Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -Sn 1024 && exec \"$0\" cache clear --state-dir \"$1\"")
+        .arg(sidejob_bin())
+        .arg(state)
+        .stdin(Stdio::null())
+        .output()
+        .expect("sidejob cache clear")
+}
+
+#[test]
+fn attack_a_cache_1200_directories_deep_is_cleared_and_so_is_every_cache_after_it() {
+    // Caches are listed (and cleared) by profile: the deep one comes first.
+    let Some((d, _profiles)) =
+        daemon_with_profiles(&[("a-deep", &keeping("deep")), ("b-small", &keeping("small"))])
+    else {
+        return;
+    };
+    let mut n = nobody(&d);
+    let ws = NobodyDir::new("ws");
+    // Something on the host a link in the cache points to: clearing must not follow it.
+    let keep = sidejob_tests::TempDir::new("keep");
+    std::fs::write(keep.path().join("file"), "kept").expect("keep");
+    let open = |n: &mut sidejob_tests::Client, profile: &str| {
+        n.ok(
+            "session.open",
+            json!({"workspace": ws.path(), "profile": profile}),
+        )["session_id"]
+            .as_str()
+            .expect("session_id")
+            .to_owned()
+    };
+    let (deep, small) = (open(&mut n, "a-deep"), open(&mut n, "b-small"));
+    let made = n.bash(
+        &deep,
+        &format!(
+            "cd /cache/deep && ln -s {keep} top-link && p=d && i=1 && \
+             while [ $i -lt 1200 ]; do p=$p/d; i=$((i+1)); done && mkdir -p $p && cd $p && \
+             ln -s {keep} link && ln -s {keep}/file file-link && echo deep > f && echo made",
+            keep = keep.path().display()
+        ),
+        json!({}),
+    );
+    assert_eq!(made["state"], "succeeded", "{made}");
+    let wrote = n.bash(&small, "echo small > /cache/small/f", json!({}));
+    assert_eq!(wrote["state"], "succeeded", "{wrote}");
+    let deep_cache = cache_path(&d.state_dir, "a-deep", ws.path(), "deep");
+    let small_cache = cache_path(&d.state_dir, "b-small", ws.path(), "small");
+    assert!(deep_cache.join("d/d/d").is_dir() && small_cache.join("f").is_file());
+
+    let out = clear_under_1024_descriptors(&d.state_dir);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Each cache is reported, and on disk both are gone; what the links named is not.
+    for c in [&deep_cache, &small_cache] {
+        assert!(
+            stdout.contains(&format!("removed {}", c.display())),
+            "{stdout}"
+        );
+        assert!(!present(c), "{} is still there", c.display());
+    }
+    assert_eq!(
+        std::fs::read_to_string(keep.path().join("file")).expect("kept"),
+        "kept"
+    );
+    assert!(cache_list(&d.state_dir).is_empty());
+    // Positive control: the profile's next run starts with an empty cache of its own again.
+    let fresh = n.bash(&small, "ls -A /cache/small | wc -l", json!({}));
+    assert_eq!(fresh["output"], "0\n", "{fresh}");
 }
