@@ -260,7 +260,13 @@ pub(super) fn exec(a: ExecArgs, netns: Option<crate::sys::netns::Ahead>) -> i32 
         gid.unwrap_or_else(crate::sys::getgid),
     );
     let state_dir = crate::config::default_state_dir();
-    let caches = match crate::sandbox::caches::prepare(&state_dir, run_ids.0, run_ids.1, &profile) {
+    let caches = match crate::sandbox::caches::prepare(
+        &state_dir,
+        crate::sys::getuid(),
+        &workspace,
+        run_ids,
+        &profile,
+    ) {
         Ok(c) => c,
         Err(e) => {
             return fail(
