@@ -135,13 +135,18 @@ impl Run {
         })
     }
 
-    /// Logs a refusal and, when it breaks the policy, records it as a violation. Called before
-    /// the client is answered.
+    /// Records a refusal as a violation (unless it is only a name that does not resolve)
+    /// and logs it: at `info` the first time, at `debug` when it repeats, so a run that keeps
+    /// knocking fills neither the record nor the log. Called before the client is answered.
     pub(crate) fn refuse(&self, host: &str, port: Option<u16>, refusal: Refusal, via: Via) {
-        info!(task_id = %self.task_id, host, port, reason = refusal.code(), ?via, "egress refused");
-        if refusal.is_violation() {
-            self.recorder
+        let first = !refusal.is_violation()
+            || self
+                .recorder
                 .record(&NetworkViolation::new(host, port, refusal, via));
+        if first {
+            info!(task_id = %self.task_id, host, port, reason = refusal.code(), ?via, "egress refused");
+        } else {
+            debug!(task_id = %self.task_id, host, port, reason = refusal.code(), ?via, "egress refused again");
         }
     }
 

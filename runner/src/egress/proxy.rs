@@ -46,7 +46,13 @@ async fn http_request(mut client: TcpStream, mut buf: Vec<u8>, run: &Run) -> io:
                     return Ok(());
                 }
             }
-            Err(e) => return http_error(&mut client, &e).await,
+            Err(e) => {
+                let (target, is_connect) = http::refused_target(&buf);
+                let via = if is_connect { Via::Connect } else { Via::Http };
+                let target = target.unwrap_or_else(|| NO_TARGET.to_owned());
+                run.refuse(&target, None, Refusal::BadRequest, via);
+                return http_error(&mut client, &e).await;
+            }
         }
     };
     let leftover = buf.split_off(head_len);
@@ -100,7 +106,17 @@ async fn socks5(mut client: TcpStream, mut buf: Vec<u8>, run: &Run) -> io::Resul
                     return Ok(());
                 }
             }
-            Err(e) => return socks_error(&mut client, e).await,
+            Err(e) => {
+                let (target, port, via) = match e {
+                    SocksError::Version(4) => match socks::socks4_target(&buf) {
+                        Some((host, port)) => (host, Some(port), Via::Socks4),
+                        None => (NO_TARGET.to_owned(), None, Via::Socks4),
+                    },
+                    _ => (NO_TARGET.to_owned(), None, Via::Socks5),
+                };
+                run.refuse(&target, port, socks_refusal(e), via);
+                return socks_error(&mut client, e).await;
+            }
         }
     };
     client.write_all(&socks::METHOD_NO_AUTH).await?;
@@ -114,9 +130,12 @@ async fn socks5(mut client: TcpStream, mut buf: Vec<u8>, run: &Run) -> io::Resul
                 }
             }
             Err(e) => {
-                if e == SocksError::BadName {
-                    run.refuse("(invalid name)", None, Refusal::BadName, Via::Socks5);
-                }
+                let (target, port) = match e {
+                    SocksError::BadName => ("(invalid name)".to_owned(), None),
+                    _ => socks::refused_target(&buf)
+                        .map_or((NO_TARGET.to_owned(), None), |(h, p)| (h, Some(p))),
+                };
+                run.refuse(&target, port, socks_refusal(e), Via::Socks5);
                 return socks_error(&mut client, e).await;
             }
         }
@@ -144,6 +163,22 @@ async fn socks5(mut client: TcpStream, mut buf: Vec<u8>, run: &Run) -> io::Resul
         .await?;
     upstream.write_all(&leftover).await?;
     tunnel(client, upstream).await
+}
+
+/// The host recorded for a refusal whose request names none that can be read.
+const NO_TARGET: &str = "(no target)";
+
+/// The refusal a broken or unsupported SOCKS handshake is recorded as.
+fn socks_refusal(e: SocksError) -> Refusal {
+    match e {
+        SocksError::Version(4) | SocksError::NoAcceptableMethod => Refusal::UnsupportedProtocol,
+        SocksError::Command(_) => Refusal::UnsupportedCommand,
+        SocksError::BadName => Refusal::BadName,
+        SocksError::Version(_)
+        | SocksError::Reserved
+        | SocksError::AddressType(_)
+        | SocksError::BadPort => Refusal::BadRequest,
+    }
 }
 
 async fn socks_error(client: &mut TcpStream, e: SocksError) -> io::Result<()> {

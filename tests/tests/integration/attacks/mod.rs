@@ -6,6 +6,7 @@
 //! They need root (a root daemon, another uid, the sandbox) and skip with a printed reason
 //! otherwise.
 
+mod egress;
 mod git;
 mod host_state;
 mod leaks;
