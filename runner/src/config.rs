@@ -62,6 +62,8 @@ pub(crate) struct Config {
     /// Serve Prometheus metrics on this loopback address (e.g. `127.0.0.1:9464`); off when
     /// unset.
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// The egress proxy of allow-list runs (`[egress]`).
+    pub egress: EgressConfig,
 }
 
 /// `[per_user]`: what one uid may hold of the daemon at once. A request past a limit is
@@ -132,6 +134,24 @@ impl Default for Config {
             per_user: PerUser::default(),
             backup_interval_ms: 300_000,
             metrics_addr: None,
+            egress: EgressConfig::default(),
+        }
+    }
+}
+
+/// `[egress]`: how long the proxy of an allow-list run waits for its clients.
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct EgressConfig {
+    /// A client's whole request head (HTTP, or the SOCKS5 handshake) must arrive this soon
+    /// after it connects.
+    pub head_timeout_ms: u64,
+}
+
+impl Default for EgressConfig {
+    fn default() -> Self {
+        EgressConfig {
+            head_timeout_ms: 30_000,
         }
     }
 }

@@ -61,8 +61,6 @@ pub(crate) mod kind {
 
 /// Connections one run may have open through the proxy at once; more are closed at once.
 const MAX_CONNECTIONS: usize = 256;
-/// How long a client may take to send its request head.
-const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long resolving a name on the host, or connecting to it, may take.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -99,6 +97,28 @@ pub(crate) fn proxy_env() -> Vec<(String, String)> {
     env
 }
 
+/// How long the proxy waits for its clients (`[egress]` in the daemon's configuration).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Timeouts {
+    /// For a client's whole request head (HTTP, or the SOCKS5 handshake), and for the
+    /// relay's first message.
+    pub head: Duration,
+}
+
+impl Timeouts {
+    pub(crate) fn from_config(c: &crate::config::EgressConfig) -> Timeouts {
+        Timeouts {
+            head: Duration::from_millis(c.head_timeout_ms.max(1)),
+        }
+    }
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts::from_config(&crate::config::EgressConfig::default())
+    }
+}
+
 /// The resolver configuration in the run's view.
 pub(crate) const RESOLV_CONF: &str = "# sidejob: the run's DNS responder answers the names its network.allow list allows\nnameserver 127.0.0.1\noptions timeout:2 attempts:2\n";
 
@@ -110,6 +130,7 @@ pub(crate) struct Run {
     recorder: Recorder,
     answered: Mutex<HashMap<IpAddr, String>>,
     slots: Arc<Semaphore>,
+    pub timeouts: Timeouts,
 }
 
 /// Why a connection was not made.
@@ -132,7 +153,13 @@ impl Run {
             recorder: Recorder::open(record_path)?,
             answered: Mutex::new(HashMap::new()),
             slots: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
+            timeouts: Timeouts::default(),
         })
+    }
+
+    pub(crate) fn with_timeouts(mut self, timeouts: Timeouts) -> Run {
+        self.timeouts = timeouts;
+        self
     }
 
     /// Records a refusal as a violation (unless it is only a name that does not resolve)
@@ -294,11 +321,12 @@ pub(crate) async fn serve(
 }
 
 /// One connection from the relay: the first message carries the kind byte and the socket.
-/// A peer that sends nothing (or, for a UDP query, never finishes) is dropped after
-/// [`HEAD_TIMEOUT`], so it cannot hold one of the run's connections.
+/// A peer that sends nothing (or, for a UDP query, never finishes) is dropped after the head
+/// timeout, so it cannot hold one of the run's connections.
 async fn from_relay(stream: UnixStream, run: &Arc<Run>) -> io::Result<()> {
+    let head_timeout = run.timeouts.head;
     let mut buf = vec![0u8; 1 + 1 + 16 + 2 + dns::MAX_MESSAGE];
-    let first = tokio::time::timeout(HEAD_TIMEOUT, first_message(&stream, &mut buf))
+    let first = tokio::time::timeout(head_timeout, first_message(&stream, &mut buf))
         .await
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "nothing from the relay"))?;
     let (n, mut fds) = first?;
@@ -316,7 +344,7 @@ async fn from_relay(stream: UnixStream, run: &Arc<Run>) -> io::Result<()> {
             let mut data = buf[1..n].to_vec();
             let mut rest = stream;
             let limit = (1 + 16 + 2 + dns::MAX_MESSAGE) as u64;
-            tokio::time::timeout(HEAD_TIMEOUT, (&mut rest).take(limit).read_to_end(&mut data))
+            tokio::time::timeout(head_timeout, (&mut rest).take(limit).read_to_end(&mut data))
                 .await
                 .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "an unfinished query"))??;
             udp_query(fd, &data, run).await

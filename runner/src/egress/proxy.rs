@@ -7,42 +7,55 @@ use std::sync::Arc;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 
 use super::http::{self, HttpError, ProxyRequest};
 use super::policy::Refusal;
 use super::record::Via;
 use super::socks::{self, SocksError};
-use super::{Refused, Run, HEAD_TIMEOUT};
+use super::{Refused, Run};
 
 pub(crate) async fn handle(mut client: TcpStream, run: Arc<Run>) -> io::Result<()> {
     let _ = client.set_nodelay(true);
+    // One deadline for the whole head, however it is cut up: a client that trickles it
+    // byte by byte cannot hold the connection longer than one that sends nothing.
+    let deadline = Instant::now() + run.timeouts.head;
     let mut buf = Vec::with_capacity(4096);
-    if read_more(&mut client, &mut buf).await? == 0 {
+    if read_more(&mut client, &mut buf, deadline).await? == 0 {
         return Ok(());
     }
     match buf[0] {
-        socks::VERSION | 4 => socks5(client, buf, &run).await,
-        _ => http_request(client, buf, &run).await,
+        socks::VERSION | 4 => socks5(client, buf, deadline, &run).await,
+        _ => http_request(client, buf, deadline, &run).await,
     }
 }
 
-/// Reads what is available (at least one byte unless the stream ended), within the head
-/// timeout.
-async fn read_more(client: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<usize> {
+/// Reads what is available (at least one byte unless the stream ended), before the head's
+/// deadline.
+async fn read_more(
+    client: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    deadline: Instant,
+) -> io::Result<usize> {
     let mut chunk = [0u8; 4096];
-    let n = tokio::time::timeout(HEAD_TIMEOUT, client.read(&mut chunk))
+    let n = tokio::time::timeout_at(deadline, client.read(&mut chunk))
         .await
-        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no request in time"))??;
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no whole request in time"))??;
     buf.extend_from_slice(&chunk[..n]);
     Ok(n)
 }
 
-async fn http_request(mut client: TcpStream, mut buf: Vec<u8>, run: &Run) -> io::Result<()> {
+async fn http_request(
+    mut client: TcpStream,
+    mut buf: Vec<u8>,
+    deadline: Instant,
+    run: &Run,
+) -> io::Result<()> {
     let (req, head_len) = loop {
         match http::parse(&buf) {
             Ok(Some(parsed)) => break parsed,
             Ok(None) => {
-                if read_more(&mut client, &mut buf).await? == 0 {
+                if read_more(&mut client, &mut buf, deadline).await? == 0 {
                     return Ok(());
                 }
             }
@@ -97,12 +110,17 @@ async fn http_error(client: &mut TcpStream, e: &HttpError) -> io::Result<()> {
     write_close(client, &http::response(e.status(), None, &body)).await
 }
 
-async fn socks5(mut client: TcpStream, mut buf: Vec<u8>, run: &Run) -> io::Result<()> {
+async fn socks5(
+    mut client: TcpStream,
+    mut buf: Vec<u8>,
+    deadline: Instant,
+    run: &Run,
+) -> io::Result<()> {
     let greeting_len = loop {
         match socks::greeting(&buf) {
             Ok(Some(n)) => break n,
             Ok(None) => {
-                if read_more(&mut client, &mut buf).await? == 0 {
+                if read_more(&mut client, &mut buf, deadline).await? == 0 {
                     return Ok(());
                 }
             }
@@ -125,7 +143,7 @@ async fn socks5(mut client: TcpStream, mut buf: Vec<u8>, run: &Run) -> io::Resul
         match socks::request(&buf) {
             Ok(Some(parsed)) => break parsed,
             Ok(None) => {
-                if read_more(&mut client, &mut buf).await? == 0 {
+                if read_more(&mut client, &mut buf, deadline).await? == 0 {
                     return Ok(());
                 }
             }

@@ -1,6 +1,9 @@
 //! Attacks on the egress proxy of a root daemon (issue 32): uid 65534's allow-list runs
-//! make the refusals the proxy used to leave out of `result.json`. The side effects are
-//! checked on the host: the run's `result.json`.
+//! trickle a request head, and make the refusals the proxy used to leave out of
+//! `result.json`. The side effects are checked on the host: what the allowed server was
+//! asked and when, the run's `result.json`.
+
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 use sidejob_tests::net::HttpServer;
@@ -45,6 +48,48 @@ fn nobody_net_session(n: &mut Client) -> (NobodyDir, String, String) {
         .expect("session_id")
         .to_owned();
     (ws, s, script.display().to_string())
+}
+
+#[test]
+fn a_request_head_trickled_byte_by_byte_was_served_long_after_the_head_timeout() {
+    let srv = HttpServer::start();
+    let port = srv.port;
+    let Some((d, _p)) = daemon_net(
+        &format!("allow = [\"models.test\", \"127.0.0.1:{port}\"]\nhosts = {{ \"models.test\" = \"127.0.0.1\" }}"),
+        "[egress]\nhead_timeout_ms = 1500\n",
+    ) else {
+        return;
+    };
+    let mut n = nobody(&d);
+    let (_ws, s, py) = nobody_net_session(&mut n);
+    let t0 = Instant::now();
+    // About 55 bytes, 0.2 s apart: 11 s for the head, each read well within 1.5 s.
+    let r = n.bash(
+        &s,
+        &format!(
+            "python3 {py} trickle {port} /trickled 0.2; python3 {py} trickle {port} /quick 0.01; curl -sS -m 10 http://models.test:{port}/normal"
+        ),
+        json!({"yield_after_ms": 60_000}),
+    );
+    let took = t0.elapsed();
+    let out = r["output"].as_str().unwrap_or("");
+    assert_eq!(r["status"], "completed", "{r}");
+    let seen = srv.seen();
+    assert!(
+        !seen.iter().any(|l| l.contains("/trickled")),
+        "the trickled head was served: {seen:?}\n{out}"
+    );
+    assert!(out.contains("trickle /trickled: closed"), "{out}");
+    assert!(
+        took < Duration::from_secs(8),
+        "the run took {took:?}\n{out}"
+    );
+    // Controls: a head trickled within the deadline, and a plain one, are served.
+    assert!(
+        seen.iter().any(|l| l.contains("GET /quick")),
+        "{seen:?}\n{out}"
+    );
+    assert!(out.contains("hello /normal"), "{out}");
 }
 
 #[test]
