@@ -91,6 +91,9 @@ pub(crate) struct PerUser {
     /// Bytes of output kept in the state directory (runs of sessions whose directory the
     /// daemon chose); `session.close` with `delete: true` frees a session's.
     pub output_bytes: u64,
+    /// Connections through the egress proxy open at once, over all the user's runs; more
+    /// are closed as they come.
+    pub egress_connections: usize,
 }
 
 impl Default for PerUser {
@@ -104,6 +107,7 @@ impl Default for PerUser {
             sessions: 256,
             schedules: 256,
             output_bytes: 16 << 30,
+            egress_connections: 512,
         }
     }
 }
@@ -146,12 +150,15 @@ pub(crate) struct EgressConfig {
     /// A client's whole request head (HTTP, or the SOCKS5 handshake) must arrive this soon
     /// after it connects.
     pub head_timeout_ms: u64,
+    /// A tunnel in which neither side sent anything for this long is closed.
+    pub idle_timeout_ms: u64,
 }
 
 impl Default for EgressConfig {
     fn default() -> Self {
         EgressConfig {
             head_timeout_ms: 30_000,
+            idle_timeout_ms: 600_000,
         }
     }
 }

@@ -19,6 +19,7 @@ pub(crate) mod http;
 pub(crate) mod policy;
 pub(crate) mod proxy;
 pub(crate) mod record;
+pub(crate) mod share;
 pub(crate) mod socks;
 pub(crate) mod splice;
 pub(crate) mod standalone;
@@ -34,7 +35,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info};
 
 pub(crate) use policy::Policy;
@@ -103,12 +104,15 @@ pub(crate) struct Timeouts {
     /// For a client's whole request head (HTTP, or the SOCKS5 handshake), and for the
     /// relay's first message.
     pub head: Duration,
+    /// For a tunnel in which neither side sends anything.
+    pub idle: Duration,
 }
 
 impl Timeouts {
     pub(crate) fn from_config(c: &crate::config::EgressConfig) -> Timeouts {
         Timeouts {
             head: Duration::from_millis(c.head_timeout_ms.max(1)),
+            idle: Duration::from_millis(c.idle_timeout_ms.max(1)),
         }
     }
 }
@@ -131,6 +135,15 @@ pub(crate) struct Run {
     answered: Mutex<HashMap<IpAddr, String>>,
     slots: Arc<Semaphore>,
     pub timeouts: Timeouts,
+    /// The daemon's count of proxied connections and the uid this run's count against.
+    share: Option<(Arc<share::Shares>, u32)>,
+}
+
+/// What one admitted connection holds until it ends: a slot of its run and, in the daemon,
+/// its owner's share.
+struct Admitted {
+    _slot: OwnedSemaphorePermit,
+    _share: Option<share::Ticket>,
 }
 
 /// Why a connection was not made.
@@ -154,12 +167,42 @@ impl Run {
             answered: Mutex::new(HashMap::new()),
             slots: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
             timeouts: Timeouts::default(),
+            share: None,
         })
     }
 
     pub(crate) fn with_timeouts(mut self, timeouts: Timeouts) -> Run {
         self.timeouts = timeouts;
         self
+    }
+
+    /// Counts the run's connections against `uid`'s share of the daemon's.
+    pub(crate) fn with_share(mut self, shares: Arc<share::Shares>, uid: u32) -> Run {
+        self.share = Some((shares, uid));
+        self
+    }
+
+    /// A slot for one more connection, or `None` (and it is closed) when the run has
+    /// [`MAX_CONNECTIONS`] open or its owner their whole share.
+    fn admit(&self) -> Option<Admitted> {
+        let Ok(slot) = self.slots.clone().try_acquire_owned() else {
+            debug!(task_id = %self.task_id, "too many connections; closing one");
+            return None;
+        };
+        let share = match &self.share {
+            Some((shares, uid)) => match shares.take(*uid) {
+                Ok(ticket) => Some(ticket),
+                Err(full) => {
+                    debug!(task_id = %self.task_id, "closing a connection: {full}");
+                    return None;
+                }
+            },
+            None => None,
+        };
+        Some(Admitted {
+            _slot: slot,
+            _share: share,
+        })
     }
 
     /// Records a refusal as a violation (unless it is only a name that does not resolve)
@@ -287,27 +330,29 @@ impl Run {
 }
 
 /// Serves a run's socket until `stop` resolves: every connection from the relay is handled
-/// on its own task, within the run's share of connections.
+/// on its own task, within the run's share of connections. The tasks are the run's: when
+/// `stop` resolves (the run settled), every connection still open is ended and its sockets
+/// closed, whatever its peers do.
 pub(crate) async fn serve(
     listener: UnixListener,
     run: Arc<Run>,
     stop: impl std::future::Future<Output = ()>,
 ) {
     tokio::pin!(stop);
+    let mut connections = tokio::task::JoinSet::new();
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
-                    let Ok(permit) = run.slots.clone().try_acquire_owned() else {
-                        debug!(task_id = %run.task_id, "too many connections; closing one");
+                    let Some(admitted) = run.admit() else {
                         continue;
                     };
                     let run = run.clone();
-                    tokio::spawn(async move {
+                    connections.spawn(async move {
                         if let Err(e) = from_relay(stream, &run).await {
                             debug!(task_id = %run.task_id, "egress connection: {e}");
                         }
-                        drop(permit);
+                        drop(admitted);
                     });
                 }
                 Err(e) => {
@@ -315,9 +360,14 @@ pub(crate) async fn serve(
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
             _ = &mut stop => break,
         }
     }
+    if !connections.is_empty() {
+        debug!(task_id = %run.task_id, open = connections.len(), "the run is over; closing its connections");
+    }
+    connections.shutdown().await;
 }
 
 /// One connection from the relay: the first message carries the kind byte and the socket.
@@ -338,8 +388,16 @@ async fn from_relay(stream: UnixStream, run: &Arc<Run>) -> io::Result<()> {
     }
     let fd = fds.remove(0);
     match buf[0] {
-        kind::PROXY => proxy::handle(stream_socket(fd)?, run.clone()).await,
-        kind::DNS_TCP => dns::serve_tcp(stream_socket(fd)?, run.clone()).await,
+        // The relay's connection has done its work once the socket is here: not held open
+        // beside it.
+        kind::PROXY => {
+            drop(stream);
+            proxy::handle(stream_socket(fd)?, run.clone()).await
+        }
+        kind::DNS_TCP => {
+            drop(stream);
+            dns::serve_tcp(stream_socket(fd)?, run.clone()).await
+        }
         kind::DNS_UDP => {
             let mut data = buf[1..n].to_vec();
             let mut rest = stream;

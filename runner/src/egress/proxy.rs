@@ -102,7 +102,7 @@ async fn http_request(
         }
     }
     upstream.write_all(&leftover).await?;
-    tunnel(client, upstream).await
+    tunnel(client, upstream, run).await
 }
 
 async fn http_error(client: &mut TcpStream, e: &HttpError) -> io::Result<()> {
@@ -180,7 +180,7 @@ async fn socks5(
         .write_all(&socks::reply(socks::rep::SUCCEEDED))
         .await?;
     upstream.write_all(&leftover).await?;
-    tunnel(client, upstream).await
+    tunnel(client, upstream, run).await
 }
 
 /// The host recorded for a refusal whose request names none that can be read.
@@ -208,7 +208,8 @@ async fn write_close(client: &mut TcpStream, bytes: &[u8]) -> io::Result<()> {
     client.shutdown().await
 }
 
-/// Moves bytes both ways until both sides are done, in the kernel ([`super::splice`]).
-async fn tunnel(client: TcpStream, upstream: TcpStream) -> io::Result<()> {
-    super::splice::tunnel(&client, &upstream).await
+/// Moves bytes both ways, in the kernel ([`super::splice`]), until the tunnel ends; both
+/// sockets are closed then.
+async fn tunnel(client: TcpStream, upstream: TcpStream, run: &Run) -> io::Result<()> {
+    super::splice::tunnel(&client, &upstream, run.timeouts.idle).await
 }

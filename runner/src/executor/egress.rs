@@ -63,10 +63,11 @@ fn bind_in(dir: &Path) -> std::io::Result<UnixListener> {
 impl Executor {
     /// Makes the run's egress directory and binds its socket, both the daemon's alone (0700
     /// and 0600: the run's supervisor, which relays to it, runs as the daemon's user). Fills
-    /// in the plan's `socket_dir`.
+    /// in the plan's `socket_dir`. The run's connections count against `owner_uid`'s share.
     pub(super) fn bind_egress(
         &self,
         task_id: &str,
+        owner_uid: u32,
         private: &PrivateDir,
         plan: &mut EgressPlan,
     ) -> Result<Bound, ExecError> {
@@ -80,7 +81,8 @@ impl Executor {
         let record = private.path().join(eg::record::FILE);
         let run = eg::Run::new(task_id, plan.policy.clone(), &record)
             .map_err(io("open the run's network record", &record))?
-            .with_timeouts(eg::Timeouts::from_config(&self.cfg.egress));
+            .with_timeouts(eg::Timeouts::from_config(&self.cfg.egress))
+            .with_share(self.egress_shares.clone(), owner_uid);
         plan.socket_dir = dir.clone();
         Ok(Bound {
             task_id: task_id.to_owned(),
@@ -90,7 +92,8 @@ impl Executor {
         })
     }
 
-    /// Serves a run's proxy socket until the run settles, then removes its directory.
+    /// Serves a run's proxy socket until the run settles (its connections are closed then),
+    /// then removes its directory.
     pub(super) fn serve_egress(self: &Arc<Self>, b: Bound) {
         let Bound {
             task_id,
@@ -137,7 +140,7 @@ impl Executor {
                 return;
             }
         }
-        match self.bind_egress(&row.task_id, &private, &mut egress) {
+        match self.bind_egress(&row.task_id, row.owner_uid, &private, &mut egress) {
             Ok(b) => {
                 info!(task_id = %row.task_id, "egress proxy served again after the restart");
                 self.serve_egress(b);
