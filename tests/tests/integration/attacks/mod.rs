@@ -7,6 +7,7 @@
 //! otherwise.
 
 mod caches;
+mod egress;
 mod git;
 mod host_state;
 mod leaks;
