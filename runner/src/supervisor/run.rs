@@ -496,7 +496,23 @@ fn prepare_command(plan: &LaunchPlan) -> Result<linux::Command, SuperviseError> 
         cwd: plan.cwd.clone(),
         uid: plan.uid,
         gid: plan.gid,
+        groups: run_groups(plan),
     })
+}
+
+/// The supplementary groups the command keeps: the caller's own, when it runs as the
+/// caller (they are part of the caller's authority: a workspace group-writable for one of
+/// them is writable in the run too); none when it runs as anyone else.
+fn run_groups(plan: &LaunchPlan) -> Vec<u32> {
+    match (&plan.caller, plan.uid, plan.gid) {
+        (Some(c), Some(uid), Some(gid)) if c.uid == uid && c.gid == gid => c
+            .groups
+            .iter()
+            .copied()
+            .filter(|g| *g != 0 && *g != gid)
+            .collect(),
+        _ => Vec::new(),
+    }
 }
 
 /// Reads what a non-blocking pipe holds; true once its writers are all gone.

@@ -51,6 +51,8 @@ pub(crate) struct Command {
     pub cwd: PathBuf,
     pub uid: Option<u32>,
     pub gid: Option<u32>,
+    /// Supplementary groups it keeps after the switch to `uid`/`gid`.
+    pub groups: Vec<u32>,
     /// `bash -c` of one plain simple command: what bash would exec in its place, tried first
     /// (see [`oneshot`]).
     pub oneshot: Option<oneshot::OneShot>,
@@ -778,9 +780,10 @@ fn confine_and_exec(p: &Prepared, cmd: &Command, output: &OwnedFd, exec_error: &
     if let Err(e) = ssys::drop_bounding_and_ambient_caps(p.last_cap) {
         fail("drop capabilities", &e);
     }
-    // f. The run's uid and gid, with no supplementary groups.
+    // f. The run's uid and gid, with the caller's own supplementary groups when it runs as
+    //    the caller, none otherwise.
     if let (Some(uid), Some(gid)) = (cmd.uid, cmd.gid) {
-        if let Err(e) = sys::drop_to(uid, gid) {
+        if let Err(e) = sys::drop_to(uid, gid, &cmd.groups) {
             fail(&format!("switch to uid {uid} gid {gid}"), &e);
         }
     }
