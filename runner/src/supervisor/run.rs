@@ -396,11 +396,28 @@ impl Watch {
             libc::SIGTERM | libc::SIGINT if self.stop.is_none() => {
                 let req =
                     CancelRequest::read_or_cancel(&run.plan.private_dir(), run.plan.kill_grace_ms);
+                if req.withdrawn {
+                    // The cancel and its withdrawal came as one signal: nothing to stop.
+                    return;
+                }
                 let stop = outcome::Stop {
                     reason: req.reason,
                     message: req.message,
                 };
                 self.begin_stop(stop, req.grace_ms, run.init_pid);
+            }
+            // A cancel taken back within its grace: no SIGKILL, and the run is not canceled.
+            libc::SIGTERM
+                if !self.killed
+                    && self
+                        .stop
+                        .as_ref()
+                        .is_some_and(|s| s.reason == StopReason::Canceled)
+                    && CancelRequest::read(&run.plan.private_dir())
+                        .is_some_and(|r| r.withdrawn) =>
+            {
+                self.stop = None;
+                self.kill_at = None;
             }
             libc::SIGCHLD => {
                 if let Ok(Some((_, exit))) = sys::waitpid(run.init_pid, true) {
