@@ -315,6 +315,33 @@ pub(crate) fn open_path_no_symlinks(path: &Path) -> io::Result<OwnedFd> {
     fcntl::openat2(AT_FDCWD, path, how).map_err(errno)
 }
 
+/// Opens a path the caller owns or named (under `{home}`) as an `O_PATH` descriptor the way
+/// the caller's own `open` would, symlinks followed, but never through a magic link
+/// (`/proc/<pid>/root`, `/proc/self/fd/N`: `ELOOP`), which would lead where no path the
+/// caller can name leads. With `O_NOFOLLOW` in `flags`, a symlink as the last component is
+/// opened as itself (to read with [`read_link`]). Call it with the caller's credentials
+/// ([`with_creds_here`]), so every directory on the way, a symlink's target included, is
+/// searched as them.
+pub(crate) fn open_path_no_magiclinks(path: &Path, flags: OFlag) -> io::Result<OwnedFd> {
+    let how = OpenHow::new()
+        .flags(OFlag::O_PATH | OFlag::O_CLOEXEC | flags)
+        .resolve(ResolveFlag::RESOLVE_NO_MAGICLINKS);
+    fcntl::openat2(AT_FDCWD, path, how).map_err(errno)
+}
+
+/// The text of the symlink `fd` is (an `O_PATH | O_NOFOLLOW` descriptor of it).
+pub(crate) fn read_link(fd: BorrowedFd<'_>) -> io::Result<std::path::PathBuf> {
+    fcntl::readlinkat(fd, "")
+        .map(std::path::PathBuf::from)
+        .map_err(errno)
+}
+
+/// The path the kernel names for what `fd` is now (the target of its `/proc/self/fd`
+/// entry: a link of this process's own, read, not followed).
+pub(crate) fn fd_path(fd: BorrowedFd<'_>) -> io::Result<std::path::PathBuf> {
+    std::fs::read_link(proc_fd_path(fd))
+}
+
 /// The path of a descriptor under `/proc/self/fd`, for calls that only take paths (a bind
 /// mount's source): the magic link resolves to the descriptor's file, whatever its path is
 /// now.

@@ -1,4 +1,4 @@
-//! Attack tests for the privilege boundary (issues 8 and 9): each does the attack for real —
+//! Attack tests for the privilege boundary (issues 8, 9 and 32): each does the attack for real —
 //! as uid 65534 reaching a root daemon through its `socket_group`, or as root for the
 //! command cases — and checks the side effect on the host, beside a positive control that
 //! shows the same steps work where they are allowed.
@@ -7,6 +7,7 @@
 //! otherwise.
 
 mod git;
+mod home_links;
 mod host_state;
 mod leaks;
 mod paths;
