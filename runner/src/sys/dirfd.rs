@@ -149,6 +149,39 @@ pub(crate) fn chown_fd(fd: BorrowedFd<'_>, uid: u32, gid: u32) -> io::Result<()>
     .map_err(errno)
 }
 
+/// The entries of the directory `dir` (not `.` and `..`) with their types as the directory
+/// reports them (`None`: it does not say; `fstatat` them), read from a descriptor of their
+/// own (`dir` may be `O_PATH`).
+pub(crate) fn entries(
+    dir: BorrowedFd<'_>,
+) -> io::Result<Vec<(std::ffi::OsString, Option<nix::dir::Type>)>> {
+    use std::os::unix::ffi::OsStringExt;
+    let mut out = Vec::new();
+    let mut d = nix::dir::Dir::openat(
+        dir,
+        ".",
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(errno)?;
+    for entry in d.iter() {
+        let entry = entry.map_err(errno)?;
+        let name = entry.file_name().to_bytes();
+        if name != b"." && name != b".." {
+            out.push((
+                std::ffi::OsString::from_vec(name.to_vec()),
+                entry.file_type(),
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// `fstatat` of `name` in `dir`, not following a symlink.
+pub(crate) fn stat_at(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<FileStat> {
+    stat::fstatat(dir, name, fcntl::AtFlags::AT_SYMLINK_NOFOLLOW).map_err(errno)
+}
+
 /// `fstat` of any descriptor (`O_PATH` included).
 pub(crate) fn stat_fd(fd: BorrowedFd<'_>) -> io::Result<FileStat> {
     stat::fstat(fd).map_err(errno)

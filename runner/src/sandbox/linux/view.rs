@@ -24,7 +24,10 @@ const NOEXEC: libc::c_ulong = libc::MS_NOEXEC;
 
 /// A failed step; a path in the view (relative to its root, see the module's documentation)
 /// is named as the run would see it.
-fn err<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> LaunchError + 'a {
+pub(super) fn err<'a>(
+    step: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(io::Error) -> LaunchError + 'a {
     move |source| LaunchError {
         step,
         path: Some(match path.strip_prefix(".") {
