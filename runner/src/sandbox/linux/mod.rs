@@ -3,12 +3,14 @@
 //! may allocate or fail early) and the run's init calls [`launch`], the one linear function
 //! that builds the sandbox and starts the command in it.
 
+mod caller_path;
 pub(crate) mod cgroup;
 pub(crate) mod git;
 pub(crate) mod landlock;
 pub(crate) mod netns;
 pub(crate) mod oneshot;
 pub(crate) mod seccomp;
+mod setid;
 pub(crate) mod view;
 
 use std::ffi::{CString, OsStr};
@@ -717,6 +719,11 @@ pub(crate) fn launch(
     })?;
     let root = Path::new(".");
     view::mount_sources(root, &sources, &p.tmp_options)?;
+    //    A root run's writable paths may hold set-id files it could rewrite through a
+    //    shared mapping, keeping their bits: each is made read-only (see `setid`).
+    if p.root_run {
+        setid::pin(root, &sources)?;
+    }
     drop(sources);
     view::mount_proc(root, p.root_run)?;
     view::mask_sys(root)?;
