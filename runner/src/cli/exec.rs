@@ -296,6 +296,16 @@ pub(super) fn exec(a: ExecArgs, netns: Option<crate::sys::netns::Ahead>) -> i32 
         Err(e) => return fail(format!("profile {}: {e}", profile.name), None),
     };
     let mut sandbox = resolved.sandbox;
+    // The sockets a run must not be handed through a caller's path: the daemons' this
+    // user could reach (its own, the system one) and the bridges.
+    sandbox.off_limits = [
+        crate::config::default_socket_path(),
+        crate::config::SYSTEM_SOCKET.into(),
+    ]
+    .iter()
+    .filter_map(|s| s.parent().map(Path::to_path_buf))
+    .chain([crate::config::default_bridge_dir()])
+    .collect();
     // `--read` and `--write` name the caller's own paths: they are opened as `{home}` ones
     // are (no magic link, no kernel filesystem, none of the mounts below them).
     for m in &mut sandbox.mounts {

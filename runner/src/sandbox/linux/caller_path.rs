@@ -75,6 +75,7 @@ pub(super) fn open(
     m: &MountSpec,
     src: &Path,
     mounts: &[MountSpec],
+    off_limits: &[PathBuf],
     caller: Option<&Creds>,
 ) -> Result<Option<Source>, LaunchError> {
     let found = dirfd::with_creds_here(caller, || find(src)).map_err(|e| refusal(src, e))?;
@@ -101,6 +102,7 @@ pub(super) fn open(
         }
     };
     refuse_kernel_fs(&fd, src)?;
+    refuse_off_limits(&fd, src, off_limits)?;
     let info = crate::sys::sandbox::fstat(&fd).map_err(|e| refusal(src, e))?;
     Ok(Some(Source::Bind {
         fd,
@@ -142,6 +144,40 @@ pub(super) fn refuse_kernel_fs(fd: &OwnedFd, src: &Path) -> Result<(), LaunchErr
             io::Error::new(
                 io::ErrorKind::PermissionDenied,
                 format!("a caller's path may not lead to a kernel filesystem ({what})"),
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Refuses a descriptor on, above or below one of `off_limits` (the control socket's
+/// directory, the bridges'): what it leads to is where the caller's path really is.
+fn refuse_off_limits(fd: &OwnedFd, src: &Path, off_limits: &[PathBuf]) -> Result<(), LaunchError> {
+    if off_limits.is_empty() {
+        return Ok(());
+    }
+    let real = dirfd::fd_path(fd.as_fd()).map_err(|e| refusal(src, e))?;
+    // A path above one is bound without the mounts below it: it holds that directory only
+    // when both are on one filesystem.
+    let dev = dirfd::stat_fd(fd.as_fd())
+        .map_err(|e| refusal(src, e))?
+        .st_dev;
+    let same_fs = |d: &Path| {
+        std::fs::metadata(d).is_ok_and(|m| std::os::unix::fs::MetadataExt::dev(&m) == dev)
+    };
+    match off_limits
+        .iter()
+        .find(|d| real.starts_with(d) || (d.starts_with(&real) && same_fs(d)))
+    {
+        Some(d) => Err(refusal(
+            src,
+            io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "a caller's path may not lead to sidejob's own sockets ({} holds or lies in {})",
+                    real.display(),
+                    d.display()
+                ),
             ),
         )),
         None => Ok(()),

@@ -705,7 +705,7 @@ pub(crate) fn launch(
     .map_err(step("make mounts private"))?;
     // 6. Open every profile path before anything is mounted over the host's tree (the
     //    staging directory may lie above some of them).
-    let sources = view::open_sources(&p.plan.mounts, p.caller.as_ref())?;
+    let sources = view::open_sources(&p.plan.mounts, &p.plan.off_limits, p.caller.as_ref())?;
     // 7. The minimal root view: an empty tmpfs, the profile's paths, a fresh /proc for this
     //    PID namespace, a minimal /dev, and the protected paths read-only on top.
     //    Once its root is mounted, the view is built from inside it: every path below is

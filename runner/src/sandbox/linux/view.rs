@@ -76,6 +76,7 @@ pub(crate) enum Submounts {
 /// caller (see `caller_path`).
 pub(crate) fn open_sources(
     mounts: &[MountSpec],
+    off_limits: &[PathBuf],
     caller: Option<&Creds>,
 ) -> Result<Vec<Source>, LaunchError> {
     let mut out = Vec::with_capacity(mounts.len());
@@ -88,7 +89,7 @@ pub(crate) fn open_sources(
             continue;
         };
         let source = if m.as_caller && !m.required {
-            super::caller_path::open(m, src, mounts, caller)?
+            super::caller_path::open(m, src, mounts, off_limits, caller)?
         } else {
             open_listed(m, src, mounts, caller)?
         };

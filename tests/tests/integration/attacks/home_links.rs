@@ -236,8 +236,9 @@ fn attack_home_symlink_to_proc_or_root_shows_no_host_process() {
     assert_eq!(r["state"], "failed", "{r}");
     assert!(told.contains("kernel filesystem"), "{r}");
 
-    // ~/link -> /: the root filesystem as the caller may read it, without the host's
-    // /proc (or anything else mounted below /).
+    // ~/link -> /: bound without the mounts below it, so no host /proc; but this daemon's
+    // socket lies on the root filesystem (under /tmp), so / would hand the run the control
+    // socket: refused, naming why.
     user.link_to(Path::new("/"));
     let r = probe(&mut s, "/proc");
     let told = said(&r);
@@ -245,15 +246,34 @@ fn attack_home_symlink_to_proc_or_root_shows_no_host_process() {
         !told.contains("saw-host-pid") && !told.contains("integration"),
         "the run saw the host's processes: {r}"
     );
-    assert_eq!(r["output"], "ran\n", "{r}");
-    // Control: the files of / itself are there.
+    assert!(told.contains("sidejob's own sockets"), "{r}");
+}
+
+#[test]
+fn attack_home_symlink_to_the_control_sockets_directory_hands_the_run_no_socket() {
+    if skip_without(&[Need::Root]) {
+        return;
+    }
+    let user = HomeUser::new();
+    let Some(mut s) = setup(&user) else { return };
+    own_file_is_read_through_the_link(&user, &mut s);
+    // The caller may reach the socket on the host (it connected); its run may not, through
+    // its home: the run would be served outside its bridge's scope and profile.
+    let sock_dir = s.d.socket.parent().unwrap().to_path_buf();
+    user.link_to(&sock_dir);
     let r = s.c.bash(
         &s.session,
         &format!(
-            "test -d {}/usr/bin && echo usr-there",
-            user.link().display()
+            "ls {l}; test -S {l}/sidejob.sock && echo socket-in-view; echo ran",
+            l = user.link().display()
         ),
         json!({}),
     );
-    assert_eq!(r["output"], "usr-there\n", "{r}");
+    let told = said(&r);
+    assert!(
+        !told.contains("socket-in-view"),
+        "the run was handed the control socket: {r}"
+    );
+    assert_eq!(r["state"], "failed", "{r}");
+    assert!(told.contains("sidejob's own sockets"), "{r}");
 }
