@@ -139,7 +139,7 @@ fn yield_after_leaves_the_run_in_the_background_and_says_so() {
     let o = d.cli(&[
         "call",
         "--yield-after",
-        "300ms",
+        "2s",
         "--",
         "echo early; sleep 300",
     ]);
