@@ -354,21 +354,6 @@ fn logging_set_level_is_served_and_filters_the_notifications() {
 }
 
 #[test]
-fn an_oversized_call_is_refused_and_the_connection_kept() {
-    let d = Daemon::start();
-    let mut m = agent(&d, &[]);
-    let big = "x".repeat(1_200_000);
-    let r = m.call("bash", json!({"command": format!("echo {big}")}));
-    assert!(
-        r["isError"] == true && text_of(&r).contains("at most 1024 KiB"),
-        "{}",
-        &text_of(&r)[..200.min(text_of(&r).len())]
-    );
-    let r = m.call("bash", json!({"command": "echo still-connected"}));
-    assert_eq!(text_of(&r), "still-connected\n", "{r}");
-}
-
-#[test]
 fn a_restarted_daemon_is_reached_again() {
     let mut d = Daemon::start();
     let mut m = agent(&d, &[]);

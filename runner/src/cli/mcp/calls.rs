@@ -128,6 +128,10 @@ impl Server {
                 call["yield_after_ms"] = json!(y);
             }
             call["on_disconnect"] = json!("cancel");
+            // Refused here, before a connection is made for it.
+            if let Err(e) = super::daemon::check_size(call.to_string().len()) {
+                return Answer::error(rpc_error(e));
+            }
             let fg = match link.get().await {
                 Ok(_) => Daemon::connect_quiet(&link.socket).await.map_err(|e| {
                     RpcError::new(

@@ -82,17 +82,7 @@ impl Daemon {
         let mut line =
             json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string();
         line.push('\n');
-        if line.len() > MAX_LINE {
-            return Err(RpcError::new(
-                ErrorKind::InvalidParams,
-                format!(
-                    "this call's arguments are {} KiB; sidejob takes at most {} KiB per call",
-                    line.len() / 1024,
-                    MAX_LINE / 1024
-                ),
-            )
-            .with_hint("write large inputs to a file in the workspace and pass its path"));
-        }
+        check_size(line.len())?;
         let (tx, rx) = oneshot::channel();
         self.pending
             .lock()
@@ -109,6 +99,22 @@ impl Daemon {
         }
         rx.await.unwrap_or_else(|_| Err(lost()))
     }
+}
+
+/// Refuses a request line the daemon would not take (see [`MAX_LINE`]).
+pub(super) fn check_size(line_len: usize) -> Result<(), RpcError> {
+    if line_len <= MAX_LINE {
+        return Ok(());
+    }
+    Err(RpcError::new(
+        ErrorKind::InvalidParams,
+        format!(
+            "this call's arguments are {} KiB; sidejob takes at most {} KiB per call",
+            line_len / 1024,
+            MAX_LINE / 1024
+        ),
+    )
+    .with_hint("write large inputs to a file in the workspace and pass its path"))
 }
 
 async fn read_loop(

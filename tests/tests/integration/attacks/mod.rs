@@ -12,6 +12,7 @@ mod git;
 mod home_links;
 mod host_state;
 mod leaks;
+mod mcp_size;
 mod paths;
 mod results;
 mod run_as;
