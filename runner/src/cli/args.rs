@@ -447,7 +447,7 @@ pub(crate) struct ExecArgs {
     /// crates.io:443 or *.example.org (repeatable; this run only)
     #[arg(long = "allow", value_name = "HOST[:PORT]")]
     pub allow: Vec<String>,
-    /// Print result.json at the end
+    /// Print result.json on stdout, alone (the command's output then goes to stderr, so `| jq` works)
     #[arg(long)]
     pub json: bool,
     /// Give the command this process's standard input, through a pipe (never the

@@ -366,7 +366,12 @@ pub(super) fn exec(a: ExecArgs, netns: Option<crate::sys::netns::Ahead>) -> i32 
     .timeout_ms(timeout_ms)
     .kill_grace_ms(resolved.kill_grace_ms)
     .max_output_bytes(profile.limits.output)
-    .tee_stdout()
+    // With --json, stdout holds the result alone: the command's output goes to stderr.
+    .tee(if a.json {
+        crate::sandbox::Tee::Stderr
+    } else {
+        crate::sandbox::Tee::Stdout
+    })
     .build();
     let copier = match command_stdin(a.stdin) {
         Ok(c) => c,

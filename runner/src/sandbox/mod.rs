@@ -21,6 +21,18 @@ pub(crate) use resolve::{MountSpec, SandboxPlan};
 /// The tail of the output kept once `max_output_bytes` is reached (docs/protocol.md).
 pub(crate) const OUTPUT_TAIL_BYTES: u64 = 1024 * 1024;
 
+/// Where a run's output is copied besides `output.log`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Tee {
+    #[default]
+    None,
+    /// The supervisor's stdout (`sidejob exec`).
+    Stdout,
+    /// Its stderr (`sidejob exec --json`, whose stdout holds only the result).
+    Stderr,
+}
+
 /// Everything the supervisor needs to start, watch and settle one run.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -57,9 +69,9 @@ pub(crate) struct LaunchPlan {
     pub kill_grace_ms: u64,
     /// Head of the output kept in output.log; the last [`OUTPUT_TAIL_BYTES`] are kept too.
     pub max_output_bytes: u64,
-    /// Also copy the output to the supervisor's stdout (`sidejob exec`).
+    /// Also copy the output to the supervisor's stdout or stderr (`sidejob exec`).
     #[serde(default)]
-    pub tee_stdout: bool,
+    pub tee: Tee,
     /// The run's bridge (docs/plugins.md): a directory holding the socket `sock` that is exported as
     /// `SIDEJOB_BRIDGE`; the sandbox must make this path reachable inside the run's view. A
     /// directory, so a restarted daemon can bind the socket again where the run sees it.
@@ -107,7 +119,7 @@ impl LaunchPlan {
             timeout_ms: None,
             kill_grace_ms: DEFAULT_KILL_GRACE_MS,
             max_output_bytes: DEFAULT_MAX_OUTPUT_BYTES,
-            tee_stdout: false,
+            tee: Tee::None,
             bridge_socket: None,
             sandbox,
         })
@@ -166,9 +178,9 @@ impl PlanBuilder {
         self
     }
 
-    /// Also copies the output to the supervisor's stdout (`sidejob exec`).
-    pub(crate) fn tee_stdout(mut self) -> Self {
-        self.0.tee_stdout = true;
+    /// Also copies the output to the supervisor's stdout or stderr (`sidejob exec`).
+    pub(crate) fn tee(mut self, to: Tee) -> Self {
+        self.0.tee = to;
         self
     }
 

@@ -14,6 +14,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 use nix::errno::Errno;
 use nix::fcntl::{splice, SpliceFFlags};
 
+use crate::sandbox::Tee;
 use crate::sys;
 
 /// The most one splice moves; the pipe holds at most this much anyway (see [`PIPE_SIZE`]).
@@ -29,7 +30,7 @@ pub(crate) const PIPE_SIZE: i32 = 1 << 20;
 
 pub(crate) struct Capture {
     file: File,
-    tee: Option<io::Stdout>,
+    tee: Option<Box<dyn Write>>,
     head: u64,
     written: u64,
     total: u64,
@@ -42,10 +43,15 @@ pub(crate) struct Capture {
 }
 
 impl Capture {
-    pub(crate) fn new(file: File, head: u64, tail_cap: u64, tee: bool) -> Capture {
+    pub(crate) fn new(file: File, head: u64, tail_cap: u64, tee: Tee) -> Capture {
+        let tee: Option<Box<dyn Write>> = match tee {
+            Tee::None => None,
+            Tee::Stdout => Some(Box::new(io::stdout())),
+            Tee::Stderr => Some(Box::new(io::stderr())),
+        };
         Capture {
             file,
-            tee: tee.then(io::stdout),
+            tee,
             head,
             written: 0,
             total: 0,
@@ -255,7 +261,7 @@ mod tests {
     fn capture(head: u64, tail: u64, feed: impl FnOnce(&mut Capture)) -> (Vec<u8>, u64, bool) {
         let dir = crate::scratch::ScratchDir::new("capture");
         let path = dir.path().join("output.log");
-        let mut c = Capture::new(File::create(&path).unwrap(), head, tail, false);
+        let mut c = Capture::new(File::create(&path).unwrap(), head, tail, Tee::None);
         feed(&mut c);
         let Captured {
             bytes: total,

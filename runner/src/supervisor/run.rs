@@ -66,12 +66,8 @@ impl<'p> Run<'p> {
                 path: plan.output_path(),
                 source,
             })?;
-        let capture = output::Capture::new(
-            file,
-            plan.max_output_bytes,
-            OUTPUT_TAIL_BYTES,
-            plan.tee_stdout,
-        );
+        let capture =
+            output::Capture::new(file, plan.max_output_bytes, OUTPUT_TAIL_BYTES, plan.tee);
 
         let cmd = prepare_command(plan)?;
         // Checks the plan against this host, creates the run's cgroup, compiles the filters:

@@ -94,10 +94,12 @@ impl From<std::process::Output> for Out {
 }
 
 impl Out {
-    /// The probe's JSON report (the first line of stdout that parses).
+    /// The probe's JSON report: the first line that parses of the command's output (on
+    /// stdout, or on stderr under `--json`, whose stdout holds the result alone).
     pub fn report(&self) -> Value {
         self.stdout
             .lines()
+            .chain(self.stderr.lines())
             .find_map(|l| {
                 serde_json::from_str::<Value>(l)
                     .ok()
@@ -119,16 +121,10 @@ impl Out {
         self.report()["ok"] == true
     }
 
-    /// The `--json` result printed last.
+    /// The `--json` result: all of stdout (the command's output went to stderr).
     pub fn result(&self) -> Value {
-        let start = self
-            .stdout
-            .rfind("\n{\n")
-            .map(|i| i + 1)
-            .or_else(|| self.stdout.starts_with("{\n").then_some(0));
-        let text =
-            &self.stdout[start.unwrap_or_else(|| panic!("no result json in {:?}", self.stdout))..];
-        serde_json::from_str(text).unwrap_or_else(|e| panic!("result json: {e}: {text}"))
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not the result alone ({e}): {:?}", self.stdout))
     }
 }
 

@@ -137,18 +137,30 @@ fn an_output_flood_is_capped_not_blocked() {
         .arg(ws.probe())
         .args(["flood", &(64u64 << 20).to_string()])
         .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .stdin(Stdio::null());
     let mut child = c.spawn().unwrap();
-    let mut all = Vec::new();
-    child.stdout.take().unwrap().read_to_end(&mut all).unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let flood = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        err.read_to_end(&mut all).unwrap();
+        all
+    });
+    let mut json = Vec::new();
+    child.stdout.take().unwrap().read_to_end(&mut json).unwrap();
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(0));
     assert!(t.elapsed() < Duration::from_secs(60));
-    let text = String::from_utf8_lossy(&all);
-    // The terminal gets everything; the log keeps the head and the tail.
-    assert!(text.contains("FLOOD-END"));
-    let json_start = text.rfind("\n{\n").unwrap() + 1;
-    let r: Value = serde_json::from_str(&text[json_start..]).unwrap();
+    // With --json the command's output goes to stderr, all of it; the log keeps the head
+    // and the tail; stdout holds the result alone, so it parses as it is.
+    let flood = flood.join().unwrap();
+    assert!(String::from_utf8_lossy(&flood).contains("FLOOD-END"));
+    let r: Value = serde_json::from_slice(&json).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not the result alone ({e}): {}",
+            String::from_utf8_lossy(&json)
+        )
+    });
     assert_eq!(r["output_truncated"], true);
     assert!(r["output_bytes"].as_u64().unwrap() > 64 << 20);
     assert!(r["violations"]

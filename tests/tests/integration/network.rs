@@ -17,7 +17,8 @@ pub fn allow_profile(ws: &Ws, name: &str, network: &str) -> String {
     )
 }
 
-/// Runs `sh -c script` under `profile` with `--json`.
+/// Runs `sh -c script` under `profile` with `--json`: its output is on `stderr`, the result
+/// alone on `stdout`.
 pub fn run_sh(ws: &Ws, profile: &str, script: &str) -> Out {
     exec(ws, &["--profile", profile, "--json"], &["sh", "-c", script])
 }
@@ -77,9 +78,9 @@ getent hosts models.test
         "node 127.0.0.1".to_owned(),
     ] {
         assert!(
-            out.stdout.contains(&want),
+            out.stderr.contains(&want),
             "missing {want:?}: {}\n{}",
-            out.stdout,
+            out.stderr,
             out.stderr
         );
     }
@@ -125,9 +126,9 @@ fn https_goes_through_connect_to_an_allowed_name() {
     );
     let out = run_sh(&ws, &p, &script);
     assert!(
-        out.stdout.contains("tls hello /secure"),
+        out.stderr.contains("tls hello /secure"),
         "{}\n{}",
-        out.stdout,
+        out.stderr,
         out.stderr
     );
     // Control for the port: the same name on another port is not allowed.
@@ -140,7 +141,7 @@ fn https_goes_through_connect_to_an_allowed_name() {
             port.wrapping_add(1).max(1)
         ),
     );
-    assert!(!other.stdout.contains("tls hello"), "{}", other.stdout);
+    assert!(!other.stderr.contains("tls hello"), "{}", other.stderr);
     assert!(
         refused(
             &other.result(),
@@ -178,42 +179,42 @@ getent hosts other.test || echo 'getent refused'"
     let out = run_sh(&ws, &p, &script);
     // Control: the allowed name works.
     assert!(
-        out.stdout
+        out.stderr
             .contains(&format!("hello /ok via ok.models.test:{port}")),
         "{}",
-        out.stdout
+        out.stderr
     );
     // Refusals: a 403 with a one-line reason, the refusal in a header too.
     assert!(
-        out.stdout.contains("HTTP/1.1 403 Forbidden"),
+        out.stderr.contains("HTTP/1.1 403 Forbidden"),
         "{}",
-        out.stdout
+        out.stderr
     );
     assert!(
-        out.stdout.contains("X-Sidejob-Refusal: denied"),
+        out.stderr.contains("X-Sidejob-Refusal: denied"),
         "{}",
-        out.stdout
+        out.stderr
     );
     assert!(
-        out.stdout.contains(&format!(
+        out.stderr.contains(&format!(
             "sidejob: bad.models.test:{port}: on the profile's network.deny list"
         )),
         "{}",
-        out.stdout
+        out.stderr
     );
     assert!(
-        out.stdout.contains(&format!(
+        out.stderr.contains(&format!(
             "sidejob: other.test:{port}: not on the profile's network.allow list"
         )),
         "{}",
-        out.stdout
+        out.stderr
     );
     assert!(
-        out.stdout.contains("tunnel exit 56"),
+        out.stderr.contains("tunnel exit 56"),
         "curl reports the refused CONNECT: {}",
-        out.stdout
+        out.stderr
     );
-    assert!(out.stdout.contains("getent refused"), "{}", out.stdout);
+    assert!(out.stderr.contains("getent refused"), "{}", out.stderr);
     // Nothing refused reached the server.
     assert_eq!(
         srv.seen(),
@@ -276,18 +277,18 @@ getent hosts models.test || echo 'getent refused'"
     );
     let out = run_sh(&ws, &name_only, &script);
     assert!(
-        out.stdout
+        out.stderr
             .contains("resolves to a loopback address that is not on network.allow"),
         "{}",
-        out.stdout
+        out.stderr
     );
     assert!(
-        out.stdout
+        out.stderr
             .contains("resolves to a cloud metadata address that is not on network.allow"),
         "{}",
-        out.stdout
+        out.stderr
     );
-    assert!(out.stdout.contains("getent refused"), "{}", out.stdout);
+    assert!(out.stderr.contains("getent refused"), "{}", out.stderr);
     let r = out.result();
     assert!(
         refused(
@@ -316,15 +317,15 @@ getent hosts models.test || echo 'getent refused'"
     );
     let ok = run_sh(&ws, &with_addr, &script);
     assert!(
-        ok.stdout
+        ok.stderr
             .contains(&format!("hello /x via models.test:{port}")),
         "{}",
-        ok.stdout
+        ok.stderr
     );
     assert!(
-        ok.stdout.contains("127.0.0.1       models.test"),
+        ok.stderr.contains("127.0.0.1       models.test"),
         "{}",
-        ok.stdout
+        ok.stderr
     );
 }
 
@@ -341,12 +342,12 @@ curl -sS -m 10 --noproxy '' --proxy socks5://127.0.0.1:3128 http://127.0.0.1:{po
     let unlisted = allow_profile(&ws, "unlisted", "allow = [\"models.test\"]");
     let out = run_sh(&ws, &unlisted, &script);
     assert!(
-        out.stdout
+        out.stderr
             .contains("an address given directly must itself be on network.allow"),
         "{}",
-        out.stdout
+        out.stderr
     );
-    assert!(out.stdout.contains("socks exit 97"), "{}", out.stdout);
+    assert!(out.stderr.contains("socks exit 97"), "{}", out.stderr);
     let r = out.result();
     let p = Some(u64::from(port));
     assert!(refused(&r, "127.0.0.1", p, "ip_literal", "http"), "{r}");
@@ -357,9 +358,9 @@ curl -sS -m 10 --noproxy '' --proxy socks5://127.0.0.1:3128 http://127.0.0.1:{po
     let ok = run_sh(&ws, &listed, &script);
     for path in ["/v4", "/mapped", "/socks"] {
         assert!(
-            ok.stdout.contains(&format!("hello {path} via")),
+            ok.stderr.contains(&format!("hello {path} via")),
             "{path}: {}",
-            ok.stdout
+            ok.stderr
         );
     }
 }
@@ -384,17 +385,17 @@ echo \"ALL_PROXY=$ALL_PROXY\""
     );
     let out = run_sh(&ws, &p, &script);
     assert!(
-        out.stdout.contains("ALL_PROXY=socks5h://127.0.0.1:3128"),
+        out.stderr.contains("ALL_PROXY=socks5h://127.0.0.1:3128"),
         "{}",
-        out.stdout
+        out.stderr
     );
     assert!(
-        out.stdout
+        out.stderr
             .contains(&format!("hello /s via models.test:{port}")),
         "{}",
-        out.stdout
+        out.stderr
     );
-    assert!(out.stdout.contains("socks exit 97"), "{}", out.stdout);
+    assert!(out.stderr.contains("socks exit 97"), "{}", out.stderr);
     assert!(
         refused(
             &out.result(),
@@ -431,12 +432,12 @@ fn direct_connections_that_ignore_the_proxy_fail() {
             ws.probe()
         ),
     );
-    assert!(out.stdout.contains("direct exit 7"), "{}", out.stdout);
+    assert!(out.stderr.contains("direct exit 7"), "{}", out.stderr);
     assert!(
-        out.stdout
+        out.stderr
             .contains(&format!("\"errno\":{}", libc::ECONNREFUSED)),
         "{}",
-        out.stdout
+        out.stderr
     );
     assert!(srv.seen().is_empty(), "{:?}", srv.seen());
     // Control: the same through the proxy is reached.
@@ -445,5 +446,5 @@ fn direct_connections_that_ignore_the_proxy_fail() {
         &p,
         &format!("curl -sS -m 10 http://models.test:{port}/proxied"),
     );
-    assert!(ok.stdout.contains("hello /proxied"), "{}", ok.stdout);
+    assert!(ok.stderr.contains("hello /proxied"), "{}", ok.stderr);
 }

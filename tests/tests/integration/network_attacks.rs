@@ -49,12 +49,12 @@ python3 {py} forwarder evil.test {port}
 python3 {py} forwarder 127.0.0.2 {port}"
         ),
     );
-    let lines: Vec<&str> = out.stdout.lines().collect();
+    let lines: Vec<&str> = out.stderr.lines().collect();
     // Control: through the run's own relay, an allowed name is reached.
     assert!(
         lines.contains(&"forwarder: HTTP/1.1 200 Connection established"),
         "{}\n{}",
-        out.stdout,
+        out.stderr,
         out.stderr
     );
     assert_eq!(
@@ -64,7 +64,7 @@ python3 {py} forwarder 127.0.0.2 {port}"
             .count(),
         2,
         "{}",
-        out.stdout
+        out.stderr
     );
     let v = network_violations(&out.result());
     assert!(
@@ -102,14 +102,14 @@ curl -sS -m 10 http://models.test:{}/still-served",
         ),
     );
     assert!(
-        out.stdout
+        out.stderr
             .contains("sockets: ['No such file or directory']"),
         "{}\n{}",
-        out.stdout,
+        out.stderr,
         out.stderr
     );
     // Control: the proxy serves the run all the same, through its loopback port.
-    assert!(out.stdout.contains("hello /still-served"), "{}", out.stdout);
+    assert!(out.stderr.contains("hello /still-served"), "{}", out.stderr);
 }
 
 #[test]
@@ -127,7 +127,7 @@ python3 {py} tcp-dns models.test
 python3 {py} tcp-dns evil.test"
         ),
     );
-    let lines: Vec<&str> = out.stdout.lines().collect();
+    let lines: Vec<&str> = out.stderr.lines().collect();
     for want in [
         "udp: models.test rcode 0 answers 1",
         "udp: evil.test rcode 5 answers 0",
@@ -137,7 +137,7 @@ python3 {py} tcp-dns evil.test"
         assert!(
             lines.contains(&want),
             "missing {want:?}: {}\n{}",
-            out.stdout,
+            out.stderr,
             out.stderr
         );
     }
@@ -162,11 +162,11 @@ fn the_run_holds_no_process_but_its_own() {
 done",
     );
     let names: Vec<&str> = out
-        .stdout
+        .stderr
         .lines()
         .filter_map(|l| l.strip_prefix("Name:"))
         .map(str::trim)
         .collect();
-    assert!(!names.is_empty(), "{}", out.stdout);
+    assert!(!names.is_empty(), "{}", out.stderr);
     assert!(!names.contains(&"sidejob"), "{names:?}");
 }
