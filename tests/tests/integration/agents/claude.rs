@@ -1,0 +1,179 @@
+//! Claude Code (`claude -p`) with `sidejob mcp` from `--mcp-config`, and `sidejob hook claude`
+//! as its `Stop`, `SessionStart` and `UserPromptSubmit` hooks.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+
+use serde_json::json;
+use sidejob_tests::agents::{client, isolated, say, spawn_logged, ModelServer};
+use sidejob_tests::{sidejob_bin, Daemon};
+
+use super::*;
+
+struct Claude {
+    bin: PathBuf,
+    home: PathBuf,
+    workspace: PathBuf,
+    mcp_config: PathBuf,
+    settings: Option<PathBuf>,
+    url: String,
+}
+
+/// Whether `sidejob hook claude` is installed as Claude Code's hooks.
+#[derive(Clone, Copy, PartialEq)]
+enum Hooks {
+    None,
+    Sidejob,
+}
+
+impl Claude {
+    /// `None` (the skip recorded) without Claude Code.
+    fn new(d: &Daemon, server: &ModelServer, hooks: Hooks) -> Option<Claude> {
+        let bin = client("claude")?;
+        let home = d.root.path().join("claude-home");
+        std::fs::create_dir_all(&home).expect("home");
+        let sidejob = sidejob_bin();
+        let mcp_config = home.join("mcp.json");
+        std::fs::write(
+            &mcp_config,
+            json!({"mcpServers": {"sidejob": {
+                "command": sidejob,
+                "args": ["--socket", d.socket, "mcp"],
+            }}})
+            .to_string(),
+        )
+        .expect("mcp config");
+        let hook = json!([{"hooks": [{"type": "command", "command": format!(
+            "'{}' --socket '{}' hook claude",
+            sidejob.display(),
+            d.socket.display()
+        )}]}]);
+        let settings = (hooks == Hooks::Sidejob).then(|| home.join("settings.json"));
+        if let Some(s) = &settings {
+            std::fs::write(
+                s,
+                json!({"hooks": {"Stop": hook, "SessionStart": hook, "UserPromptSubmit": hook}})
+                    .to_string(),
+            )
+            .expect("settings");
+        }
+        Some(Claude {
+            bin,
+            home,
+            workspace: d.workspace.clone(),
+            mcp_config,
+            settings,
+            url: server.url(),
+        })
+    }
+}
+
+impl Agent for Claude {
+    fn spawn(&self, prompt: &str, dir: &Path) -> Child {
+        let mut cmd = Command::new(&self.bin);
+        isolated(&mut cmd, &self.home);
+        cmd.args([
+            "-p",
+            prompt,
+            "--output-format",
+            "json",
+            "--strict-mcp-config",
+        ])
+        .arg("--mcp-config")
+        .arg(&self.mcp_config)
+        .args(["--allowedTools", "mcp__sidejob"])
+        .env("ANTHROPIC_BASE_URL", &self.url)
+        .env("ANTHROPIC_API_KEY", "dummy")
+        .env("DISABLE_AUTOUPDATER", "1")
+        .env("DISABLE_TELEMETRY", "1")
+        .env("DISABLE_ERROR_REPORTING", "1")
+        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+        // The first request waits for the MCP servers, and offers their tools at once
+        // (not behind tool search).
+        .env("MCP_CONNECTION_NONBLOCKING", "false")
+        .env("ENABLE_TOOL_SEARCH", "false")
+        .current_dir(&self.workspace);
+        if let Some(s) = &self.settings {
+            cmd.arg("--settings").arg(s);
+        }
+        spawn_logged(&mut cmd, dir)
+    }
+
+    fn run_dir(&self) -> PathBuf {
+        next_run_dir(&self.home.join("runs"))
+    }
+}
+
+fn claude(steps: Vec<serde_json::Value>) -> Option<(Daemon, ModelServer, Claude)> {
+    claude_with(steps, "", false, Hooks::None)
+}
+
+fn claude_with(
+    steps: Vec<serde_json::Value>,
+    config: &str,
+    loop_steps: bool,
+    hooks: Hooks,
+) -> Option<(Daemon, ModelServer, Claude)> {
+    let (d, server) = setup(config, steps, loop_steps);
+    let c = Claude::new(&d, &server, hooks)?;
+    Some((d, server, c))
+}
+
+#[test]
+fn claude_inline_call_sends_the_model_its_output() {
+    let Some((d, server, c)) = claude(inline_script()) else {
+        return;
+    };
+    expect_ok(&c.run("run it"), &server, &d);
+    check_inline(&server);
+}
+
+#[test]
+fn claude_yielded_job_reaches_the_model_once_on_its_next_call() {
+    let Some((d, server, c)) = claude(keeps_working_script()) else {
+        return;
+    };
+    expect_ok(&c.run("run it"), &server, &d);
+    check_keeps_working(&server);
+}
+
+#[test]
+fn claude_job_wait_result_carries_the_job_once() {
+    let Some((d, server, c)) = claude(job_wait_script()) else {
+        return;
+    };
+    expect_ok(&c.run("run it"), &server, &d);
+    check_job_wait(&server);
+}
+
+#[test]
+fn claude_stop_hook_brings_back_the_job_a_turn_ended_on() {
+    // Step 1 ends the turn on a running job: the Stop hook waits for it and blocks the stop
+    // with its wake, which the model gets at step 2.
+    let steps = ends_turn_script(vec![say("got it")]);
+    let Some((d, server, c)) = claude_with(steps, "", false, Hooks::Sidejob) else {
+        return;
+    };
+    expect_ok(&c.run("run it"), &server, &d);
+    check_delivered_once_at(&server, 2);
+}
+
+#[test]
+fn claude_killed_mid_call_leaves_no_job_running() {
+    let sleep = long_sleep();
+    let Some((d, server, c)) = claude(abandoned_script(&sleep)) else {
+        return;
+    };
+    let dir = c.run_dir();
+    let child = c.spawn("run it", &dir);
+    check_abandoned(&d, child, &sleep, &server);
+}
+
+#[test]
+fn claude_twenty_runs_in_one_workspace_all_get_their_tools() {
+    let Some((d, server, c)) = claude_with(repeated_script(), FEW_SESSIONS, true, Hooks::None)
+    else {
+        return;
+    };
+    check_repeated_runs(&c, &server, &d, 20);
+}
