@@ -322,14 +322,18 @@ pub fn run_bounded(mut cmd: Command, dir: &Path, within: Duration) -> Ran {
     finish(child, dir, within)
 }
 
-/// Spawns `cmd` with stdin closed and its output going to `dir/stdout` and `dir/stderr`.
+/// Spawns `cmd` in a process group of its own (the npm launchers are node scripts that
+/// start the real binary: [`kill_group`] stops both), with stdin closed and its output going
+/// to `dir/stdout` and `dir/stderr`.
 pub fn spawn_logged(cmd: &mut Command, dir: &Path) -> Child {
+    use std::os::unix::process::CommandExt;
     std::fs::create_dir_all(dir).expect("run dir");
     let out = std::fs::File::create(dir.join("stdout")).expect("stdout file");
     let err = std::fs::File::create(dir.join("stderr")).expect("stderr file");
     cmd.stdin(Stdio::null())
         .stdout(out)
         .stderr(err)
+        .process_group(0)
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"))
 }
@@ -342,8 +346,7 @@ pub fn finish(mut child: Child, dir: &Path, within: Duration) -> Ran {
             break Some(s);
         }
         if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
+            kill_group(&mut child);
             break None;
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -353,6 +356,13 @@ pub fn finish(mut child: Child, dir: &Path, within: Duration) -> Ran {
         stdout: std::fs::read_to_string(dir.join("stdout")).unwrap_or_default(),
         stderr: std::fs::read_to_string(dir.join("stderr")).unwrap_or_default(),
     }
+}
+
+/// SIGKILLs a child of [`spawn_logged`] and everything in its process group (what a
+/// terminal's Ctrl+C reaches, without the chance to clean up), and reaps it.
+pub fn kill_group(child: &mut Child) {
+    crate::signal(-(child.id() as i32), libc::SIGKILL);
+    let _ = child.wait();
 }
 
 /// A clean environment for a client: `PATH` (the system's, and the clients' own directory

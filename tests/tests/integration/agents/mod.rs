@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use sidejob_tests::agents::{
-    call, call_until, deliveries, finish, items, offers_sidejob, say, ModelServer, Ran,
+    call, call_until, deliveries, finish, items, kill_group, offers_sidejob, say, ModelServer, Ran,
 };
 use sidejob_tests::{pids_running, unique_sleep, wait_until, Daemon};
 
@@ -196,22 +196,21 @@ fn abandoned_script(sleep: &str) -> Vec<Value> {
     )]
 }
 
-/// Kills the client in the middle of the call; its job must not run on.
+/// Kills the client (its whole process group) in the middle of the call; its job must not
+/// run on.
 fn check_abandoned(d: &Daemon, mut client: Child, sleep: &str, server: &ModelServer) {
     let cmdline = format!("sleep {sleep}");
     let started = wait_until(Duration::from_secs(60), || {
         !pids_running(&cmdline).is_empty()
     });
     if !started {
-        let _ = client.kill();
-        let _ = client.wait();
+        kill_group(&mut client);
         panic!(
             "the model's call never started its command:\n{}",
             server.summary()
         );
     }
-    client.kill().expect("kill the client");
-    client.wait().expect("reap the client");
+    kill_group(&mut client);
     let gone = wait_until(Duration::from_secs(30), || {
         pids_running(&cmdline).is_empty()
     });
