@@ -166,7 +166,7 @@ fn claude_killed_mid_call_leaves_no_job_running() {
     };
     let dir = c.run_dir();
     let child = c.spawn("run it", &dir);
-    check_abandoned(&d, child, &sleep, &server);
+    check_abandoned(&d, child, &sleep, &server.summary());
 }
 
 #[test]

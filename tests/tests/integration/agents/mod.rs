@@ -198,17 +198,14 @@ fn abandoned_script(sleep: &str) -> Vec<Value> {
 
 /// Kills the client (its whole process group) in the middle of the call; its job must not
 /// run on.
-fn check_abandoned(d: &Daemon, mut client: Child, sleep: &str, server: &ModelServer) {
+fn check_abandoned(d: &Daemon, mut client: Child, sleep: &str, model: &str) {
     let cmdline = format!("sleep {sleep}");
     let started = wait_until(Duration::from_secs(60), || {
         !pids_running(&cmdline).is_empty()
     });
     if !started {
         kill_group(&mut client);
-        panic!(
-            "the model's call never started its command:\n{}",
-            server.summary()
-        );
+        panic!("the model's call never started its command:\n{model}");
     }
     kill_group(&mut client);
     let gone = wait_until(Duration::from_secs(30), || {
