@@ -19,11 +19,14 @@ struct Claude {
     url: String,
 }
 
-/// Whether `sidejob hook claude` is installed as Claude Code's hooks.
+/// Which of Claude Code's hooks run `sidejob hook claude`.
 #[derive(Clone, Copy, PartialEq)]
 enum Hooks {
     None,
+    /// `Stop`, `SessionStart` and `UserPromptSubmit`: what `sidejob integrate claude` installs.
     Sidejob,
+    /// `SessionStart` and `UserPromptSubmit` only.
+    Start,
 }
 
 impl Claude {
@@ -48,15 +51,21 @@ impl Claude {
             sidejob.display(),
             d.socket.display()
         )}]}]);
-        let settings = (hooks == Hooks::Sidejob).then(|| home.join("settings.json"));
-        if let Some(s) = &settings {
-            std::fs::write(
-                s,
-                json!({"hooks": {"Stop": hook, "SessionStart": hook, "UserPromptSubmit": hook}})
-                    .to_string(),
-            )
-            .expect("settings");
-        }
+        let hooks = match hooks {
+            Hooks::None => None,
+            Hooks::Sidejob => {
+                Some(json!({"Stop": hook, "SessionStart": hook, "UserPromptSubmit": hook}))
+            }
+            Hooks::Start => Some(json!({"SessionStart": hook, "UserPromptSubmit": hook})),
+        };
+        let settings = hooks.map(|h| {
+            let s = home.join(format!(
+                "settings-{}.json",
+                h.as_object().map_or(0, |m| m.len())
+            ));
+            std::fs::write(&s, json!({ "hooks": h }).to_string()).expect("settings");
+            s
+        });
         Some(Claude {
             bin,
             home,
@@ -155,6 +164,21 @@ fn claude_stop_hook_brings_back_the_job_a_turn_ended_on() {
         return;
     };
     expect_ok(&c.run("run it"), &server, &d);
+    check_delivered_once_at(&server, 2);
+}
+
+#[test]
+fn claude_session_start_hook_hands_the_next_run_the_job_the_last_one_ended_on() {
+    // Run 1 (no hooks) ends its turn on a running job; run 2's hooks hand its completion to
+    // the model with the first request (step 2), once though two hooks run.
+    let steps = ends_turn_script(vec![say("got it")]);
+    let Some((d, server, first)) = claude_with(steps, "", false, Hooks::None) else {
+        return;
+    };
+    expect_ok(&first.run("start it"), &server, &d);
+    d.client().wait_settled_quietly(&running_job(&server));
+    let next = Claude::new(&d, &server, Hooks::Start).expect("claude");
+    expect_ok(&next.run("go on"), &server, &d);
     check_delivered_once_at(&server, 2);
 }
 
