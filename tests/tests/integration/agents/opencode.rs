@@ -65,11 +65,12 @@ impl Opencode {
     }
 }
 
-impl Agent for Opencode {
-    fn spawn(&self, prompt: &str, dir: &Path) -> Child {
+impl Opencode {
+    /// `opencode <args>` in the workspace with the test's environment.
+    fn command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(&self.bin);
         isolated(&mut cmd, &self.home);
-        cmd.args(["run", prompt])
+        cmd.args(args)
             .env("OPENCODE_DISABLE_AUTOUPDATE", "1")
             .env("OPENCODE_DISABLE_MODELS_FETCH", "1")
             .env("OPENCODE_DISABLE_SHARE", "1")
@@ -78,7 +79,13 @@ impl Agent for Opencode {
             .env("SIDEJOB_BIN", sidejob_bin())
             .env("SIDEJOB_SOCKET", &self.socket)
             .current_dir(&self.workspace);
-        spawn_logged(&mut cmd, dir)
+        cmd
+    }
+}
+
+impl Agent for Opencode {
+    fn spawn(&self, prompt: &str, dir: &Path) -> Child {
+        spawn_logged(&mut self.command(&["run", prompt]), dir)
     }
 
     fn run_dir(&self) -> PathBuf {
@@ -158,4 +165,63 @@ fn opencode_six_runs_in_one_workspace_all_get_their_tools() {
         return;
     };
     check_repeated_runs(&c, &server, &d, 6);
+}
+
+/// One HTTP request to `opencode serve` on 127.0.0.1:`port`; the response body.
+fn http(port: u16, method: &str, path: &str, body: &serde_json::Value) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to opencode");
+    s.set_read_timeout(Some(RUN_LIMIT)).expect("timeout");
+    let body = body.to_string();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send");
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or(out)
+}
+
+#[test]
+fn opencode_plugin_prompts_an_idle_served_session_with_the_job_its_turn_ended_on() {
+    // Under `opencode serve` the process outlives the turn: when the session goes idle on a
+    // running job, the plugin waits for it and prompts the session with its completion (the
+    // model has it at step 2, once).
+    let steps = ends_turn_script(vec![say("got it")]);
+    let Some((d, server, c)) = opencode(steps, "", false, Plugin::Sidejob) else {
+        return;
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let dir = c.run_dir();
+    let port_arg = port.to_string();
+    let mut serve = spawn_logged(&mut c.command(&["serve", "--port", &port_arg]), &dir);
+    let listening = wait_until(RUN_LIMIT, || {
+        std::fs::read_to_string(dir.join("stdout")).is_ok_and(|o| o.contains("listening"))
+    });
+    assert!(listening, "opencode serve never listened");
+    let session: serde_json::Value =
+        serde_json::from_str(&http(port, "POST", "/session", &json!({}))).expect("a session");
+    let id = session["id"].as_str().expect("session id").to_owned();
+    http(
+        port,
+        "POST",
+        &format!("/session/{id}/message"),
+        &json!({"parts": [{"type": "text", "text": "start it"}]}),
+    );
+    let prompted = wait_until(Duration::from_secs(45), || server.turns().len() >= 3);
+    sidejob_tests::agents::kill_group(&mut serve);
+    assert!(
+        prompted,
+        "the plugin never prompted the idle session:\n{}\ndaemon log (tail):\n{}",
+        server.summary(),
+        tail(&d.log(), 20)
+    );
+    check_delivered_once_at(&server, 2);
 }
