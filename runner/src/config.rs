@@ -65,6 +65,8 @@ pub(crate) struct Config {
     /// Serve Prometheus metrics on this loopback address (e.g. `127.0.0.1:9464`); off when
     /// unset.
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// The egress proxy of allow-list runs (`[egress]`).
+    pub egress: EgressConfig,
 }
 
 /// `[per_user]`: what one uid may hold of the daemon at once. A request past a limit is
@@ -92,6 +94,9 @@ pub(crate) struct PerUser {
     /// Bytes of output kept in the state directory (runs of sessions whose directory the
     /// daemon chose); `session.close` with `delete: true` frees a session's.
     pub output_bytes: u64,
+    /// Connections through the egress proxy open at once, over all the user's runs; more
+    /// are closed as they come.
+    pub egress_connections: usize,
 }
 
 impl Default for PerUser {
@@ -105,6 +110,7 @@ impl Default for PerUser {
             sessions: 256,
             schedules: 256,
             output_bytes: 16 << 30,
+            egress_connections: 512,
         }
     }
 }
@@ -136,6 +142,27 @@ impl Default for Config {
             backup_interval_ms: 300_000,
             session_idle_ms: 7 * 24 * 3600 * 1000,
             metrics_addr: None,
+            egress: EgressConfig::default(),
+        }
+    }
+}
+
+/// `[egress]`: how long the proxy of an allow-list run waits for its clients.
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct EgressConfig {
+    /// A client's whole request head (HTTP, or the SOCKS5 handshake) must arrive this soon
+    /// after it connects.
+    pub head_timeout_ms: u64,
+    /// A tunnel in which neither side sent anything for this long is closed.
+    pub idle_timeout_ms: u64,
+}
+
+impl Default for EgressConfig {
+    fn default() -> Self {
+        EgressConfig {
+            head_timeout_ms: 30_000,
+            idle_timeout_ms: 600_000,
         }
     }
 }
@@ -315,12 +342,33 @@ pub(crate) fn default_socket_path() -> PathBuf {
     }
     let uid = sys::getuid();
     if uid == 0 {
-        return PathBuf::from("/run/sidejob/sidejob.sock");
+        return PathBuf::from(SYSTEM_SOCKET);
     }
     match std::env::var_os("XDG_RUNTIME_DIR") {
         Some(dir) if !dir.is_empty() => PathBuf::from(dir).join("sidejob/sidejob.sock"),
         _ => PathBuf::from(format!("/tmp/sidejob-{uid}/sidejob.sock")),
     }
+}
+
+/// The socket a root daemon listens on by default: the one a host's users share.
+pub(crate) const SYSTEM_SOCKET: &str = "/run/sidejob/sidejob.sock";
+
+/// The socket a client uses when none is given: `SIDEJOB_SOCKET`; for a user who has no
+/// daemon of their own (no socket at [`default_socket_path`]) but can see a shared one, the
+/// system socket; else the user's own.
+pub(crate) fn client_socket_path() -> PathBuf {
+    let own = default_socket_path();
+    if std::env::var_os("SIDEJOB_SOCKET").is_some() || sys::getuid() == 0 {
+        return own;
+    }
+    let is_socket = |p: &Path| {
+        std::fs::symlink_metadata(p)
+            .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
+    };
+    if !is_socket(&own) && is_socket(Path::new(SYSTEM_SOCKET)) {
+        return PathBuf::from(SYSTEM_SOCKET);
+    }
+    own
 }
 
 /// The state directory used when none is given: `/var/lib/sidejob` for root, else

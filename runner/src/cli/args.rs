@@ -49,6 +49,16 @@ pub(crate) enum LogFormat {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
+pub(crate) enum HookKindArg {
+    /// Claude Code's Stop, SessionStart and UserPromptSubmit hook (JSON on stdin)
+    Claude,
+    /// Wait while background jobs run (up to --wait), then print what finished
+    Wait,
+    /// Print what finished and is unread
+    Unread,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
 pub(crate) enum Shell {
     Bash,
     Zsh,
@@ -275,6 +285,53 @@ pub(crate) enum Command {
         #[arg(long)]
         start_daemon: bool,
     },
+    /// Hand a workspace's finished background jobs to an agent client's hook or plugin
+    /// (acked, so each reaches the model once); see integrations/
+    #[command(
+        after_help = "Examples:\n  sidejob hook claude          as Claude Code's Stop, SessionStart and UserPromptSubmit hook\n  \
+                      sidejob hook wait --json     wait while background jobs run, then print what finished\n  \
+                      sidejob hook unread          print what finished and is unread\n\n\
+                      The session is the one `sidejob mcp` uses for this user and directory."
+    )]
+    Hook {
+        #[command(flatten)]
+        conn: Conn,
+        /// claude (Claude Code's Stop, SessionStart and UserPromptSubmit hook, its JSON on
+        /// stdin), wait (wait while background jobs run, then print what finished) or unread
+        /// (print what finished and is unread)
+        #[arg(value_enum, hide_possible_values = true)]
+        kind: HookKindArg,
+        /// The workspace whose session it reads [default: the hook's project directory
+        /// (Claude Code), else the current directory]
+        #[arg(long, value_name = "DIR")]
+        workspace: Option<PathBuf>,
+        /// The longest wait for a running background job (`claude` at Stop, `wait`)
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "9m")]
+        wait: Duration,
+        /// Print JSON: {"completions": [{id, task_id, text}], "text": "..."} (`wait`, `unread`)
+        #[arg(long)]
+        json: bool,
+    },
+    /// Configure an agent client to use sidejob in a workspace: its MCP server, and the hook
+    /// or plugin that hands it finished background jobs after its turn ends
+    #[command(
+        after_help = "Examples:\n  sidejob integrate claude             write .mcp.json and .claude/settings.json here\n  \
+                      sidejob integrate codex --print      print the ~/.codex/config.toml section\n  \
+                      sidejob integrate opencode           write opencode.json and .opencode/plugin/sidejob.js here"
+    )]
+    Integrate {
+        /// claude (.mcp.json and hooks in .claude/settings.json), codex (the
+        /// [mcp_servers.sidejob] section of $CODEX_HOME/config.toml) or opencode (opencode.json
+        /// and .opencode/plugin/sidejob.js)
+        #[arg(value_enum, hide_possible_values = true)]
+        client: super::integrate::AgentClient,
+        /// The project to configure [default: the current directory]
+        #[arg(long, value_name = "DIR")]
+        workspace: Option<PathBuf>,
+        /// Print what would be written instead of writing it
+        #[arg(long)]
+        print: bool,
+    },
     /// Print a shell completion script (e.g. sidejob completions bash > /etc/bash_completion.d/sidejob)
     Completions {
         #[arg(value_enum)]
@@ -311,7 +368,9 @@ pub(crate) struct CallArgs {
     /// Stop the run after this long (e.g. 90s, 1h30m); exit code 124
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub timeout: Option<Duration>,
-    /// The sandbox profile for this call (it may only narrow the session's)
+    /// Run under this sandbox profile (e.g. python, rust, node, or one of your own): in
+    /// this directory's session of that profile; with --session, it may only narrow that
+    /// session's profile
     #[arg(long, value_name = "NAME")]
     pub profile: Option<String>,
     /// Pass a variable to the command (repeatable): NAME takes its value from your

@@ -34,6 +34,15 @@ pub(super) fn default_session(uid: u32, cwd: &Path) -> String {
     derived_session("cli", uid, cwd)
 }
 
+/// The session of `call --profile P` in a directory: `cli-<uid>-<hash of the directory and
+/// P>`, opened with that profile.
+fn profile_session(uid: u32, cwd: &Path, profile: &str) -> String {
+    let mut key = cwd.as_os_str().to_owned();
+    key.push("\0");
+    key.push(profile);
+    derived_session("cli", uid, Path::new(&key))
+}
+
 /// `<prefix>-<uid>-<hash of the directory>`: the same id for every run of the same user
 /// in the same directory (`cli` for the command line, `mcp` for `sidejob mcp`).
 pub(super) fn derived_session(prefix: &str, uid: u32, cwd: &Path) -> String {
@@ -142,12 +151,20 @@ enum Event {
 pub(super) fn call(socket: &Path, a: CallArgs) -> Result<i32> {
     let (tool, args) = tool_and_args(&a)?;
     let cwd = std::env::current_dir().context("cannot read the current directory")?;
-    let session = a
-        .session
-        .clone()
-        .unwrap_or_else(|| default_session(crate::sys::getuid(), &cwd));
+    // `--profile` without `--session`: this directory's session of that profile (a call may
+    // only narrow its session's profile, and most profiles widen the default one).
+    let session = match (&a.session, &a.profile) {
+        (Some(s), _) => s.clone(),
+        (None, None) => default_session(crate::sys::getuid(), &cwd),
+        (None, Some(p)) => profile_session(crate::sys::getuid(), &cwd, p),
+    };
     let mut client = Client::connect(socket)?;
     let mut open = json!({"session_id": session, "workspace": cwd});
+    if a.session.is_none() {
+        if let Some(p) = &a.profile {
+            open["profile"] = json!(p);
+        }
+    }
     let mut params = json!({"session_id": session, "tool": tool, "args": args, "background": true});
     if a.adopt {
         open["adopt"] = json!(true);
@@ -157,7 +174,7 @@ pub(super) fn call(socket: &Path, a: CallArgs) -> Result<i32> {
     if let Some(t) = a.timeout {
         params["timeout_ms"] = json!(t.as_millis() as u64);
     }
-    if let Some(p) = &a.profile {
+    if let (Some(p), Some(_)) = (&a.profile, &a.session) {
         params["profile"] = json!(p);
     }
     if a.stdin {
@@ -427,6 +444,12 @@ fn stream(
         );
     } else {
         describe_end(&task);
+        if let Some(line) = &task.violations {
+            eprintln!("sidejob: {line}");
+            if line.contains("network refused") {
+                eprintln!("  hint: {}", super::format::NETWORK_HINT_PROFILE);
+            }
+        }
     }
     if interrupted && task.state == TaskState::Canceled {
         return Ok(EXIT_INTERRUPTED);

@@ -10,7 +10,7 @@ use crate::protocol::RpcError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("no sidejob daemon is listening on {path} ({reason}); start one with `sidejob serve`, or point --socket / SIDEJOB_SOCKET at the one you run")]
+    #[error("no sidejob daemon is listening on {path} ({reason}); start one with `sidejob serve`, join the group of a shared daemon's socket (/run/sidejob/sidejob.sock, used when you run none), or point --socket / SIDEJOB_SOCKET at the one you run")]
     NoDaemon { path: PathBuf, reason: &'static str },
     #[error("cannot connect to the daemon at {path}: permission denied; the socket is mode 0660, so run as its owner or a member of its group")]
     Denied { path: PathBuf },
@@ -104,6 +104,11 @@ impl Client {
         serde_json::from_str(&buf)
             .map(Some)
             .map_err(|e| ClientError::Protocol(e.to_string()))
+    }
+
+    /// How long a read (a reply, [`Client::next_push`]) may wait; `None`: for ever.
+    pub(crate) fn set_read_timeout(&self, t: Option<std::time::Duration>) -> std::io::Result<()> {
+        self.reader.get_ref().set_read_timeout(t)
     }
 
     /// Sends one request and waits for its reply.

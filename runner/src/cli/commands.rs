@@ -118,7 +118,7 @@ pub(super) fn tasks(socket: &Path, a: TasksArgs) -> Result<i32> {
     }
     let ids: Vec<&str> = all.iter().map(|t| t.task_id.as_str()).collect();
     let short = short_ids(&ids);
-    let rows: Vec<[String; 6]> = all
+    let rows: Vec<[String; 7]> = all
         .iter()
         .zip(short)
         .map(|(t, id)| {
@@ -131,12 +131,15 @@ pub(super) fn tasks(socket: &Path, a: TasksArgs) -> Result<i32> {
                     .or(t.signal.map(|s| format!("sig {s}")))
                     .unwrap_or_else(|| "-".into()),
                 t.duration_ms.map(format_ms).unwrap_or_else(|| "-".into()),
+                t.profile.clone(),
                 t.summary.clone(),
             ]
         })
         .collect();
     print_table(
-        &["TASK", "SESSION", "STATE", "EXIT", "TOOK", "SUMMARY"],
+        &[
+            "TASK", "SESSION", "STATE", "EXIT", "TOOK", "PROFILE", "SUMMARY",
+        ],
         &rows,
     );
     Ok(0)
@@ -317,8 +320,13 @@ pub(super) fn status(socket: &Path, json_out: bool) -> Result<i32> {
         format_ms(s.uptime_ms),
         s.started_at
     );
+    let whose = if crate::sys::getuid() != 0 && socket == Path::new(crate::config::SYSTEM_SOCKET) {
+        " (the shared system daemon: you run none of your own)"
+    } else {
+        ""
+    };
     println!(
-        "socket     {}{}",
+        "socket     {}{}{whose}",
         s.socket,
         if s.socket_activated {
             " (from the service manager)"

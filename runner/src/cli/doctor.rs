@@ -201,12 +201,16 @@ fn print_caches(state_dir: &std::path::Path, caches: &[crate::sandbox::caches::C
     }
     for c in caches {
         println!(
-            "  uid {:<6} {:16} {:12} {:>10}  {}",
+            "  uid {:<6} {:16} {:12} {:>10}  {}  ({})",
             c.uid,
             c.profile,
             c.name,
             human_bytes(c.bytes),
-            c.path.display()
+            c.path.display(),
+            c.workspace.as_ref().map_or_else(
+                || "unused: kept before caches were per workspace".to_owned(),
+                |w| format!("workspace {}", w.display())
+            )
         );
     }
 }
@@ -275,21 +279,30 @@ pub(super) fn cache(cmd: CacheCommand) -> i32 {
                 }
                 (_, _) => Some(me),
             };
-            match caches::clear(&dir, whose, profile.as_deref()) {
-                Ok(removed) => {
-                    for c in &removed {
-                        println!("removed {} ({})", c.path.display(), human_bytes(c.bytes));
+            // Each cache on its own: one that cannot be removed is named, and the rest are
+            // still removed.
+            let cleared = caches::clear(&dir, whose, profile.as_deref());
+            if cleared.is_empty() {
+                println!("no cache to remove");
+            }
+            let mut code = 0;
+            for c in &cleared {
+                match &c.error {
+                    None => println!(
+                        "removed {} ({})",
+                        c.cache.path.display(),
+                        human_bytes(c.cache.bytes)
+                    ),
+                    Some(e) => {
+                        eprintln!(
+                            "sidejob cache clear: cannot remove {}: {e}",
+                            c.cache.path.display()
+                        );
+                        code = 1;
                     }
-                    if removed.is_empty() {
-                        println!("no cache to remove");
-                    }
-                    0
-                }
-                Err(e) => {
-                    eprintln!("sidejob cache clear: {e}");
-                    1
                 }
             }
+            code
         }
     }
 }

@@ -30,6 +30,9 @@ macro_rules! say {
 pub(super) const EXIT_SANDBOX: i32 = 125;
 pub(super) const EXIT_TIMEOUT: i32 = 124;
 
+/// How an unprivileged user gets cgroup limits for `exec`: a cgroup of their own, delegated.
+const CGROUP_DELEGATION_HINT: &str = "cgroup limits need a cgroup delegated to you: run it as systemd-run --user --scope -p Delegate=yes sidejob exec ... (or ask an administrator to delegate one)";
+
 fn fail(msg: impl std::fmt::Display, hint: Option<&str>) -> i32 {
     say!("sidejob exec: {msg}");
     if let Some(h) = hint {
@@ -257,7 +260,13 @@ pub(super) fn exec(a: ExecArgs, netns: Option<crate::sys::netns::Ahead>) -> i32 
         gid.unwrap_or_else(crate::sys::getgid),
     );
     let state_dir = crate::config::default_state_dir();
-    let caches = match crate::sandbox::caches::prepare(&state_dir, run_ids.0, run_ids.1, &profile) {
+    let caches = match crate::sandbox::caches::prepare(
+        &state_dir,
+        crate::sys::getuid(),
+        &workspace,
+        run_ids,
+        &profile,
+    ) {
         Ok(c) => c,
         Err(e) => {
             return fail(
@@ -403,12 +412,18 @@ pub(super) fn exec(a: ExecArgs, netns: Option<crate::sys::netns::Ahead>) -> i32 
         if let Some(h) = hint {
             say!("  hint: {h}");
         }
+        if err.contains("not delegated to our uid") {
+            say!("  hint: {CGROUP_DELEGATION_HINT}");
+        }
     }
     if let (Some(line), false) = (
         crate::supervisor::result::summary(&result.violations),
         a.json,
     ) {
         say!("sidejob exec: {line}");
+        if line.contains("network refused") {
+            say!("  hint: {}", super::format::NETWORK_HINT_EXEC);
+        }
     }
     // Done. What this process still holds (the plan, the result, the profile) is left to the
     // kernel instead of being freed piece by piece, and the C library's exit handlers, none of

@@ -8,6 +8,8 @@ mod commands;
 mod doctor;
 mod exec;
 mod format;
+mod hook;
+mod integrate;
 mod mcp;
 mod schedule;
 
@@ -21,12 +23,12 @@ use clap::Parser;
 use args::{Command, Conn, RegistryAction};
 
 /// The socket a client command uses: its own `--socket`, else the one given before the
-/// command, else the default.
+/// command, else the user's own daemon's, else a shared (system) daemon's.
 fn socket(conn: &Conn, top: &Conn) -> PathBuf {
     conn.socket
         .clone()
         .or_else(|| top.socket.clone())
-        .unwrap_or_else(crate::config::default_socket_path)
+        .unwrap_or_else(crate::config::client_socket_path)
 }
 
 /// Runs the command line; returns the process exit code.
@@ -166,6 +168,26 @@ pub fn main() -> i32 {
                 start_daemon,
             },
         ),
+        Command::Hook {
+            conn,
+            kind,
+            workspace,
+            wait,
+            json,
+        } => hook::run(
+            &socket(&conn, &top),
+            kind,
+            hook::HookArgs {
+                workspace,
+                wait,
+                json,
+            },
+        ),
+        Command::Integrate {
+            client,
+            workspace,
+            print,
+        } => integrate::run(client, workspace, print),
         Command::Completions { shell } => commands::completions(shell),
         Command::Man { dir } => commands::man(dir),
         Command::Supervise { .. }

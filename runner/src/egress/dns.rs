@@ -80,23 +80,22 @@ async fn lookup(run: &Run, q: &hickory_proto::op::Query, resp: &mut Message) -> 
     let asks_address = matches!(qtype, RecordType::A | RecordType::AAAA | RecordType::ANY);
     let raw = q.name().to_ascii();
     let raw = raw.strip_suffix('.').unwrap_or(&raw);
+    // Every refusal is recorded, whatever record type was asked for: a TXT, MX or PTR
+    // lookup of a name that is not allowed is as much a knock as an A lookup.
     if q.query_class() != DNSClass::IN {
+        run.refuse(raw, None, Refusal::BadRequest, Via::Dns);
         return ResponseCode::Refused;
     }
     let name = match policy::normalize(raw) {
         Ok(Host::Name(n)) => n,
-        // Reverse lookups and other odd names are not the run's business.
+        // Odd names are not the run's business.
         Ok(Host::Ip(_)) | Err(_) => {
-            if asks_address {
-                run.refuse(raw, None, Refusal::BadName, Via::Dns);
-            }
+            run.refuse(raw, None, Refusal::BadName, Via::Dns);
             return ResponseCode::Refused;
         }
     };
     if let Err(r) = run.policy.check_name(&name, None) {
-        if asks_address {
-            run.refuse(&name, None, r, Via::Dns);
-        }
+        run.refuse(&name, None, r, Via::Dns);
         return ResponseCode::Refused;
     }
     if !asks_address {
@@ -250,7 +249,8 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn garbage_gets_formerr_or_nothing_and_odd_queries_no_violation() {
+    async fn garbage_gets_formerr_or_nothing_and_other_record_types_of_refused_names_are_recorded()
+    {
         let (r, dir) = run(&["a.test"], &[], &[]);
         let reply = answer(&r, &[0xab, 0xcd, 0xff], Transport::Udp)
             .await
@@ -261,11 +261,28 @@ mod tests {
             (0xabcd, ResponseCode::FormErr)
         );
         assert_eq!(answer(&r, &[1], Transport::Udp).await, None);
-        let ptr = ask(&r, "1.0.0.127.in-addr.arpa", RecordType::PTR).await;
-        assert_eq!(ptr.metadata.response_code, ResponseCode::Refused);
+        assert!(violations(&dir).is_empty());
+        // Control: another record type of an allowed name is no refusal.
         let txt = ask(&r, "a.test", RecordType::TXT).await;
         assert_eq!(txt.metadata.response_code, ResponseCode::NoError);
         assert!(violations(&dir).is_empty());
+        let ptr = ask(&r, "1.0.0.127.in-addr.arpa", RecordType::PTR).await;
+        assert_eq!(ptr.metadata.response_code, ResponseCode::Refused);
+        for ty in [RecordType::TXT, RecordType::MX] {
+            let m = ask(&r, "evil.test", ty).await;
+            assert_eq!(m.metadata.response_code, ResponseCode::Refused);
+        }
+        let v: Vec<_> = violations(&dir)
+            .into_iter()
+            .map(|v| (v.host, v.reason, v.count))
+            .collect();
+        assert_eq!(
+            v,
+            [
+                ("1.0.0.127.in-addr.arpa".into(), "not_allowed".into(), 1),
+                ("evil.test".into(), "not_allowed".into(), 2),
+            ]
+        );
     }
 
     proptest::proptest! {

@@ -194,6 +194,28 @@ impl ProxyRequest {
     }
 }
 
+/// What the first line of a head that was refused names: its request target (printable
+/// ASCII only, at most 255 bytes; `None` when there is none), and whether its method is
+/// `CONNECT`. For the record of the refusal.
+pub(crate) fn refused_target(buf: &[u8]) -> (Option<String>, bool) {
+    let line = buf
+        .split(|b| *b == b'\r' || *b == b'\n')
+        .next()
+        .unwrap_or_default();
+    let mut words = line.split(|b| *b == b' ').filter(|w| !w.is_empty());
+    let is_connect = words
+        .next()
+        .is_some_and(|m| m.eq_ignore_ascii_case(b"CONNECT"));
+    let target = words.next().map(|t| {
+        t.iter()
+            .take(255)
+            .filter(|b| b.is_ascii_graphic())
+            .map(|b| char::from(*b))
+            .collect::<String>()
+    });
+    (target.filter(|t| !t.is_empty()), is_connect)
+}
+
 /// A complete response with a one-line plain-text body.
 pub(crate) fn response(status: &str, reason_code: Option<&str>, body: &str) -> Vec<u8> {
     let body = format!("{body}\n");
@@ -268,6 +290,19 @@ mod tests {
         assert!(String::from_utf8(q.upstream_head("example.com").unwrap())
             .unwrap()
             .starts_with("GET /?x HTTP/1.0\r\n"));
+    }
+
+    #[test]
+    fn a_refused_head_names_its_target_for_the_record() {
+        assert_eq!(
+            refused_target(b"CONNECT a.test@b.test:443 HTTP/1.1\r\n\r\n"),
+            (Some("a.test@b.test:443".into()), true)
+        );
+        assert_eq!(
+            refused_target(b"GET  http://u@h/\x01x HTTP/1.1"),
+            (Some("http://u@h/x".into()), false)
+        );
+        assert_eq!(refused_target(b"\x16\x03\x01"), (None, false));
     }
 
     #[test]

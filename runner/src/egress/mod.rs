@@ -19,6 +19,7 @@ pub(crate) mod http;
 pub(crate) mod policy;
 pub(crate) mod proxy;
 pub(crate) mod record;
+pub(crate) mod share;
 pub(crate) mod socks;
 pub(crate) mod splice;
 pub(crate) mod standalone;
@@ -34,7 +35,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info};
 
 pub(crate) use policy::Policy;
@@ -61,8 +62,6 @@ pub(crate) mod kind {
 
 /// Connections one run may have open through the proxy at once; more are closed at once.
 const MAX_CONNECTIONS: usize = 256;
-/// How long a client may take to send its request head.
-const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long resolving a name on the host, or connecting to it, may take.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -99,6 +98,31 @@ pub(crate) fn proxy_env() -> Vec<(String, String)> {
     env
 }
 
+/// How long the proxy waits for its clients (`[egress]` in the daemon's configuration).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Timeouts {
+    /// For a client's whole request head (HTTP, or the SOCKS5 handshake), and for the
+    /// relay's first message.
+    pub head: Duration,
+    /// For a tunnel in which neither side sends anything.
+    pub idle: Duration,
+}
+
+impl Timeouts {
+    pub(crate) fn from_config(c: &crate::config::EgressConfig) -> Timeouts {
+        Timeouts {
+            head: Duration::from_millis(c.head_timeout_ms.max(1)),
+            idle: Duration::from_millis(c.idle_timeout_ms.max(1)),
+        }
+    }
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts::from_config(&crate::config::EgressConfig::default())
+    }
+}
+
 /// The resolver configuration in the run's view.
 pub(crate) const RESOLV_CONF: &str = "# sidejob: the run's DNS responder answers the names its network.allow list allows\nnameserver 127.0.0.1\noptions timeout:2 attempts:2\n";
 
@@ -110,6 +134,16 @@ pub(crate) struct Run {
     recorder: Recorder,
     answered: Mutex<HashMap<IpAddr, String>>,
     slots: Arc<Semaphore>,
+    pub timeouts: Timeouts,
+    /// The daemon's count of proxied connections and the uid this run's count against.
+    share: Option<(Arc<share::Shares>, u32)>,
+}
+
+/// What one admitted connection holds until it ends: a slot of its run and, in the daemon,
+/// its owner's share.
+struct Admitted {
+    _slot: OwnedSemaphorePermit,
+    _share: Option<share::Ticket>,
 }
 
 /// Why a connection was not made.
@@ -132,16 +166,57 @@ impl Run {
             recorder: Recorder::open(record_path)?,
             answered: Mutex::new(HashMap::new()),
             slots: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
+            timeouts: Timeouts::default(),
+            share: None,
         })
     }
 
-    /// Logs a refusal and, when it breaks the policy, records it as a violation. Called before
-    /// the client is answered.
+    pub(crate) fn with_timeouts(mut self, timeouts: Timeouts) -> Run {
+        self.timeouts = timeouts;
+        self
+    }
+
+    /// Counts the run's connections against `uid`'s share of the daemon's.
+    pub(crate) fn with_share(mut self, shares: Arc<share::Shares>, uid: u32) -> Run {
+        self.share = Some((shares, uid));
+        self
+    }
+
+    /// A slot for one more connection, or `None` (and it is closed) when the run has
+    /// [`MAX_CONNECTIONS`] open or its owner their whole share.
+    fn admit(&self) -> Option<Admitted> {
+        let Ok(slot) = self.slots.clone().try_acquire_owned() else {
+            debug!(task_id = %self.task_id, "too many connections; closing one");
+            return None;
+        };
+        let share = match &self.share {
+            Some((shares, uid)) => match shares.take(*uid) {
+                Ok(ticket) => Some(ticket),
+                Err(full) => {
+                    debug!(task_id = %self.task_id, "closing a connection: {full}");
+                    return None;
+                }
+            },
+            None => None,
+        };
+        Some(Admitted {
+            _slot: slot,
+            _share: share,
+        })
+    }
+
+    /// Records a refusal as a violation (unless it is only a name that does not resolve)
+    /// and logs it: at `info` the first time, at `debug` when it repeats, so a run that keeps
+    /// knocking fills neither the record nor the log. Called before the client is answered.
     pub(crate) fn refuse(&self, host: &str, port: Option<u16>, refusal: Refusal, via: Via) {
-        info!(task_id = %self.task_id, host, port, reason = refusal.code(), ?via, "egress refused");
-        if refusal.is_violation() {
-            self.recorder
+        let first = !refusal.is_violation()
+            || self
+                .recorder
                 .record(&NetworkViolation::new(host, port, refusal, via));
+        if first {
+            info!(task_id = %self.task_id, host, port, reason = refusal.code(), ?via, "egress refused");
+        } else {
+            debug!(task_id = %self.task_id, host, port, reason = refusal.code(), ?via, "egress refused again");
         }
     }
 
@@ -255,27 +330,29 @@ impl Run {
 }
 
 /// Serves a run's socket until `stop` resolves: every connection from the relay is handled
-/// on its own task, within the run's share of connections.
+/// on its own task, within the run's share of connections. The tasks are the run's: when
+/// `stop` resolves (the run settled), every connection still open is ended and its sockets
+/// closed, whatever its peers do.
 pub(crate) async fn serve(
     listener: UnixListener,
     run: Arc<Run>,
     stop: impl std::future::Future<Output = ()>,
 ) {
     tokio::pin!(stop);
+    let mut connections = tokio::task::JoinSet::new();
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
-                    let Ok(permit) = run.slots.clone().try_acquire_owned() else {
-                        debug!(task_id = %run.task_id, "too many connections; closing one");
+                    let Some(admitted) = run.admit() else {
                         continue;
                     };
                     let run = run.clone();
-                    tokio::spawn(async move {
+                    connections.spawn(async move {
                         if let Err(e) = from_relay(stream, &run).await {
                             debug!(task_id = %run.task_id, "egress connection: {e}");
                         }
-                        drop(permit);
+                        drop(admitted);
                     });
                 }
                 Err(e) => {
@@ -283,17 +360,23 @@ pub(crate) async fn serve(
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
             _ = &mut stop => break,
         }
     }
+    if !connections.is_empty() {
+        debug!(task_id = %run.task_id, open = connections.len(), "the run is over; closing its connections");
+    }
+    connections.shutdown().await;
 }
 
 /// One connection from the relay: the first message carries the kind byte and the socket.
-/// A peer that sends nothing (or, for a UDP query, never finishes) is dropped after
-/// [`HEAD_TIMEOUT`], so it cannot hold one of the run's connections.
+/// A peer that sends nothing (or, for a UDP query, never finishes) is dropped after the head
+/// timeout, so it cannot hold one of the run's connections.
 async fn from_relay(stream: UnixStream, run: &Arc<Run>) -> io::Result<()> {
+    let head_timeout = run.timeouts.head;
     let mut buf = vec![0u8; 1 + 1 + 16 + 2 + dns::MAX_MESSAGE];
-    let first = tokio::time::timeout(HEAD_TIMEOUT, first_message(&stream, &mut buf))
+    let first = tokio::time::timeout(head_timeout, first_message(&stream, &mut buf))
         .await
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "nothing from the relay"))?;
     let (n, mut fds) = first?;
@@ -305,13 +388,21 @@ async fn from_relay(stream: UnixStream, run: &Arc<Run>) -> io::Result<()> {
     }
     let fd = fds.remove(0);
     match buf[0] {
-        kind::PROXY => proxy::handle(stream_socket(fd)?, run.clone()).await,
-        kind::DNS_TCP => dns::serve_tcp(stream_socket(fd)?, run.clone()).await,
+        // The relay's connection has done its work once the socket is here: not held open
+        // beside it.
+        kind::PROXY => {
+            drop(stream);
+            proxy::handle(stream_socket(fd)?, run.clone()).await
+        }
+        kind::DNS_TCP => {
+            drop(stream);
+            dns::serve_tcp(stream_socket(fd)?, run.clone()).await
+        }
         kind::DNS_UDP => {
             let mut data = buf[1..n].to_vec();
             let mut rest = stream;
             let limit = (1 + 16 + 2 + dns::MAX_MESSAGE) as u64;
-            tokio::time::timeout(HEAD_TIMEOUT, (&mut rest).take(limit).read_to_end(&mut data))
+            tokio::time::timeout(head_timeout, (&mut rest).take(limit).read_to_end(&mut data))
                 .await
                 .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "an unfinished query"))??;
             udp_query(fd, &data, run).await

@@ -64,6 +64,13 @@ pub(crate) enum Refusal {
     Address(AddrClass),
     BadName,
     Unresolved,
+    /// Not a request the proxy serves: a malformed or oversized head, `user@` in the URI
+    /// (`allowed@denied`), origin form, another scheme, a SOCKS5 handshake out of order.
+    BadRequest,
+    /// SOCKS5 `BIND`, `UDP ASSOCIATE` or another command than `CONNECT`.
+    UnsupportedCommand,
+    /// SOCKS4, or a SOCKS5 greeting that does not offer "no authentication".
+    UnsupportedProtocol,
 }
 
 pub(crate) const DENIED: &str = "on the profile's network.deny list";
@@ -78,6 +85,11 @@ pub(crate) const UNSPECIFIED: &str = "resolves to an unspecified address (0.0.0.
 pub(crate) const RESERVED: &str = "resolves to a multicast or reserved address";
 pub(crate) const BAD_NAME: &str = "not a valid host name";
 pub(crate) const UNRESOLVED: &str = "the name does not resolve on the host";
+pub(crate) const BAD_REQUEST: &str = "not a request this proxy serves";
+pub(crate) const UNSUPPORTED_COMMAND: &str =
+    "only SOCKS5 CONNECT is served (no BIND, no UDP ASSOCIATE)";
+pub(crate) const UNSUPPORTED_PROTOCOL: &str =
+    "only HTTP CONNECT, http:// requests and SOCKS5 without authentication are served";
 
 impl Refusal {
     /// A short, stable name (`result.json` `violations[].reason`).
@@ -95,6 +107,9 @@ impl Refusal {
             Refusal::Address(AddrClass::Public) => "public_address",
             Refusal::BadName => "bad_name",
             Refusal::Unresolved => "unresolved",
+            Refusal::BadRequest => "bad_request",
+            Refusal::UnsupportedCommand => "unsupported_command",
+            Refusal::UnsupportedProtocol => "unsupported_protocol",
         }
     }
 
@@ -112,18 +127,25 @@ impl Refusal {
             Refusal::Address(AddrClass::Reserved | AddrClass::Public) => RESERVED,
             Refusal::BadName => BAD_NAME,
             Refusal::Unresolved => UNRESOLVED,
+            Refusal::BadRequest => BAD_REQUEST,
+            Refusal::UnsupportedCommand => UNSUPPORTED_COMMAND,
+            Refusal::UnsupportedProtocol => UNSUPPORTED_PROTOCOL,
         }
     }
 
-    /// Whether the run broke its policy (recorded as a violation), as opposed to asking for
-    /// something that does not exist or that the proxy cannot do.
+    /// Whether the refusal is recorded as a violation: every refusal is, a request the
+    /// proxy cannot serve included (what a run tried is what its caller needs to see); only
+    /// a name that does not exist is not.
     pub(crate) fn is_violation(self) -> bool {
         match self {
             Refusal::Denied
             | Refusal::NotAllowed
             | Refusal::IpLiteral
             | Refusal::Address(_)
-            | Refusal::BadName => true,
+            | Refusal::BadName
+            | Refusal::BadRequest
+            | Refusal::UnsupportedCommand
+            | Refusal::UnsupportedProtocol => true,
             Refusal::Unresolved => false,
         }
     }
@@ -815,6 +837,9 @@ mod tests {
             Refusal::Address(AddrClass::Reserved),
             Refusal::BadName,
             Refusal::Unresolved,
+            Refusal::BadRequest,
+            Refusal::UnsupportedCommand,
+            Refusal::UnsupportedProtocol,
         ];
         let codes: std::collections::BTreeSet<_> = all.iter().map(|r| r.code()).collect();
         let texts: std::collections::BTreeSet<_> = all.iter().map(|r| r.text()).collect();

@@ -7,46 +7,65 @@ use std::sync::Arc;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 
 use super::http::{self, HttpError, ProxyRequest};
 use super::policy::Refusal;
 use super::record::Via;
 use super::socks::{self, SocksError};
-use super::{Refused, Run, HEAD_TIMEOUT};
+use super::{Refused, Run};
 
 pub(crate) async fn handle(mut client: TcpStream, run: Arc<Run>) -> io::Result<()> {
     let _ = client.set_nodelay(true);
+    // One deadline for the whole head, however it is cut up: a client that trickles it
+    // byte by byte cannot hold the connection longer than one that sends nothing.
+    let deadline = Instant::now() + run.timeouts.head;
     let mut buf = Vec::with_capacity(4096);
-    if read_more(&mut client, &mut buf).await? == 0 {
+    if read_more(&mut client, &mut buf, deadline).await? == 0 {
         return Ok(());
     }
     match buf[0] {
-        socks::VERSION | 4 => socks5(client, buf, &run).await,
-        _ => http_request(client, buf, &run).await,
+        socks::VERSION | 4 => socks5(client, buf, deadline, &run).await,
+        _ => http_request(client, buf, deadline, &run).await,
     }
 }
 
-/// Reads what is available (at least one byte unless the stream ended), within the head
-/// timeout.
-async fn read_more(client: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<usize> {
+/// Reads what is available (at least one byte unless the stream ended), before the head's
+/// deadline.
+async fn read_more(
+    client: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    deadline: Instant,
+) -> io::Result<usize> {
     let mut chunk = [0u8; 4096];
-    let n = tokio::time::timeout(HEAD_TIMEOUT, client.read(&mut chunk))
+    let n = tokio::time::timeout_at(deadline, client.read(&mut chunk))
         .await
-        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no request in time"))??;
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no whole request in time"))??;
     buf.extend_from_slice(&chunk[..n]);
     Ok(n)
 }
 
-async fn http_request(mut client: TcpStream, mut buf: Vec<u8>, run: &Run) -> io::Result<()> {
+async fn http_request(
+    mut client: TcpStream,
+    mut buf: Vec<u8>,
+    deadline: Instant,
+    run: &Run,
+) -> io::Result<()> {
     let (req, head_len) = loop {
         match http::parse(&buf) {
             Ok(Some(parsed)) => break parsed,
             Ok(None) => {
-                if read_more(&mut client, &mut buf).await? == 0 {
+                if read_more(&mut client, &mut buf, deadline).await? == 0 {
                     return Ok(());
                 }
             }
-            Err(e) => return http_error(&mut client, &e).await,
+            Err(e) => {
+                let (target, is_connect) = http::refused_target(&buf);
+                let via = if is_connect { Via::Connect } else { Via::Http };
+                let target = target.unwrap_or_else(|| NO_TARGET.to_owned());
+                run.refuse(&target, None, Refusal::BadRequest, via);
+                return http_error(&mut client, &e).await;
+            }
         }
     };
     let leftover = buf.split_off(head_len);
@@ -83,7 +102,7 @@ async fn http_request(mut client: TcpStream, mut buf: Vec<u8>, run: &Run) -> io:
         }
     }
     upstream.write_all(&leftover).await?;
-    tunnel(client, upstream).await
+    tunnel(client, upstream, run).await
 }
 
 async fn http_error(client: &mut TcpStream, e: &HttpError) -> io::Result<()> {
@@ -91,16 +110,31 @@ async fn http_error(client: &mut TcpStream, e: &HttpError) -> io::Result<()> {
     write_close(client, &http::response(e.status(), None, &body)).await
 }
 
-async fn socks5(mut client: TcpStream, mut buf: Vec<u8>, run: &Run) -> io::Result<()> {
+async fn socks5(
+    mut client: TcpStream,
+    mut buf: Vec<u8>,
+    deadline: Instant,
+    run: &Run,
+) -> io::Result<()> {
     let greeting_len = loop {
         match socks::greeting(&buf) {
             Ok(Some(n)) => break n,
             Ok(None) => {
-                if read_more(&mut client, &mut buf).await? == 0 {
+                if read_more(&mut client, &mut buf, deadline).await? == 0 {
                     return Ok(());
                 }
             }
-            Err(e) => return socks_error(&mut client, e).await,
+            Err(e) => {
+                let (target, port, via) = match e {
+                    SocksError::Version(4) => match socks::socks4_target(&buf) {
+                        Some((host, port)) => (host, Some(port), Via::Socks4),
+                        None => (NO_TARGET.to_owned(), None, Via::Socks4),
+                    },
+                    _ => (NO_TARGET.to_owned(), None, Via::Socks5),
+                };
+                run.refuse(&target, port, socks_refusal(e), via);
+                return socks_error(&mut client, e).await;
+            }
         }
     };
     client.write_all(&socks::METHOD_NO_AUTH).await?;
@@ -109,14 +143,17 @@ async fn socks5(mut client: TcpStream, mut buf: Vec<u8>, run: &Run) -> io::Resul
         match socks::request(&buf) {
             Ok(Some(parsed)) => break parsed,
             Ok(None) => {
-                if read_more(&mut client, &mut buf).await? == 0 {
+                if read_more(&mut client, &mut buf, deadline).await? == 0 {
                     return Ok(());
                 }
             }
             Err(e) => {
-                if e == SocksError::BadName {
-                    run.refuse("(invalid name)", None, Refusal::BadName, Via::Socks5);
-                }
+                let (target, port) = match e {
+                    SocksError::BadName => ("(invalid name)".to_owned(), None),
+                    _ => socks::refused_target(&buf)
+                        .map_or((NO_TARGET.to_owned(), None), |(h, p)| (h, Some(p))),
+                };
+                run.refuse(&target, port, socks_refusal(e), Via::Socks5);
                 return socks_error(&mut client, e).await;
             }
         }
@@ -143,7 +180,23 @@ async fn socks5(mut client: TcpStream, mut buf: Vec<u8>, run: &Run) -> io::Resul
         .write_all(&socks::reply(socks::rep::SUCCEEDED))
         .await?;
     upstream.write_all(&leftover).await?;
-    tunnel(client, upstream).await
+    tunnel(client, upstream, run).await
+}
+
+/// The host recorded for a refusal whose request names none that can be read.
+const NO_TARGET: &str = "(no target)";
+
+/// The refusal a broken or unsupported SOCKS handshake is recorded as.
+fn socks_refusal(e: SocksError) -> Refusal {
+    match e {
+        SocksError::Version(4) | SocksError::NoAcceptableMethod => Refusal::UnsupportedProtocol,
+        SocksError::Command(_) => Refusal::UnsupportedCommand,
+        SocksError::BadName => Refusal::BadName,
+        SocksError::Version(_)
+        | SocksError::Reserved
+        | SocksError::AddressType(_)
+        | SocksError::BadPort => Refusal::BadRequest,
+    }
 }
 
 async fn socks_error(client: &mut TcpStream, e: SocksError) -> io::Result<()> {
@@ -155,7 +208,8 @@ async fn write_close(client: &mut TcpStream, bytes: &[u8]) -> io::Result<()> {
     client.shutdown().await
 }
 
-/// Moves bytes both ways until both sides are done, in the kernel ([`super::splice`]).
-async fn tunnel(client: TcpStream, upstream: TcpStream) -> io::Result<()> {
-    super::splice::tunnel(&client, &upstream).await
+/// Moves bytes both ways, in the kernel ([`super::splice`]), until the tunnel ends; both
+/// sockets are closed then.
+async fn tunnel(client: TcpStream, upstream: TcpStream, run: &Run) -> io::Result<()> {
+    super::splice::tunnel(&client, &upstream, run.timeouts.idle).await
 }

@@ -174,6 +174,37 @@ pub(crate) fn request(buf: &[u8]) -> Result<Option<(Request, usize)>, SocksError
     Ok(Some((Request { dest, port }, at + 2)))
 }
 
+/// Where a SOCKS4 (or 4a) request asks to go, as far as `buf` holds it: for the record of
+/// its refusal.
+pub(crate) fn socks4_target(buf: &[u8]) -> Option<(String, u16)> {
+    let port = u16::from_be_bytes([*buf.get(2)?, *buf.get(3)?]);
+    let ip = Ipv4Addr::new(*buf.get(4)?, *buf.get(5)?, *buf.get(6)?, *buf.get(7)?);
+    let o = ip.octets();
+    if o[..3] == [0, 0, 0] && o[3] != 0 {
+        // 4a: the name follows the user id, each ending in a zero byte.
+        let mut fields = buf.get(8..)?.split(|b| *b == 0);
+        fields.next()?;
+        let name = fields.next()?;
+        if !name.is_empty() && name.iter().all(u8::is_ascii_graphic) {
+            return Some((String::from_utf8_lossy(name).into_owned(), port));
+        }
+    }
+    Some((ip.to_string(), port))
+}
+
+/// Where a request with a command other than `CONNECT` asks to go, as far as `buf` holds
+/// it: for the record of its refusal.
+pub(crate) fn refused_target(buf: &[u8]) -> Option<(String, u16)> {
+    let mut as_connect = buf.to_vec();
+    *as_connect.get_mut(1)? = CMD_CONNECT;
+    let (req, _) = request(&as_connect).ok()??;
+    let host = match req.dest {
+        Dest::Ip(ip) => ip.to_string(),
+        Dest::Name(n) => n,
+    };
+    Some((host, req.port))
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -228,6 +259,15 @@ mod tests {
         let e = greeting(&[4, 1, 0, 80, 127, 0, 0, 1, 0]).unwrap_err();
         assert_eq!(e, SocksError::Version(4));
         assert_eq!(e.reply(), SOCKS4_REJECTED);
+        assert_eq!(
+            socks4_target(&[4, 1, 0, 80, 127, 0, 0, 1, 0]),
+            Some(("127.0.0.1".into(), 80))
+        );
+        assert_eq!(
+            socks4_target(b"\x04\x01\x01\xbb\x00\x00\x00\x01me\x00evil.test\x00"),
+            Some(("evil.test".into(), 443))
+        );
+        assert_eq!(socks4_target(&[4, 1]), None);
     }
 
     #[test]
@@ -254,6 +294,11 @@ mod tests {
             assert_eq!(e, SocksError::Command(cmd));
             assert_eq!(e.reply()[1], rep::COMMAND_NOT_SUPPORTED);
         }
+        assert_eq!(
+            refused_target(&name_request(b"evil.test", 80)),
+            Some(("evil.test".into(), 80))
+        );
+        assert_eq!(refused_target(&[5, 2, 0]), None);
     }
 
     #[test]

@@ -35,32 +35,6 @@ fn egress_dir(task_id: &str) -> std::io::Result<PathBuf> {
     crate::run_dir::socket_dir(&format!("{task_id}.egress"))
 }
 
-/// Makes the run's egress directory and binds its socket, both the daemon's alone (0700 and
-/// 0600: the run's supervisor, which relays to it, runs as the daemon's user). Fills in the
-/// plan's `socket_dir`.
-pub(super) fn bind(
-    task_id: &str,
-    private: &PrivateDir,
-    plan: &mut EgressPlan,
-) -> Result<Bound, ExecError> {
-    let io = |step: &'static str, path: &Path| {
-        let path = path.to_path_buf();
-        move |source| ExecError::Io { step, path, source }
-    };
-    let dir = egress_dir(task_id).map_err(io("prepare the egress directory", private.path()))?;
-    let listener = bind_in(&dir).map_err(io("bind the egress socket", &dir))?;
-    let record = private.path().join(eg::record::FILE);
-    let run = eg::Run::new(task_id, plan.policy.clone(), &record)
-        .map_err(io("open the run's network record", &record))?;
-    plan.socket_dir = dir.clone();
-    Ok(Bound {
-        task_id: task_id.to_owned(),
-        listener,
-        dir,
-        run,
-    })
-}
-
 /// Removes a settled run's egress directory, if it has one.
 pub(super) fn forget(task_id: &str) {
     let dir = crate::config::default_bridge_dir().join(format!("{task_id}.egress"));
@@ -87,7 +61,39 @@ fn bind_in(dir: &Path) -> std::io::Result<UnixListener> {
 }
 
 impl Executor {
-    /// Serves a run's proxy socket until the run settles, then removes its directory.
+    /// Makes the run's egress directory and binds its socket, both the daemon's alone (0700
+    /// and 0600: the run's supervisor, which relays to it, runs as the daemon's user). Fills
+    /// in the plan's `socket_dir`. The run's connections count against `owner_uid`'s share.
+    pub(super) fn bind_egress(
+        &self,
+        task_id: &str,
+        owner_uid: u32,
+        private: &PrivateDir,
+        plan: &mut EgressPlan,
+    ) -> Result<Bound, ExecError> {
+        let io = |step: &'static str, path: &Path| {
+            let path = path.to_path_buf();
+            move |source| ExecError::Io { step, path, source }
+        };
+        let dir =
+            egress_dir(task_id).map_err(io("prepare the egress directory", private.path()))?;
+        let listener = bind_in(&dir).map_err(io("bind the egress socket", &dir))?;
+        let record = private.path().join(eg::record::FILE);
+        let run = eg::Run::new(task_id, plan.policy.clone(), &record)
+            .map_err(io("open the run's network record", &record))?
+            .with_timeouts(eg::Timeouts::from_config(&self.cfg.egress))
+            .with_share(self.egress_shares.clone(), owner_uid);
+        plan.socket_dir = dir.clone();
+        Ok(Bound {
+            task_id: task_id.to_owned(),
+            listener,
+            dir,
+            run,
+        })
+    }
+
+    /// Serves a run's proxy socket until the run settles (its connections are closed then),
+    /// then removes its directory.
     pub(super) fn serve_egress(self: &Arc<Self>, b: Bound) {
         let Bound {
             task_id,
@@ -134,7 +140,7 @@ impl Executor {
                 return;
             }
         }
-        match bind(&row.task_id, &private, &mut egress) {
+        match self.bind_egress(&row.task_id, row.owner_uid, &private, &mut egress) {
             Ok(b) => {
                 info!(task_id = %row.task_id, "egress proxy served again after the restart");
                 self.serve_egress(b);

@@ -45,8 +45,8 @@ use crate::config::Config;
 use crate::ids;
 use crate::plugin_host::{PlanContext, ToolHost};
 use crate::protocol::{
-    CancelOutcome, CompletedCall, Delivery, FailReason, OnDisconnect, RunningCall, StdinMode, TaskKind,
-    TaskState, ToolCallResult, WakeMode,
+    CancelOutcome, CompletedCall, Delivery, FailReason, OnDisconnect, RunningCall, StdinMode,
+    TaskKind, TaskState, ToolCallResult, WakeMode,
 };
 use crate::registry::{Holding, Registry, RegistryError, SessionRow, TaskRow};
 use crate::run_dir::{self, PrivateDir};
@@ -204,6 +204,26 @@ impl Live {
     }
 }
 
+/// Refuses new work while the daemon is close to its descriptor limit, keeping the rest for
+/// what it has started (settling runs, replies, the registry): a call is refused with
+/// `limit_exceeded`, never failed half-way by "too many open files".
+fn check_descriptors() -> Result<(), ExecError> {
+    let limit = crate::sys::descriptor_limit();
+    let reserve = (limit / 8).max(64);
+    let open = match crate::sys::open_descriptors() {
+        Ok(n) => n,
+        Err(e) if e.raw_os_error() == Some(libc::EMFILE) => limit,
+        // Not countable (no /proc): the calls themselves will say.
+        Err(_) => return Ok(()),
+    };
+    if open.saturating_add(reserve) >= limit {
+        return Err(ExecError::LimitExceeded(format!(
+            "the daemon has {open} of its {limit} descriptors open and keeps {reserve} for the runs it has; try again once some settle"
+        )));
+    }
+    Ok(())
+}
+
 pub(crate) struct Executor {
     /// This executor, for the tasks it spawns (a settlement being retried).
     me: std::sync::Weak<Executor>,
@@ -220,6 +240,8 @@ pub(crate) struct Executor {
     per_user: Mutex<HashMap<u32, Arc<Semaphore>>>,
     /// Each user's output kept in the state directory, once counted (see `check_shares`).
     kept: Mutex<HashMap<u32, u64>>,
+    /// Each user's connections through the egress proxy (`per_user.egress_connections`).
+    egress_shares: Arc<crate::egress::share::Shares>,
     polling: Polling,
     /// What the layer above hears of each run (set once, before any run starts).
     hooks: std::sync::OnceLock<Arc<dyn RunHooks>>,
@@ -240,6 +262,7 @@ impl Executor {
             me: me.clone(),
             global: Arc::new(Semaphore::new(cfg.max_running.max(1))),
             spawner: spawn::Spawner::new(exe, cfg.runs_dir()),
+            egress_shares: crate::egress::share::Shares::new(cfg.per_user.egress_connections),
             catalog: Arc::new(sandbox::Catalog::new(profiles_dir)),
             cfg,
             registry,
@@ -302,6 +325,7 @@ impl Executor {
     /// Refuses a call its session's owner has no share left for: too many calls waiting, or
     /// too much output kept in the state directory (`[per_user]`).
     fn check_shares(&self, session: &SessionRow) -> Result<(), ExecError> {
+        check_descriptors()?;
         let pu = &self.cfg.per_user;
         let uid = session.owner_uid;
         // The queue first: it is almost always short, and while it has room the running

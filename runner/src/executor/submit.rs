@@ -170,7 +170,7 @@ impl Executor {
         });
         // An allow-list run: its proxy socket, bound now and served once the task is live.
         let egress = match &mut sb.sandbox.egress {
-            Some(plan) => Some(egress::bind(task_id, private, plan)?),
+            Some(plan) => Some(self.bind_egress(task_id, req.session.owner_uid, private, plan)?),
             None => None,
         };
         let files_dir = plan_files::write(private, &tool_plan, run_as)?;

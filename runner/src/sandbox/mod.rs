@@ -388,7 +388,7 @@ pub(crate) struct CallFor<'a> {
 /// session owned by `owner_uid`. Profiles are read again for every run (an edit applies
 /// without a restart), so the owner is checked against them here, not only at `session.open`.
 /// `{home}` is the session owner's home from the password database; the profile's caches are
-/// made for the user the run runs as.
+/// the session owner's in this workspace, made for the user the run runs as.
 pub(crate) fn for_call(
     catalog: &Catalog,
     session_profile: &str,
@@ -418,12 +418,13 @@ pub(crate) fn for_call(
         uid.unwrap_or_else(crate::sys::getuid),
         gid.unwrap_or_else(crate::sys::getgid),
     );
-    let caches = caches::prepare(run.state_dir, ids.0, ids.1, &profile).map_err(|e| {
-        CallSandboxError::Invalid(format!(
-            "cannot prepare the caches of profile {:?}: {e}",
-            profile.name
-        ))
-    })?;
+    let caches =
+        caches::prepare(run.state_dir, owner_uid, run.workspace, ids, &profile).map_err(|e| {
+            CallSandboxError::Invalid(format!(
+                "cannot prepare the caches of profile {:?}: {e}",
+                profile.name
+            ))
+        })?;
     let r = resolve::resolve(
         &profile,
         &resolve::Context {

@@ -109,7 +109,7 @@ pub(crate) struct Profile {
     /// proxy.
     pub egress: Option<Policy>,
     /// Persistent caches: a name and where the run sees it (placeholders allowed). Kept per
-    /// uid and profile under the state directory (see `sandbox::caches`).
+    /// owner, profile and workspace under the state directory (see `sandbox::caches`).
     pub caches: Vec<(String, String)>,
 }
 
@@ -714,14 +714,26 @@ fn limit_narrows(what: &str, call: Option<u64>, session: Option<u64>) -> Result<
 }
 
 impl Profile {
-    /// A session owned by `owner_uid` may use this profile only if it does not make that
-    /// owner root: `run_as` with uid 0 or gid 0 is for root's own sessions. (`caller` runs as
-    /// the owner; any other fixed ids are the profile author's choice.)
+    /// A daemon session owned by `owner_uid` may use this profile only if its runs run as
+    /// that owner. Fixed `run_as` ids are one uid for every caller of the profile, and for
+    /// whatever else runs as that uid on the host (for `nobody`, anyone's daemons and NFS):
+    /// any process of a uid may ptrace the others and read their `/proc/<pid>/environ`,
+    /// `mem` and `root`, and their runs would write each other's caches. The daemon cannot
+    /// know who else holds a uid, so it shares none: fixed ids are the owner's own or refused.
+    /// `sidejob exec` has one caller, who chose its `run_as`, and does not ask this.
     pub(crate) fn check_run_as_for(&self, owner_uid: u32) -> Result<(), String> {
         match self.run_as {
             RunAs::Ids { uid, gid } if owner_uid != 0 && (uid == 0 || gid == 0) => Err(format!(
                 "profile {:?} runs as {uid}:{gid} (run_as), which only root's sessions may use; \
                  ask an administrator for a profile that runs as \"caller\" or an unprivileged id",
+                self.name
+            )),
+            RunAs::Ids { uid, gid } if uid != owner_uid => Err(format!(
+                "profile {:?} runs as {uid}:{gid} (run_as), a uid the daemon would share between \
+                 callers: any process of uid {uid} (another caller's runs, or that user on the \
+                 host) could read this run's environment, memory and files through /proc and \
+                 ptrace, and its caches; use a profile with run_as = \"caller\" (each caller's \
+                 runs then run as that caller)",
                 self.name
             )),
             RunAs::Ids { .. } | RunAs::Caller => Ok(()),
@@ -860,11 +872,38 @@ timeout = "1h"
             let p = load("rootish", "r.toml", &format!("run_as = \"{run_as}\"\n")).unwrap();
             let e = p.check_run_as_for(65534).unwrap_err();
             assert!(e.contains("only root's sessions"), "{e}");
+        }
+        for run_as in ["0:0", "0:100"] {
+            let p = load("rootish", "r.toml", &format!("run_as = \"{run_as}\"\n")).unwrap();
             p.check_run_as_for(0).unwrap();
         }
-        for run_as in ["caller", "nobody", "1000:1000"] {
-            let p = load("fine", "f.toml", &format!("run_as = \"{run_as}\"\n")).unwrap();
-            p.check_run_as_for(65534).unwrap();
+    }
+
+    #[test]
+    fn fixed_run_as_ids_are_never_shared_between_callers() {
+        // Root's runs as nobody (readable by every process of uid 65534), one user's runs as
+        // another's uid, and a uid handed to anyone but its own user.
+        for (run_as, owner) in [
+            ("nobody", 0),
+            ("1000:1000", 65534),
+            ("nobody", 1000),
+            ("100:0", 0),
+        ] {
+            let p = load("shared", "s.toml", &format!("run_as = \"{run_as}\"\n")).unwrap();
+            let e = p.check_run_as_for(owner).unwrap_err();
+            assert!(
+                e.contains("share between callers"),
+                "{run_as} for {owner}: {e}"
+            );
+        }
+        for (run_as, owner) in [
+            ("caller", 65534),
+            ("caller", 0),
+            ("nobody", 65534),
+            ("1000:1000", 1000),
+        ] {
+            let p = load("own", "o.toml", &format!("run_as = \"{run_as}\"\n")).unwrap();
+            p.check_run_as_for(owner).unwrap();
         }
     }
 

@@ -49,8 +49,8 @@ pub(crate) struct Context<'a> {
     pub home: &'a Home,
     /// The caller's environment, filtered through the profile's allow-list.
     pub caller_env: &'a [(String, String)],
-    /// Where this uid's caches of this profile live (`sandbox::caches::dir_for`); `None`
-    /// leaves the profile's caches out (a probe of the profile, not a run).
+    /// Where the caches of this owner, profile and workspace live (`sandbox::caches::dir_for`);
+    /// `None` leaves the profile's caches out (a probe of the profile, not a run).
     pub caches: Option<&'a Path>,
 }
 

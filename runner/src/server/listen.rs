@@ -12,9 +12,15 @@ use tracing::info;
 use super::ServeError;
 use crate::config::Config;
 
-/// Makes the state directory private (0700: it holds the registry, with every user's
-/// commands, and the runs' private halves) and its `sessions` and `runs` directories, and
-/// pins its path to the real one (workspaces are checked against it).
+/// The state directory's mode: see [`prepare_state_dir`].
+const STATE_DIR_MODE: u32 = 0o711;
+
+/// Makes the state directory passable but unreadable (0711) and everything in it private
+/// to its owner: the registry (every user's commands) 0600, the runs' private halves 0700,
+/// the sessions' directories 0700 each, owned by the session's owner, so that a user of a
+/// root daemon opens their own `output.log` and `result.json` at the paths results name,
+/// and nothing else. Makes its `sessions` and `runs` directories, and pins its path to the
+/// real one (workspaces are checked against it).
 pub(super) fn prepare_state_dir(cfg: &mut Config) -> Result<(), ServeError> {
     use std::os::unix::fs::DirBuilderExt;
     let io = |step: &'static str, path: &Path| {
@@ -23,7 +29,7 @@ pub(super) fn prepare_state_dir(cfg: &mut Config) -> Result<(), ServeError> {
     };
     std::fs::DirBuilder::new()
         .recursive(true)
-        .mode(0o700)
+        .mode(STATE_DIR_MODE)
         .create(&cfg.state_dir)
         .map_err(io("create", &cfg.state_dir))?;
     let meta = std::fs::symlink_metadata(&cfg.state_dir).map_err(io("inspect", &cfg.state_dir))?;
@@ -36,9 +42,12 @@ pub(super) fn prepare_state_dir(cfg: &mut Config) -> Result<(), ServeError> {
             ),
         });
     }
-    // An older daemon made it 0755: close it now.
-    std::fs::set_permissions(&cfg.state_dir, std::fs::Permissions::from_mode(0o700))
-        .map_err(io("make private", &cfg.state_dir))?;
+    // An older daemon made it 0755 (open) or 0700 (closed to the sessions' owners too).
+    std::fs::set_permissions(
+        &cfg.state_dir,
+        std::fs::Permissions::from_mode(STATE_DIR_MODE),
+    )
+    .map_err(io("set permissions on", &cfg.state_dir))?;
     cfg.state_dir = cfg
         .state_dir
         .canonicalize()

@@ -21,7 +21,7 @@ pub mod spawner;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 pub(crate) use cancel::{CancelRequest, StopReason};
 pub(crate) use result::{RunResult, Violation};
@@ -176,24 +176,17 @@ fn supervisor_main(private_dir: &Path, pid_file: PidFile, shared_netns: bool) ->
             report,
         ),
     };
-    // The run is over and this is its only record: a write that fails (a full disk) is tried
-    // again until it succeeds. The daemon sees this supervisor alive meanwhile, so it neither
-    // settles the run as lost nor reports it as finished too early.
-    let mut pause = Duration::from_millis(100);
-    let written = loop {
-        match result.write_visible(public.as_fd(), plan.output_owner) {
-            Ok(file) => break file,
-            Err(e) => {
-                say(format_args!(
-                    "cannot write {}: {e}; trying again in {} ms",
-                    plan.output_dir.join(crate::run_dir::RESULT).display(),
-                    pause.as_millis()
-                ));
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(Duration::from_secs(5));
-            }
-        }
-    };
+    // The run is over and this is its only record: a write that fails for want of room is
+    // tried again until there is (or the daemon asks the run to stop), so the daemon, which
+    // sees this supervisor alive meanwhile, neither settles the run as lost nor reports it
+    // finished too early; anything else in the way fails the run at once (see
+    // `RunResult::write_or_give_up`).
+    let (result, written) = result.write_or_give_up(
+        public.as_fd(),
+        plan.output_owner,
+        &private,
+        &plan.output_dir.join(crate::run_dir::RESULT),
+    );
     // output.log and result.json are complete (every reader sees them whole): the daemon can
     // settle the run now, while this process makes them durable and exits (see
     // `RunResult::send`).
@@ -205,12 +198,17 @@ fn supervisor_main(private_dir: &Path, pid_file: PidFile, shared_netns: bool) ->
     // One pass, in order: the output's data, then result.json's, then the rename.
     let durable = output
         .map_or(Ok(()), |f| f.sync_data())
-        .and_then(|()| written.sync_all())
+        .and_then(|()| written.as_ref().map_or(Ok(()), |f| f.sync_all()))
         .and_then(|()| dirfd::fsync_dir(public.as_fd()));
     if let Err(e) = durable {
         say(format_args!("cannot make the run's files durable: {e}"));
     }
-    0
+    // Without a report, a daemon settles from this exit and the log's last lines.
+    if written.is_some() {
+        0
+    } else {
+        3
+    }
 }
 
 /// A line to the supervisor's log (its stderr). Never panics, unlike `eprintln`: the log may

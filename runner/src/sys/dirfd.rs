@@ -179,6 +179,108 @@ pub(crate) fn rmdir_at(dir: BorrowedFd<'_>, name: &str) -> io::Result<()> {
     unistd::unlinkat(dir, name, UnlinkatFlags::RemoveDir).map_err(errno)
 }
 
+/// Removes the directory `name` in `parent` and everything in it, however deep, holding at
+/// most three descriptors and never following a link (each is removed as itself).
+///
+/// A directory found inside is not entered where it is (that would hold a descriptor per
+/// level, or resolve `..`, which a concurrent rename could point elsewhere): it is moved up
+/// into the top directory under a fresh name (`renameat2` with `RENAME_NOREPLACE`) and
+/// emptied from there, so every open is one name beneath the top. Something that changes
+/// under the walk makes it fail with that step's error, never act outside the tree.
+pub(crate) fn remove_tree_at(parent: BorrowedFd<'_>, name: &str) -> io::Result<()> {
+    let top = open_at(
+        parent,
+        Path::new(name),
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY,
+        0,
+    )?;
+    let mut fresh = 0u64;
+    // The top's own subdirectories are emptied where they are; the deeper ones join them.
+    let mut pending = empty_dir(top.as_fd(), None, &mut fresh)?;
+    while let Some(d) = pending.pop() {
+        let dir = open_at(
+            top.as_fd(),
+            Path::new(&d),
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY,
+            0,
+        )?;
+        pending.extend(empty_dir(dir.as_fd(), Some(top.as_fd()), &mut fresh)?);
+        drop(dir);
+        unistd::unlinkat(top.as_fd(), d.as_os_str(), UnlinkatFlags::RemoveDir).map_err(errno)?;
+    }
+    drop(top);
+    rmdir_at(parent, name)
+}
+
+/// Removes every entry of `dir` but its subdirectories, which it moves into `top` under fresh
+/// names (`None`: `dir` is the top, and they stay); returns their names in the top.
+fn empty_dir(
+    dir: BorrowedFd<'_>,
+    top: Option<BorrowedFd<'_>>,
+    fresh: &mut u64,
+) -> io::Result<Vec<std::ffi::OsString>> {
+    use nix::dir::{Dir, Type};
+    use std::os::unix::ffi::OsStringExt;
+    let mut names = Vec::new();
+    // A descriptor of its own (`.` reopened), read to the end before anything is removed.
+    let mut listing = Dir::openat(
+        dir,
+        ".",
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(errno)?;
+    for entry in listing.iter() {
+        let entry = entry.map_err(errno)?;
+        let name = entry.file_name().to_bytes();
+        if name != b"." && name != b".." {
+            names.push((
+                std::ffi::OsString::from_vec(name.to_vec()),
+                entry.file_type(),
+            ));
+        }
+    }
+    drop(listing);
+    let mut subdirs = Vec::new();
+    for (name, kind) in names {
+        let is_dir = match kind {
+            Some(Type::Directory) => true,
+            Some(_) => false,
+            // A file system that does not say: ask, without following a link.
+            None => stat::fstatat(dir, name.as_os_str(), fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+                .map(|st| is_dir(&st))
+                .map_err(errno)?,
+        };
+        if !is_dir {
+            unistd::unlinkat(dir, name.as_os_str(), UnlinkatFlags::NoRemoveDir).map_err(errno)?;
+            continue;
+        }
+        let Some(top) = top else {
+            subdirs.push(name);
+            continue;
+        };
+        loop {
+            let to = std::ffi::OsString::from(format!(".sidejob-removing-{fresh}"));
+            *fresh += 1;
+            match fcntl::renameat2(
+                dir,
+                name.as_os_str(),
+                top,
+                to.as_os_str(),
+                fcntl::RenameFlags::RENAME_NOREPLACE,
+            ) {
+                Ok(()) => {
+                    subdirs.push(to);
+                    break;
+                }
+                Err(nix::errno::Errno::EEXIST) => continue,
+                Err(e) => return Err(errno(e)),
+            }
+        }
+    }
+    Ok(subdirs)
+}
+
 /// Makes what was written through `fd` durable.
 pub(crate) fn fsync(fd: BorrowedFd<'_>) -> io::Result<()> {
     unistd::fsync(fd).map_err(errno)

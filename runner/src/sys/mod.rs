@@ -701,6 +701,20 @@ pub(crate) fn trim_heap() {
     }
 }
 
+/// The soft limit on this process's open descriptors (`RLIMIT_NOFILE`); 1024, the usual
+/// default, if it cannot be read.
+pub(crate) fn descriptor_limit() -> u64 {
+    nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map_or(1024, |(soft, _)| soft)
+}
+
+/// How many descriptors this process has open (the entries of `/proc/self/fd`, less the one
+/// reading it).
+pub(crate) fn open_descriptors() -> io::Result<u64> {
+    let n = std::fs::read_dir("/proc/self/fd")?.count() as u64;
+    Ok(n.saturating_sub(1))
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

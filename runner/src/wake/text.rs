@@ -38,7 +38,7 @@ pub(crate) fn completion(
     let mut text = format!(
         "[automatic] Background task {} ({}) finished: {outcome}{took}.\nResult: {}\nOutput: {}\n",
         task.task_id,
-        what_ran(task),
+        what_ran(&task.tool, &task.args, &task.summary),
         task.result_path(),
         task.output_path()
     );
@@ -67,20 +67,24 @@ pub(crate) fn completion(
 /// What the task ran, as the wake names it: a command as code, with the caller's
 /// description beside it (in quotes, never as if it were the command) when it gave one;
 /// otherwise the tool's one-line summary, as words.
-fn what_ran(task: &TaskRow) -> String {
+fn what_ran(tool: &str, args: &str, summary: &str) -> String {
     const MAX: usize = 160;
-    let args: serde_json::Value = serde_json::from_str(&task.args).unwrap_or_default();
+    let args: serde_json::Value = serde_json::from_str(args).unwrap_or_default();
     let Some(command) = args.get("command").and_then(|c| c.as_str()) else {
-        return format!("{}: {}", task.tool, task.summary);
+        return format!("{tool}: {summary}");
     };
     let mut line: String = command.split_whitespace().collect::<Vec<_>>().join(" ");
     if line.chars().count() > MAX {
         line = line.chars().take(MAX).collect::<String>() + "…";
     }
     let line = line.replace('`', "'");
-    match args.get("description").and_then(|d| d.as_str()).map(str::trim) {
-        Some(d) if !d.is_empty() => format!("{}: `{line}`, \"{d}\"", task.tool),
-        _ => format!("{}: `{line}`", task.tool),
+    match args
+        .get("description")
+        .and_then(|d| d.as_str())
+        .map(str::trim)
+    {
+        Some(d) if !d.is_empty() => format!("{tool}: `{line}`, \"{d}\""),
+        _ => format!("{tool}: `{line}`"),
     }
 }
 
@@ -116,4 +120,24 @@ pub(crate) fn scheduled_prompt(schedule_id: &str, occurrence: u32, prompt: &str)
         "[automatic] Scheduled prompt (schedule {schedule_id}, occurrence {occurrence}):\n{prompt}\n\
          This is an automatic message from sidejob, not a message from the user."
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_command_is_named_as_code_and_a_description_as_words() {
+        let plain = json!({"command": "npm test"}).to_string();
+        assert_eq!(what_ran("bash", &plain, "npm test"), "bash: `npm test`");
+        let described =
+            json!({"command": "cargo build --release", "description": "build it"}).to_string();
+        assert_eq!(
+            what_ran("bash", &described, "build it"),
+            "bash: `cargo build --release`, \"build it\""
+        );
+        let code = json!({"code": "print(1)"}).to_string();
+        assert_eq!(what_ran("code", &code, "print(1)"), "code: print(1)");
+    }
 }

@@ -13,10 +13,10 @@ use sidejob_tests::{skip_without, Need};
 use crate::attacks::mode_uid;
 
 /// A tmpfs mounted for the test, unmounted when dropped.
-struct Tmpfs(PathBuf);
+pub(crate) struct Tmpfs(PathBuf);
 
 impl Tmpfs {
-    fn mount(at: &Path, size: &str) -> Tmpfs {
+    pub(crate) fn mount(at: &Path, size: &str) -> Tmpfs {
         std::fs::create_dir_all(at).expect("mount point");
         let ok = Command::new("mount")
             .args([

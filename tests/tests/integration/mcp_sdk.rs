@@ -92,7 +92,7 @@ fn mcp_sdk_background_completion_is_a_notification_and_separate_content() {
 }
 
 #[test]
-fn mcp_sdk_each_connection_has_its_own_session() {
+fn mcp_sdk_new_session_keeps_a_connection_to_itself() {
     scenario(&Daemon::start(), "private_sessions", &[]);
 }
 

@@ -251,7 +251,8 @@ getent hosts other.test || echo 'getent refused'"
     assert!(
         plain
             .stderr
-            .contains("network refused: nowhere.test:80 (not_allowed)"),
+            .contains("network refused: nowhere.test:80 (not_allowed)")
+            && plain.stderr.contains("--allow HOST"),
         "{}",
         plain.stderr
     );

@@ -106,6 +106,23 @@ fn a_daemon_run_reaches_allowed_names_and_its_task_shows_what_was_refused() {
     assert!(srv
         .seen()
         .contains(&format!("GET /bg host=models.test:{port}")));
+    // `sidejob call` names the refused host once on stderr, with the profile key that
+    // would allow it (the command's own error alone says only that it failed).
+    let cli = d.cli(&[
+        "call",
+        "--profile",
+        "net",
+        "--",
+        "curl",
+        "-sS",
+        "-m",
+        "10",
+        &format!("http://a.test:{port}/cli"),
+    ]);
+    let err = String::from_utf8_lossy(&cli.stderr);
+    let named = format!("sidejob: network refused: a.test:{port} (not_allowed)");
+    assert_eq!(err.matches(&named).count(), 1, "{err}");
+    assert!(err.contains("[network] allow"), "{err}");
     // Control: a run without refusals has no violations field.
     let clean = c.bash(
         &s,

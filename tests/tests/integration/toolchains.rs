@@ -1,6 +1,6 @@
 //! Real builds in the sandbox: the shipped toolchain profiles (the caller's toolchain from
 //! `{home}` read-only, persistent caches), `sidejob exec --read/--write/--allow/--env NAME`,
-//! the hint for a command outside the view, and caches kept per uid and profile.
+//! the hint for a command outside the view, and caches kept per owner, profile and workspace.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -19,6 +19,40 @@ fn exec_in(ws: &Ws, state: &Path, extra: &[&str], cmd: &[&str]) -> Out {
         cmd,
         &[("SIDEJOB_STATE_DIR", state.to_str().unwrap())],
     )
+}
+
+/// The caches `sidejob cache list --json` shows for the state directory `state`.
+pub(crate) fn cache_list(state: &Path) -> Vec<serde_json::Value> {
+    let out = Command::new(sidejob_bin())
+        .args(["cache", "list", "--json", "--state-dir"])
+        .arg(state)
+        .stdin(Stdio::null())
+        .output()
+        .expect("sidejob cache list");
+    assert!(out.status.success(), "{out:?}");
+    serde_json::from_slice::<serde_json::Value>(&out.stdout)
+        .expect("cache list json")
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Where the cache `name` of `profile` for runs in `workspace` is on the host, as `sidejob
+/// cache list` says (the run that made it has run).
+pub(crate) fn cache_path(state: &Path, profile: &str, workspace: &Path, name: &str) -> PathBuf {
+    let workspace = workspace.canonicalize().expect("workspace");
+    let list = cache_list(state);
+    let found = list.iter().find(|c| {
+        c["profile"] == profile
+            && c["name"] == name
+            && c["workspace"].as_str() == workspace.to_str()
+    });
+    PathBuf::from(found.and_then(|c| c["path"].as_str()).unwrap_or_else(|| {
+        panic!(
+            "no cache {name} of {profile} in {}: {list:?}",
+            workspace.display()
+        )
+    }))
 }
 
 fn home() -> PathBuf {
@@ -97,7 +131,7 @@ fn a_cargo_project_builds_offline_from_a_warm_cache_under_the_rust_profile() {
     // (The command's stderr is in exec's output, with its stdout.)
     assert!(cold.stdout.contains("libc"), "{}", cold.stdout);
     // Warm the cache as an earlier networked run would have: the index entry and the crate.
-    let cache = state.path().join("caches/0/rust/cargo/registry");
+    let cache = cache_path(state.path(), "rust", ws.path(), "cargo").join("registry");
     let index_name = index.file_name().unwrap();
     copy(
         &index.join(".cache/li/bc/libc"),

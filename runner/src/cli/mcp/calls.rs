@@ -247,10 +247,7 @@ impl Server {
             "job_stop" => {
                 // The agent asked for the stop: it hears the outcome here, not in a wake.
                 let stopped = link
-                    .call(
-                        "task.cancel",
-                        json!({"task_id": task_id, "wake": "silent"}),
-                    )
+                    .call("task.cancel", json!({"task_id": task_id, "wake": "silent"}))
                     .await;
                 match stopped {
                     Ok(r) => {
@@ -263,7 +260,11 @@ impl Server {
                             .and_then(|t| serde_json::from_value::<Task>(t).ok())
                             .unwrap_or(task);
                         Ok(Answer {
-                            text: format!("{}: {}", result.replace('_', " "), tools::describe_task(&now)),
+                            text: format!(
+                                "{}: {}",
+                                result.replace('_', " "),
+                                tools::describe_task(&now)
+                            ),
                             structured: json!({"task_id": task_id, "result": result, "state": now.state}),
                             is_error: false,
                             task_id: Some(task_id.to_owned()),
@@ -311,9 +312,14 @@ impl Server {
         }
         let (output, cut) = self.output_tail(&t.task_id, max).await;
         let failed = t.state != TaskState::Succeeded;
-        let mut text = output.clone();
+        let mut text = format!("{}\n{output}", tools::describe_task(t));
         if failed {
-            push_failure(&mut text, t.reason.map(|r| r.as_str()).unwrap_or(t.state.as_str()), t.exit_code, t.error.as_deref());
+            push_failure(
+                &mut text,
+                t.reason.map(|r| r.as_str()).unwrap_or(t.state.as_str()),
+                t.exit_code,
+                t.error.as_deref(),
+            );
         }
         Answer {
             text,

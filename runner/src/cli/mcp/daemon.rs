@@ -178,7 +178,7 @@ impl Link {
         };
         link.open_session(&daemon)
             .await
-            .map_err(|e| super::calls::rpc_error(e))?;
+            .map_err(super::calls::rpc_error)?;
         Ok(link)
     }
 

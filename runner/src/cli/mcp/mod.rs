@@ -26,12 +26,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-#[allow(deprecated)] // logging: still what clients show, through 2025-11-25
-use rmcp::model::{LoggingLevel, SetLevelRequestParams};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, InitializeRequestParams, InitializeResult,
     ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerConfig,
 };
+#[allow(deprecated)] // logging: still what clients show, through 2025-11-25
+use rmcp::model::{LoggingLevel, SetLevelRequestParams};
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{ErrorData as McpError, ServerHandler, ServiceExt};
 use serde_json::{json, Value};

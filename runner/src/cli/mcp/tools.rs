@@ -134,11 +134,11 @@ pub(super) fn job_tools() -> Vec<Tool> {
 }
 
 pub(super) fn describe_task(t: &Task) -> String {
-    let mut s = format!("job {} is {}", t.task_id, t.state.as_str());
+    let mut s = format!("job {}: {}", t.task_id, t.state.as_str());
     if let Some(c) = t.exit_code {
         s.push_str(&format!(" (exit code {c})"));
     }
-    s.push_str(&format!("; output: {}", t.output_path));
+    s.push_str(&format!("; whole output: {}", t.output_path));
     s
 }
 

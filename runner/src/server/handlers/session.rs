@@ -70,7 +70,10 @@ fn close_one(d: &Daemon, s: &crate::registry::SessionRow) -> Result<(), RpcError
 /// Nothing of theirs is live, so nothing is cancelled; opening one again reopens it.
 ///
 /// [`Registry::idle_sessions`]: crate::registry::Registry::idle_sessions
-pub(in crate::server) async fn expire_idle(d: &Daemon, idle: std::time::Duration) -> Result<usize, RpcError> {
+pub(in crate::server) async fn expire_idle(
+    d: &Daemon,
+    idle: std::time::Duration,
+) -> Result<usize, RpcError> {
     let cutoff = crate::ids::rfc3339(std::time::SystemTime::now() - idle);
     let routed = d.hub.routable().await.sessions;
     let registry = d.executor.registry();

@@ -1,6 +1,8 @@
-//! Class 5 of issue 8: the daemon's state on the host is private. The state directory is
-//! 0700 and the registry 0600; session and run directories and the files in them belong to
-//! the session's owner and no one else (root aside) — for uid 65534's session too.
+//! The daemon's state on the host is private. The state directory is passable but not
+//! readable (0711), and everything in it is its owner's alone: the registry 0600, the runs'
+//! private halves 0700; session and run directories and the files in them belong to the
+//! session's owner and no one else (root aside) — for uid 65534's session too, who reads
+//! them at the paths its results name.
 
 use std::path::{Path, PathBuf};
 
@@ -17,10 +19,15 @@ fn run_dir(task: &serde_json::Value) -> PathBuf {
 
 /// Can uid 65534 read `path` on the host (`cat`, `ls`)?
 fn nobody_reads(path: &Path) -> bool {
+    reads_as(NOBODY, path)
+}
+
+/// Can `uid` (with no groups but its own) read `path` on the host?
+fn reads_as(uid: u32, path: &Path) -> bool {
     let cmd = if path.is_dir() { "ls" } else { "cat" };
     sidejob_tests::sh_as(
-        NOBODY,
-        NOBODY,
+        uid,
+        uid,
         &format!("{cmd} {} >/dev/null 2>&1", path.display()),
     )
     .status
@@ -57,7 +64,17 @@ fn attack_host_state_is_private_to_its_owners() {
 
     // The daemon's own files.
     let state = &d.state_dir;
-    assert_eq!(mode_uid(state), (0o700, 0));
+    assert_eq!(mode_uid(state), (0o711, 0));
+    // Passable, so each owner reaches its own: then every entry must close itself.
+    for e in std::fs::read_dir(state).expect("state dir").flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let (mode, uid) = mode_uid(&e.path());
+        let passable = matches!(name.as_str(), "sessions" | "caches");
+        assert!(
+            uid == 0 && (mode & 0o077 == 0 || (passable && mode & 0o066 == 0)),
+            "{name} in the state directory is {mode:o}, uid {uid}"
+        );
+    }
     for f in ["sidejob.db", "sidejob.db-wal", "sidejob.db-shm"] {
         let p = state.join(f);
         if p.exists() {
@@ -108,12 +125,12 @@ fn attack_host_state_is_private_to_its_owners() {
     assert_eq!(mode_uid(&root_run.join("result.json")), (0o600, 0));
 }
 
-/// A session directory the daemon chooses lies in the state directory, which is 0700: a
-/// non-root owner reads its output through `task.output` (the inline hint names it), and one
-/// that wants the files themselves names a session directory of its own, whose output_path it
-/// can read.
+/// A session directory the daemon chooses lies in the state directory: its owner reads
+/// the run's files there, at the paths its results name, with its own credentials (another
+/// user cannot); through `task.output` too; and one that wants the files elsewhere names a
+/// session directory of its own.
 #[test]
-fn a_users_own_output_is_theirs_to_read_through_the_daemon_or_their_own_directory() {
+fn a_users_own_output_is_theirs_to_read_and_no_one_elses() {
     let Some(d) = daemon() else { return };
     let mut n = nobody(&d);
     let ws = NobodyDir::new("ws");
@@ -121,18 +138,34 @@ fn a_users_own_output_is_theirs_to_read_through_the_daemon_or_their_own_director
     let r = n.bash(&s, "head -c 200000 /dev/zero | tr '\\0' m", json!({}));
     let id = r["task_id"].as_str().expect("id").to_owned();
     let output_path = Path::new(r["output_path"].as_str().expect("output_path"));
-    assert_eq!(mode_uid(output_path), (0o600, NOBODY), "the file is theirs");
+    let result_path = Path::new(r["result_path"].as_str().expect("result_path"));
     assert!(
-        !nobody_reads(output_path),
-        "the state directory stays closed: {}",
+        output_path.starts_with(&d.state_dir),
+        "{}",
         output_path.display()
     );
-    assert!(
-        r["output"]
-            .as_str()
-            .is_some_and(|o| o.contains("task.output has all of it")),
-        "the inline hint names what the owner can use: {r}"
-    );
+    assert_eq!(mode_uid(output_path), (0o600, NOBODY), "the file is theirs");
+    for p in [output_path, result_path] {
+        assert!(
+            nobody_reads(p),
+            "uid {NOBODY} cannot read its own {}",
+            p.display()
+        );
+        assert!(
+            !reads_as(NOBODY - 1, p),
+            "another user reads {}",
+            p.display()
+        );
+    }
+    let result: serde_json::Value = serde_json::from_str(
+        &sidejob_tests::sh_as(NOBODY, NOBODY, &format!("cat {}", result_path.display()))
+            .stdout
+            .iter()
+            .map(|b| *b as char)
+            .collect::<String>(),
+    )
+    .expect("result.json read as its owner");
+    assert_eq!(result["task_id"], id.as_str(), "{result}");
     assert_eq!(n.output(&id).len(), 200_000, "task.output gives all of it");
 
     let home = NobodyDir::new("home");

@@ -1,4 +1,4 @@
-//! Attack tests for the privilege boundary (issues 8 and 9): each does the attack for real —
+//! Attack tests for the privilege boundary (issues 8, 9 and 32): each does the attack for real —
 //! as uid 65534 reaching a root daemon through its `socket_group`, or as root for the
 //! command cases — and checks the side effect on the host, beside a positive control that
 //! shows the same steps work where they are allowed.
@@ -6,10 +6,14 @@
 //! They need root (a root daemon, another uid, the sandbox) and skip with a printed reason
 //! otherwise.
 
+mod caches;
+mod egress;
 mod git;
 mod host_state;
 mod leaks;
 mod paths;
+mod results;
+mod run_as;
 mod setid;
 mod users;
 mod workspace;
@@ -50,6 +54,23 @@ pub(crate) fn daemon_with(extra: &str) -> Option<Daemon> {
 /// reply to a request comes after both.
 pub(crate) fn socket_handed_to_group(d: &Daemon) {
     d.client().ok("initialize", json!({}));
+}
+
+/// [`daemon`] with the profiles `(name, toml)` in a profile directory of its own (root's,
+/// 0755), kept as long as the daemon.
+pub(crate) fn daemon_with_profiles(profiles: &[(&str, &str)]) -> Option<(Daemon, TempDir)> {
+    if skip_without(&[Need::Root]) {
+        return None;
+    }
+    let dir = TempDir::new("profiles");
+    set_mode(dir.path(), 0o755);
+    for (name, text) in profiles {
+        let p = dir.path().join(format!("{name}.toml"));
+        std::fs::write(&p, text).expect("profile");
+        set_mode(&p, 0o644);
+    }
+    let d = daemon_with(&format!("profiles_dir = \"{}\"\n", dir.path().display()))?;
+    Some((d, dir))
 }
 
 /// A connection to `d` as uid 65534.
