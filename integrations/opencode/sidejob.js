@@ -6,13 +6,18 @@
 //   `sidejob hook wait` waits for them to settle and the plugin prompts the session with their
 //   completion text: the TUI and `opencode serve` carry on with the result.
 // - When a message starts a turn (`opencode run` included), completions nobody has read yet
-//   (`sidejob hook unread`) are added to it, so the next run hears of what the last one left.
+//   (`sidejob hook unread`) are added to it, so the next `opencode run` hears of what the last
+//   one ended on.
 // Both commands ack what they print, so each completion reaches the model once.
 
 const SIDEJOB = process.env.SIDEJOB_BIN || "sidejob"
 
 // `opencode run` exits as its session goes idle, without waiting for plugins: a `hook wait`
-// left behind would take (and ack) completions nobody reads. They end with opencode.
+// started then would take (and ack) a completion that no prompt can carry any more. So under
+// `run` the plugin leaves completions unread for the next run, and any hook still going when
+// opencode exits ends with it.
+const ONE_SHOT = process.argv.slice(2).find((a) => !a.startsWith("-")) === "run"
+
 const running = {
   procs: new Set(),
   add(proc) {
@@ -60,7 +65,7 @@ export const Sidejob = async ({ client, directory }) => {
       })
     },
     event: async ({ event }) => {
-      if (event.type !== "session.idle") return
+      if (event.type !== "session.idle" || ONE_SHOT) return
       const sessionID = event.properties.sessionID
       if (waiting.has(sessionID)) return
       waiting.add(sessionID)

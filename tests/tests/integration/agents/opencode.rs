@@ -215,7 +215,7 @@ fn opencode_plugin_prompts_an_idle_served_session_with_the_job_its_turn_ended_on
         &format!("/session/{id}/message"),
         &json!({"parts": [{"type": "text", "text": "start it"}]}),
     );
-    let prompted = wait_until(Duration::from_secs(45), || server.turns().len() >= 3);
+    let prompted = wait_until(RUN_LIMIT, || server.turns().len() >= 3);
     sidejob_tests::agents::kill_group(&mut serve);
     assert!(
         prompted,
