@@ -14,9 +14,11 @@ struct Claude {
     bin: PathBuf,
     home: PathBuf,
     workspace: PathBuf,
-    mcp_config: PathBuf,
+    /// `--mcp-config` (with `--strict-mcp-config`); `None`: the workspace's own `.mcp.json`.
+    mcp_config: Option<PathBuf>,
     settings: Option<PathBuf>,
     url: String,
+    socket: PathBuf,
 }
 
 /// Which of Claude Code's hooks run `sidejob hook claude`.
@@ -70,10 +72,26 @@ impl Claude {
             bin,
             home,
             workspace: d.workspace.clone(),
-            mcp_config,
+            mcp_config: Some(mcp_config),
             settings,
             url: server.url(),
+            socket: d.socket.clone(),
         })
+    }
+
+    /// Claude Code configured by `sidejob integrate claude` in the workspace, nothing else
+    /// (the daemon named by `SIDEJOB_SOCKET`, which hooks and servers inherit).
+    fn integrated(d: &Daemon, server: &ModelServer) -> Option<Claude> {
+        let mut c = Claude::new(d, server, Hooks::None)?;
+        let ws = d.workspace.display().to_string();
+        let o = d.cli(&["integrate", "claude", "--workspace", &ws]);
+        assert!(
+            o.status.success(),
+            "sidejob integrate claude failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        c.mcp_config = None;
+        Some(c)
     }
 }
 
@@ -81,27 +99,23 @@ impl Agent for Claude {
     fn spawn(&self, prompt: &str, dir: &Path) -> Child {
         let mut cmd = Command::new(&self.bin);
         isolated(&mut cmd, &self.home);
-        cmd.args([
-            "-p",
-            prompt,
-            "--output-format",
-            "json",
-            "--strict-mcp-config",
-        ])
-        .arg("--mcp-config")
-        .arg(&self.mcp_config)
-        .args(["--allowedTools", "mcp__sidejob"])
-        .env("ANTHROPIC_BASE_URL", &self.url)
-        .env("ANTHROPIC_API_KEY", "dummy")
-        .env("DISABLE_AUTOUPDATER", "1")
-        .env("DISABLE_TELEMETRY", "1")
-        .env("DISABLE_ERROR_REPORTING", "1")
-        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
-        // The first request waits for the MCP servers, and offers their tools at once
-        // (not behind tool search).
-        .env("MCP_CONNECTION_NONBLOCKING", "false")
-        .env("ENABLE_TOOL_SEARCH", "false")
-        .current_dir(&self.workspace);
+        cmd.args(["-p", prompt, "--output-format", "json"])
+            .args(["--allowedTools", "mcp__sidejob"])
+            .env("SIDEJOB_SOCKET", &self.socket)
+            .env("ANTHROPIC_BASE_URL", &self.url)
+            .env("ANTHROPIC_API_KEY", "dummy")
+            .env("DISABLE_AUTOUPDATER", "1")
+            .env("DISABLE_TELEMETRY", "1")
+            .env("DISABLE_ERROR_REPORTING", "1")
+            .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+            // The first request waits for the MCP servers, and offers their tools at once
+            // (not behind tool search).
+            .env("MCP_CONNECTION_NONBLOCKING", "false")
+            .env("ENABLE_TOOL_SEARCH", "false")
+            .current_dir(&self.workspace);
+        if let Some(m) = &self.mcp_config {
+            cmd.arg("--strict-mcp-config").arg("--mcp-config").arg(m);
+        }
         if let Some(s) = &self.settings {
             cmd.arg("--settings").arg(s);
         }
@@ -179,6 +193,18 @@ fn claude_session_start_hook_hands_the_next_run_the_job_the_last_one_ended_on() 
     d.client().wait_settled_quietly(&running_job(&server));
     let next = Claude::new(&d, &server, Hooks::Start).expect("claude");
     expect_ok(&next.run("go on"), &server, &d);
+    check_delivered_once_at(&server, 2);
+}
+
+#[test]
+fn claude_configured_by_sidejob_integrate_gets_the_job_its_turn_ended_on() {
+    // What `sidejob integrate claude` writes, as written: the project's .mcp.json serves the
+    // tools and its Stop hook brings the job back (step 2).
+    let (d, server) = setup("", ends_turn_script(vec![say("got it")]), false);
+    let Some(c) = Claude::integrated(&d, &server) else {
+        return;
+    };
+    expect_ok(&c.run("run it"), &server, &d);
     check_delivered_once_at(&server, 2);
 }
 
