@@ -320,6 +320,20 @@ impl Config {
     }
 }
 
+impl Config {
+    /// The directories of the sockets a run must never be handed (the control socket's,
+    /// the bridges'), real paths where they exist.
+    pub(crate) fn socket_dirs(&self) -> Vec<PathBuf> {
+        self.socket
+            .parent()
+            .map(Path::to_path_buf)
+            .into_iter()
+            .chain([default_bridge_dir()])
+            .map(|d| d.canonicalize().unwrap_or(d))
+            .collect()
+    }
+}
+
 pub(crate) use crate::run_dir::default_bridge_dir;
 
 /// Formats a TOML error as `line N: message`.

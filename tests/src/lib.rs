@@ -645,13 +645,25 @@ pub const NOBODY: u32 = 65534;
 /// kernel keeps credentials per thread; the daemon reads them with `SO_PEERCRED` as they were
 /// at `connect`), so the rest of the test process stays root. Root only.
 pub fn connect_as(socket: &Path, uid: u32, gid: u32) -> std::io::Result<UnixStream> {
+    connect_with_groups(socket, uid, gid, &[])
+}
+
+/// [`connect_as`] with `groups` as the supplementary groups (`SO_PEERGROUPS`).
+pub fn connect_with_groups(
+    socket: &Path,
+    uid: u32,
+    gid: u32,
+    groups: &[u32],
+) -> std::io::Result<UnixStream> {
     let socket = socket.to_path_buf();
+    let groups: Vec<libc::gid_t> = groups.to_vec();
     std::thread::spawn(move || {
-        // SAFETY: integer arguments and a null list of zero groups; these change only the
-        // calling thread's credentials, and the thread ends right after the connect.
+        // SAFETY: integer arguments and a list of `groups.len()` gids that lives across the
+        // call; these change only the calling thread's credentials, and the thread ends
+        // right after the connect.
         #[allow(unsafe_code)]
         unsafe {
-            if libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>()) != 0
+            if libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) != 0
                 || libc::syscall(libc::SYS_setresgid, gid, gid, gid) != 0
                 || libc::syscall(libc::SYS_setresuid, uid, uid, uid) != 0
             {

@@ -1,7 +1,8 @@
 //! `sidejob call`: a person's shell command through the daemon. It waits until the command
 //! ends and exits with its code, streaming the output as it comes (as `exec` does); moving to
 //! the background is opt-in (`--background`, `--yield-after`). Ctrl+C cancels the run; a
-//! second Ctrl+C leaves it running and prints its id.
+//! second Ctrl+C, within the cancel's grace, takes the cancel back, leaves the run going and
+//! prints its id (exit 75).
 //!
 //! The run is started detached (`background: true`), so the daemon's interactive deadline
 //! never stops a long build, and a `task.wait` on a second connection takes its result: the
@@ -386,9 +387,19 @@ fn stream(
                 }
             }
             Err(Ok(())) => {
-                eprintln!("\nsidejob: left {task_id} running in the background");
-                println!("{task_id}");
-                return Ok(EXIT_INTERRUPTED);
+                // Take the cancel back, so the run is not killed when its grace runs out.
+                let withdrawn = Client::connect(socket).and_then(|mut c| {
+                    c.call("task.cancel", json!({"task_id": task_id, "withdraw": true}))
+                });
+                match withdrawn.as_ref().map(|r| r["result"].as_str()) {
+                    Ok(Some("withdrawn")) => {
+                        eprintln!("\nsidejob: left {task_id} running in the background\n  sidejob logs -f {task_id}   follow it\n  sidejob wait {task_id}      wait for it (exits with its code)");
+                        println!("{task_id}");
+                        return Ok(EXIT_YIELDED);
+                    }
+                    Ok(_) => eprintln!("\nsidejob: {task_id} is already ending; waiting for it"),
+                    Err(e) => eprintln!("\nsidejob: cannot leave {task_id} running: {e}"),
+                }
             }
             Err(Err(mpsc::RecvTimeoutError::Timeout | mpsc::RecvTimeoutError::Disconnected)) => {}
         }

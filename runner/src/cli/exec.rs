@@ -90,8 +90,8 @@ fn sweep(base: &Path) {
 
 /// Adds the caller's `--read`, `--write` and `--allow` to the profile: `sidejob exec` runs the
 /// caller's own command with the caller's own authority, so it may widen its profile for this
-/// run (the daemon's calls may only narrow their session's).
-fn add_to_profile(p: &mut Profile, a: &ExecArgs) -> Result<(), String> {
+/// run (the daemon's calls may only narrow their session's). Returns the paths it added.
+fn add_to_profile(p: &mut Profile, a: &ExecArgs) -> Result<Vec<PathBuf>, String> {
     let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
     let absolute = |path: &PathBuf| -> Result<String, String> {
         let abs = cwd.join(path);
@@ -109,14 +109,17 @@ fn add_to_profile(p: &mut Profile, a: &ExecArgs) -> Result<(), String> {
         }
         Ok(s)
     };
+    let mut added = Vec::new();
     for path in &a.read {
         let s = absolute(path)?;
+        added.push(PathBuf::from(&s));
         if !p.readable.contains(&s) {
             p.readable.push(s);
         }
     }
     for path in &a.write {
         let s = absolute(path)?;
+        added.push(PathBuf::from(&s));
         for list in [&mut p.readable, &mut p.writable] {
             if !list.contains(&s) {
                 list.push(s.clone());
@@ -129,7 +132,7 @@ fn add_to_profile(p: &mut Profile, a: &ExecArgs) -> Result<(), String> {
                 "sidejob exec: --allow: profile {} has the host's network already",
                 p.name
             );
-            return Ok(());
+            return Ok(added);
         }
         let mut rules = Vec::new();
         for host in &a.allow {
@@ -142,7 +145,7 @@ fn add_to_profile(p: &mut Profile, a: &ExecArgs) -> Result<(), String> {
             ..Policy::default()
         });
     }
-    Ok(())
+    Ok(added)
 }
 
 /// The command's environment: the profile's, then `--env` (a `NAME` alone passes the caller's
@@ -231,9 +234,10 @@ pub(super) fn exec(a: ExecArgs, netns: Option<crate::sys::netns::Ahead>) -> i32 
         Ok(p) => p,
         Err(e) => return fail(e, None),
     };
-    if let Err(e) = add_to_profile(&mut profile, &a) {
-        return fail(e, None);
-    }
+    let added = match add_to_profile(&mut profile, &a) {
+        Ok(added) => added,
+        Err(e) => return fail(e, None),
+    };
     let workspace = match a
         .workspace
         .clone()
@@ -292,6 +296,23 @@ pub(super) fn exec(a: ExecArgs, netns: Option<crate::sys::netns::Ahead>) -> i32 
         Err(e) => return fail(format!("profile {}: {e}", profile.name), None),
     };
     let mut sandbox = resolved.sandbox;
+    // The sockets a run must not be handed through a caller's path: the daemons' this
+    // user could reach (its own, the system one) and the bridges.
+    sandbox.off_limits = [
+        crate::config::default_socket_path(),
+        crate::config::SYSTEM_SOCKET.into(),
+    ]
+    .iter()
+    .filter_map(|s| s.parent().map(Path::to_path_buf))
+    .chain([crate::config::default_bridge_dir()])
+    .collect();
+    // `--read` and `--write` name the caller's own paths: they are opened as `{home}` ones
+    // are (no magic link, no kernel filesystem, none of the mounts below them).
+    for m in &mut sandbox.mounts {
+        if m.source.as_ref().is_some_and(|s| added.contains(s)) {
+            m.as_caller = true;
+        }
+    }
     let env = match command_env(resolved.env, &a.env, sandbox.egress.is_some()) {
         Ok(env) => env,
         Err(e) => return fail(e, None),

@@ -132,6 +132,12 @@ impl Drop for Spinner {
     }
 }
 
+/// What to do about a refused host, after `call` names it.
+pub(super) const NETWORK_HINT_PROFILE: &str = "a profile allows a host with [network] allow = [\"HOST\"] (docs/network.md); run under it with sidejob call --profile NAME";
+
+/// What to do about a refused host, after `exec` names it.
+pub(super) const NETWORK_HINT_EXEC: &str = "--allow HOST allows a host for this run; a profile allows it with [network] allow = [\"HOST\"] (docs/network.md)";
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -164,9 +170,3 @@ mod tests {
         );
     }
 }
-
-/// What to do about a refused host, after `call` names it.
-pub(super) const NETWORK_HINT_PROFILE: &str = "a profile allows a host with [network] allow = [\"HOST\"] (docs/network.md); run under it with sidejob call --profile NAME";
-
-/// What to do about a refused host, after `exec` names it.
-pub(super) const NETWORK_HINT_EXEC: &str = "--allow HOST allows a host for this run; a profile allows it with [network] allow = [\"HOST\"] (docs/network.md)";

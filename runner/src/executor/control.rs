@@ -153,6 +153,7 @@ impl Executor {
                     reason,
                     grace_ms,
                     message,
+                    withdrawn: false,
                 };
                 if let Err(e) = req.write(&live.private) {
                     warn!(
@@ -208,6 +209,46 @@ impl Executor {
             Some(s) if s.is_terminal() => CancelOutcome::AlreadyTerminal,
             _ => CancelOutcome::CancellationPending,
         })
+    }
+
+    /// `task.cancel` with `withdraw`: takes back a cancel whose grace has not run out, so
+    /// the supervisor does not kill the run (`sidejob call`'s second Ctrl+C). `Withdrawn`
+    /// when no cancel of the caller's stands any more (none was asked for, or it is taken
+    /// back); `CancellationPending` for a stop that cannot be taken back (a timeout).
+    pub(crate) fn withdraw_cancel(&self, task_id: &str) -> Result<CancelOutcome, ExecError> {
+        let Some(live) = self.get_live(task_id) else {
+            return Ok(CancelOutcome::AlreadyTerminal);
+        };
+        let st = live.lock();
+        if st.settled {
+            return Ok(CancelOutcome::AlreadyTerminal);
+        }
+        let req = match CancelRequest::read(&live.private) {
+            None => return Ok(CancelOutcome::Withdrawn),
+            Some(r) if r.withdrawn => return Ok(CancelOutcome::Withdrawn),
+            Some(r) if r.reason != StopReason::Canceled => {
+                return Ok(CancelOutcome::CancellationPending)
+            }
+            Some(r) => r,
+        };
+        // Not started yet: a cancel of a queued run settled it at once, so it is started.
+        let Some(pidfd) = st.supervisor.clone() else {
+            return Ok(CancelOutcome::CancellationPending);
+        };
+        let back = CancelRequest {
+            withdrawn: true,
+            ..req
+        };
+        back.write(&live.private).map_err(|source| ExecError::Io {
+            step: "write",
+            path: live.private.cancel(),
+            source,
+        })?;
+        if let Err(e) = sys::pidfd_send_signal(pidfd.get_ref(), libc::SIGTERM) {
+            info!(task_id, "signal to supervisor: {e}");
+        }
+        info!(task_id, "cancel withdrawn");
+        Ok(CancelOutcome::Withdrawn)
     }
 
     /// Cancels every live task of a session (session close). Returns their ids.

@@ -243,6 +243,8 @@ pub(crate) struct Executor {
     /// Each user's connections through the egress proxy (`per_user.egress_connections`).
     egress_shares: Arc<crate::egress::share::Shares>,
     polling: Polling,
+    /// The socket directories no run may be handed (`Config::socket_dirs`), resolved once.
+    socket_dirs: Vec<PathBuf>,
     /// What the layer above hears of each run (set once, before any run starts).
     hooks: std::sync::OnceLock<Arc<dyn RunHooks>>,
 }
@@ -264,6 +266,7 @@ impl Executor {
             spawner: spawn::Spawner::new(exe, cfg.runs_dir()),
             egress_shares: crate::egress::share::Shares::new(cfg.per_user.egress_connections),
             catalog: Arc::new(sandbox::Catalog::new(profiles_dir)),
+            socket_dirs: cfg.socket_dirs(),
             cfg,
             registry,
             tools,

@@ -164,6 +164,8 @@ impl Executor {
         let run_as = sandbox::run_ids(sb.run_as, owner);
         // A run whose network is off shares an empty network namespace with the session's
         // other such runs of the same user (see `supervisor::spawner`).
+        // No caller's path may hand the run the control socket or another run's bridge.
+        sb.sandbox.off_limits = self.socket_dirs.clone();
         let netns_key = (sb.sandbox.network == sandbox::Network::None).then(|| {
             let uid = run_as.0.unwrap_or_else(sys::getuid);
             format!("{uid}/{}", req.session.session_id)

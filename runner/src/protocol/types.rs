@@ -438,6 +438,9 @@ pub(crate) struct TaskCancelParams {
     /// takes it), so the stop it asked for makes no wake. Default `on_terminal`.
     #[serde(default)]
     pub wake: Option<WakeMode>,
+    /// Take back an earlier cancel whose grace has not run out: the run is not killed.
+    #[serde(default)]
+    pub withdraw: Option<bool>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -448,6 +451,8 @@ pub(crate) enum CancelOutcome {
     AlreadyTerminal,
     /// A monitor whose schedule is now disabled.
     Disarmed,
+    /// `withdraw`: no cancel stands (it was taken back within its grace, or none was asked).
+    Withdrawn,
 }
 
 #[derive(Debug, Serialize, Deserialize)]

@@ -39,6 +39,11 @@ pub(crate) struct SandboxPlan {
     /// A network allow-list: the proxy's policy and socket (`network` is `Loopback`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<crate::egress::EgressPlan>,
+    /// Directories no caller's path may lead into (the control socket's, the bridges'):
+    /// a `{home}` symlink there would hand the run a socket outside its bridge's scope.
+    /// Filled in by whoever knows them (the daemon, `sidejob exec`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub off_limits: Vec<PathBuf>,
 }
 
 /// The run-specific values placeholders stand for.
@@ -158,6 +163,7 @@ pub(crate) fn resolve(profile: &Profile, ctx: &Context) -> Result<Resolved, Stri
             network: profile.network,
             limits: profile.limits,
             best_effort: profile.best_effort,
+            off_limits: Vec::new(),
             // The socket directory is filled in by whoever serves the proxy.
             egress: profile
                 .egress

@@ -22,6 +22,10 @@ pub(crate) struct CancelRequest {
     /// Shown as the result's `error`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// The caller took the cancel back (`task.cancel` with `withdraw`) before the grace ran
+    /// out: the supervisor no longer escalates to SIGKILL, and the run ends as it ends.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub withdrawn: bool,
 }
 
 impl CancelRequest {
@@ -45,12 +49,17 @@ impl CancelRequest {
             reason: StopReason::Canceled,
             grace_ms: default_grace_ms,
             message: None,
+            withdrawn: false,
         })
     }
 
-    /// Whether a stop was asked for (whatever the file says).
+    /// Whether a stop was asked for and not taken back (a file that cannot be read counts
+    /// as asked).
     pub(crate) fn requested(private: &PrivateDir) -> bool {
-        private.cancel().exists()
+        match CancelRequest::read(private) {
+            Some(r) => !r.withdrawn,
+            None => private.cancel().exists(),
+        }
     }
 }
 
@@ -73,16 +82,26 @@ mod tests {
             CancelRequest {
                 reason: StopReason::Canceled,
                 grace_ms: 1234,
-                message: None
+                message: None,
+                withdrawn: false,
             }
         );
         let req = CancelRequest {
             reason: StopReason::Timeout,
             grace_ms: 50,
             message: Some("the schedule's cap".into()),
+            withdrawn: false,
         };
         req.write(&private).unwrap();
         assert!(CancelRequest::requested(&private));
+        // Taken back: no longer asked for.
+        let back = CancelRequest {
+            withdrawn: true,
+            ..req.clone()
+        };
+        back.write(&private).unwrap();
+        assert!(!CancelRequest::requested(&private));
+        req.write(&private).unwrap();
         assert_eq!(CancelRequest::read(&private), Some(req.clone()));
         assert_eq!(CancelRequest::read_or_cancel(&private, 1), req);
         // A damaged file is a stop nonetheless, of the plain kind.

@@ -396,11 +396,28 @@ impl Watch {
             libc::SIGTERM | libc::SIGINT if self.stop.is_none() => {
                 let req =
                     CancelRequest::read_or_cancel(&run.plan.private_dir(), run.plan.kill_grace_ms);
+                if req.withdrawn {
+                    // The cancel and its withdrawal came as one signal: nothing to stop.
+                    return;
+                }
                 let stop = outcome::Stop {
                     reason: req.reason,
                     message: req.message,
                 };
                 self.begin_stop(stop, req.grace_ms, run.init_pid);
+            }
+            // A cancel taken back within its grace: no SIGKILL, and the run is not canceled.
+            libc::SIGTERM
+                if !self.killed
+                    && self
+                        .stop
+                        .as_ref()
+                        .is_some_and(|s| s.reason == StopReason::Canceled)
+                    && CancelRequest::read(&run.plan.private_dir())
+                        .is_some_and(|r| r.withdrawn) =>
+            {
+                self.stop = None;
+                self.kill_at = None;
             }
             libc::SIGCHLD => {
                 if let Ok(Some((_, exit))) = sys::waitpid(run.init_pid, true) {
@@ -496,7 +513,23 @@ fn prepare_command(plan: &LaunchPlan) -> Result<linux::Command, SuperviseError> 
         cwd: plan.cwd.clone(),
         uid: plan.uid,
         gid: plan.gid,
+        groups: run_groups(plan),
     })
+}
+
+/// The supplementary groups the command keeps: the caller's own, when it runs as the
+/// caller (they are part of the caller's authority: a workspace group-writable for one of
+/// them is writable in the run too); none when it runs as anyone else.
+fn run_groups(plan: &LaunchPlan) -> Vec<u32> {
+    match (&plan.caller, plan.uid, plan.gid) {
+        (Some(c), Some(uid), Some(gid)) if c.uid == uid && c.gid == gid => c
+            .groups
+            .iter()
+            .copied()
+            .filter(|g| *g != 0 && *g != gid)
+            .collect(),
+        _ => Vec::new(),
+    }
 }
 
 /// Reads what a non-blocking pipe holds; true once its writers are all gone.

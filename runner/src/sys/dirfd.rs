@@ -149,6 +149,39 @@ pub(crate) fn chown_fd(fd: BorrowedFd<'_>, uid: u32, gid: u32) -> io::Result<()>
     .map_err(errno)
 }
 
+/// The entries of the directory `dir` (not `.` and `..`) with their types as the directory
+/// reports them (`None`: it does not say; `fstatat` them), read from a descriptor of their
+/// own (`dir` may be `O_PATH`).
+pub(crate) fn entries(
+    dir: BorrowedFd<'_>,
+) -> io::Result<Vec<(std::ffi::OsString, Option<nix::dir::Type>)>> {
+    use std::os::unix::ffi::OsStringExt;
+    let mut out = Vec::new();
+    let mut d = nix::dir::Dir::openat(
+        dir,
+        ".",
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(errno)?;
+    for entry in d.iter() {
+        let entry = entry.map_err(errno)?;
+        let name = entry.file_name().to_bytes();
+        if name != b"." && name != b".." {
+            out.push((
+                std::ffi::OsString::from_vec(name.to_vec()),
+                entry.file_type(),
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// `fstatat` of `name` in `dir`, not following a symlink.
+pub(crate) fn stat_at(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<FileStat> {
+    stat::fstatat(dir, name, fcntl::AtFlags::AT_SYMLINK_NOFOLLOW).map_err(errno)
+}
+
 /// `fstat` of any descriptor (`O_PATH` included).
 pub(crate) fn stat_fd(fd: BorrowedFd<'_>) -> io::Result<FileStat> {
     stat::fstat(fd).map_err(errno)
@@ -415,6 +448,33 @@ pub(crate) fn open_path_no_symlinks(path: &Path) -> io::Result<OwnedFd> {
         .flags(OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
         .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS);
     fcntl::openat2(AT_FDCWD, path, how).map_err(errno)
+}
+
+/// Opens a path the caller owns or named (under `{home}`) as an `O_PATH` descriptor the way
+/// the caller's own `open` would, symlinks followed, but never through a magic link
+/// (`/proc/<pid>/root`, `/proc/self/fd/N`: `ELOOP`), which would lead where no path the
+/// caller can name leads. With `O_NOFOLLOW` in `flags`, a symlink as the last component is
+/// opened as itself (to read with [`read_link`]). Call it with the caller's credentials
+/// ([`with_creds_here`]), so every directory on the way, a symlink's target included, is
+/// searched as them.
+pub(crate) fn open_path_no_magiclinks(path: &Path, flags: OFlag) -> io::Result<OwnedFd> {
+    let how = OpenHow::new()
+        .flags(OFlag::O_PATH | OFlag::O_CLOEXEC | flags)
+        .resolve(ResolveFlag::RESOLVE_NO_MAGICLINKS);
+    fcntl::openat2(AT_FDCWD, path, how).map_err(errno)
+}
+
+/// The text of the symlink `fd` is (an `O_PATH | O_NOFOLLOW` descriptor of it).
+pub(crate) fn read_link(fd: BorrowedFd<'_>) -> io::Result<std::path::PathBuf> {
+    fcntl::readlinkat(fd, "")
+        .map(std::path::PathBuf::from)
+        .map_err(errno)
+}
+
+/// The path the kernel names for what `fd` is now (the target of its `/proc/self/fd`
+/// entry: a link of this process's own, read, not followed).
+pub(crate) fn fd_path(fd: BorrowedFd<'_>) -> io::Result<std::path::PathBuf> {
+    std::fs::read_link(proc_fd_path(fd))
 }
 
 /// The path of a descriptor under `/proc/self/fd`, for calls that only take paths (a bind

@@ -480,12 +480,14 @@ pub(crate) fn setsid() -> io::Result<()> {
     Ok(())
 }
 
-/// Drops to `uid`/`gid` with no supplementary groups. Order matters: groups and gid first,
-/// while we still have the privilege to change them. (libc's `setgroups` applies to every
-/// thread; this runs in the single-threaded command child, where that is the one thread.)
-pub(crate) fn drop_to(uid: u32, gid: u32) -> io::Result<()> {
+/// Drops to `uid`/`gid` with exactly `groups` as supplementary groups. Order matters: groups
+/// and gid first, while we still have the privilege to change them. (libc's `setgroups`
+/// applies to every thread; this runs in the single-threaded command child, where that is
+/// the one thread.)
+pub(crate) fn drop_to(uid: u32, gid: u32, groups: &[u32]) -> io::Result<()> {
     let (uid, gid) = (Uid::from_raw(uid), Gid::from_raw(gid));
-    unistd::setgroups(&[])?;
+    let groups: Vec<Gid> = groups.iter().map(|g| Gid::from_raw(*g)).collect();
+    unistd::setgroups(&groups)?;
     unistd::setresgid(gid, gid, gid)?;
     unistd::setresuid(uid, uid, uid)?;
     Ok(())

@@ -192,6 +192,12 @@ pub(crate) fn bind_fd(fd: &OwnedFd, target: &Path) -> io::Result<()> {
     attach_tree(&tree, libc::AT_FDCWD, &cpath(target)?, 0)
 }
 
+/// [`bind_fd`] without the mounts below `fd`: only the files of the mount `fd` is on.
+pub(crate) fn bind_fd_alone(fd: &OwnedFd, target: &Path) -> io::Result<()> {
+    let tree = clone_tree(fd, 0)?;
+    attach_tree(&tree, libc::AT_FDCWD, &cpath(target)?, 0)
+}
+
 /// Opens `path` as an `O_PATH` descriptor (no read or write access, just a handle on the
 /// inode); with `nofollow`, a symlink in the last component is opened itself.
 pub(crate) fn open_path(path: &Path, nofollow: bool) -> io::Result<OwnedFd> {

@@ -117,3 +117,47 @@ fn an_unprivileged_exec_refused_for_cgroups_is_told_how_to_delegate_one() {
         "the refusal names no fix:\n{err}"
     );
 }
+
+#[test]
+fn a_run_keeps_the_callers_supplementary_groups() {
+    if sidejob_tests::skip_without(&[sidejob_tests::Need::Root]) {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    // A project shared through a group: root's directory, group-writable for group 4242,
+    // which uid 65534 is a member of (as `SO_PEERGROUPS` says at connect).
+    const TEAM: u32 = 4242;
+    let d = Daemon::start();
+    d.let_everyone_connect();
+    let ws = d.root.path().join("team-project");
+    std::fs::create_dir_all(&ws).unwrap();
+    std::os::unix::fs::chown(&ws, Some(0), Some(TEAM)).unwrap();
+    std::fs::set_permissions(&ws, std::fs::Permissions::from_mode(0o2770)).unwrap();
+    let stream =
+        sidejob_tests::connect_with_groups(&d.socket, NOBODY, NOBODY, &[NOBODY, TEAM]).unwrap();
+    let mut c = sidejob_tests::Client::from_stream(stream);
+    let s = c.open_session_in(&ws);
+    let r = c.bash(
+        &s,
+        "id -G; echo shared > written-by-the-team && echo wrote",
+        serde_json::json!({}),
+    );
+    assert_eq!(
+        r["exit_code"], 0,
+        "the member could not write its group's workspace: {r}"
+    );
+    let out = r["output"].as_str().unwrap();
+    assert!(out.split_whitespace().any(|g| g == "4242"), "{out}");
+    let made = ws.join("written-by-the-team");
+    assert_eq!(std::fs::read_to_string(&made).unwrap(), "shared\n");
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&made).unwrap()),
+        NOBODY
+    );
+    // Control: the same user without the group cannot write there.
+    let mut outsider = d.nobody();
+    let s = outsider.open_session_in(&ws);
+    let r = outsider.bash(&s, "echo x > by-an-outsider", serde_json::json!({}));
+    assert_ne!(r["exit_code"], 0, "{r}");
+    assert!(!ws.join("by-an-outsider").exists());
+}

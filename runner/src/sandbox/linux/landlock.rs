@@ -295,6 +295,7 @@ mod tests {
             limits: Limits::default(),
             best_effort,
             egress: None,
+            off_limits: Vec::new(),
         }
     }
 

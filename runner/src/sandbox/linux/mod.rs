@@ -3,12 +3,14 @@
 //! may allocate or fail early) and the run's init calls [`launch`], the one linear function
 //! that builds the sandbox and starts the command in it.
 
+mod caller_path;
 pub(crate) mod cgroup;
 pub(crate) mod git;
 pub(crate) mod landlock;
 pub(crate) mod netns;
 pub(crate) mod oneshot;
 pub(crate) mod seccomp;
+mod setid;
 pub(crate) mod view;
 
 use std::ffi::{CString, OsStr};
@@ -51,6 +53,8 @@ pub(crate) struct Command {
     pub cwd: PathBuf,
     pub uid: Option<u32>,
     pub gid: Option<u32>,
+    /// Supplementary groups it keeps after the switch to `uid`/`gid`.
+    pub groups: Vec<u32>,
     /// `bash -c` of one plain simple command: what bash would exec in its place, tried first
     /// (see [`oneshot`]).
     pub oneshot: Option<oneshot::OneShot>,
@@ -701,7 +705,7 @@ pub(crate) fn launch(
     .map_err(step("make mounts private"))?;
     // 6. Open every profile path before anything is mounted over the host's tree (the
     //    staging directory may lie above some of them).
-    let sources = view::open_sources(&p.plan.mounts, p.caller.as_ref())?;
+    let sources = view::open_sources(&p.plan.mounts, &p.plan.off_limits, p.caller.as_ref())?;
     // 7. The minimal root view: an empty tmpfs, the profile's paths, a fresh /proc for this
     //    PID namespace, a minimal /dev, and the protected paths read-only on top.
     //    Once its root is mounted, the view is built from inside it: every path below is
@@ -715,6 +719,11 @@ pub(crate) fn launch(
     })?;
     let root = Path::new(".");
     view::mount_sources(root, &sources, &p.tmp_options)?;
+    //    A root run's writable paths may hold set-id files it could rewrite through a
+    //    shared mapping, keeping their bits: each is made read-only (see `setid`).
+    if p.root_run {
+        setid::pin(root, &sources)?;
+    }
     drop(sources);
     view::mount_proc(root, p.root_run)?;
     view::mask_sys(root)?;
@@ -778,9 +787,10 @@ fn confine_and_exec(p: &Prepared, cmd: &Command, output: &OwnedFd, exec_error: &
     if let Err(e) = ssys::drop_bounding_and_ambient_caps(p.last_cap) {
         fail("drop capabilities", &e);
     }
-    // f. The run's uid and gid, with no supplementary groups.
+    // f. The run's uid and gid, with the caller's own supplementary groups when it runs as
+    //    the caller, none otherwise.
     if let (Some(uid), Some(gid)) = (cmd.uid, cmd.gid) {
-        if let Err(e) = sys::drop_to(uid, gid) {
+        if let Err(e) = sys::drop_to(uid, gid, &cmd.groups) {
             fail(&format!("switch to uid {uid} gid {gid}"), &e);
         }
     }

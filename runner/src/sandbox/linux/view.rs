@@ -24,7 +24,10 @@ const NOEXEC: libc::c_ulong = libc::MS_NOEXEC;
 
 /// A failed step; a path in the view (relative to its root, see the module's documentation)
 /// is named as the run would see it.
-fn err<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> LaunchError + 'a {
+pub(super) fn err<'a>(
+    step: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(io::Error) -> LaunchError + 'a {
     move |source| LaunchError {
         step,
         path: Some(match path.strip_prefix(".") {
@@ -43,6 +46,7 @@ pub(crate) enum Source {
         target: PathBuf,
         exec: bool,
         write: bool,
+        submounts: Submounts,
     },
     Symlink {
         target: PathBuf,
@@ -54,13 +58,25 @@ pub(crate) enum Source {
     },
 }
 
+/// Whether the mounts below a bound path come with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Submounts {
+    /// The profile's own paths and the workspace, as the host has them.
+    Kept,
+    /// A caller's own path (`{home}`, `{session_dir}`, see `caller_path`): only the files of
+    /// the mount it is on, so a symlink to `/` brings no `/proc` or `/run` with it.
+    Left,
+}
+
 /// Opens every source. A symlink is recreated in the view rather than followed (its target
-/// is in the view or it dangles); a missing optional path is left out. A path the caller
-/// named (`as_caller`: the workspace above all) is opened with `caller`'s filesystem
-/// credentials and with no symlink on the way, so the view never holds what the caller could
-/// not open themselves — a parent directory they may not search included.
+/// is in the view or it dangles); a missing optional path is left out. The workspace is
+/// opened with `caller`'s filesystem credentials and with no symlink on the way, so the view
+/// never holds what the caller could not open themselves — a parent directory they may not
+/// search included; the caller's other paths (`{home}`, `{session_dir}`) are resolved as the
+/// caller (see `caller_path`).
 pub(crate) fn open_sources(
     mounts: &[MountSpec],
+    off_limits: &[PathBuf],
     caller: Option<&Creds>,
 ) -> Result<Vec<Source>, LaunchError> {
     let mut out = Vec::with_capacity(mounts.len());
@@ -72,69 +88,86 @@ pub(crate) fn open_sources(
             });
             continue;
         };
-        let opened = match (m.as_caller, caller) {
-            (true, Some(c)) => {
-                dirfd::with_creds_here(Some(c), || dirfd::open_path_no_symlinks(src))
-            }
-            _ => sys::open_path(src, true),
+        let source = if m.as_caller && !m.required {
+            super::caller_path::open(m, src, mounts, off_limits, caller)?
+        } else {
+            open_listed(m, src, mounts, caller)?
         };
-        let fd = match opened {
-            Ok(fd) => fd,
-            Err(e) if e.kind() == io::ErrorKind::NotFound && !m.required => continue,
-            Err(e) => return Err(err("open", src)(e)),
-        };
-        let mut info = sys::fstat(&fd).map_err(err("stat", src))?;
-        let mut fd = fd;
-        if info.is_symlink() && m.required {
-            // The workspace was swapped for a symlink after it was checked.
-            return Err(LaunchError {
-                step: "open",
-                path: Some(src.clone()),
-                source: io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    "the workspace is now a symlink",
-                ),
-            });
-        }
-        if info.is_symlink() {
-            // A symlink into the view is recreated as it is (/bin -> usr/bin); a read-only one
-            // that leads out of it (/etc/resolv.conf -> /run/...) is replaced by what it points
-            // to, since the profile named the path to make its content visible.
-            let real = std::fs::canonicalize(src).ok();
-            let in_view = real.as_ref().is_some_and(|r| {
-                mounts
-                    .iter()
-                    .any(|o| o.source.is_some() && r.starts_with(&o.target))
-            });
-            match real {
-                // Only for read-only entries: a writable path swapped for a symlink must not
-                // make its target writable (it stays a dangling symlink in the view).
-                Some(real) if !in_view && !m.write => {
-                    fd = sys::open_path(&real, true).map_err(err("open", &real))?;
-                    info = sys::fstat(&fd).map_err(err("stat", &real))?;
-                }
-                // Dangling: leave it out unless required.
-                None if !m.required => continue,
-                _ => {
-                    let link = std::fs::read_link(src).map_err(err("readlink", src))?;
-                    out.push(Source::Symlink {
-                        target: m.target.clone(),
-                        link,
-                    });
-                    continue;
-                }
-            }
-        }
-        // Bind the real path: no symlink on the way is followed while the view is built.
-        out.push(Source::Bind {
-            fd,
-            dir: info.is_dir(),
-            target: m.target.clone(),
-            exec: m.exec,
-            write: m.write,
-        });
+        out.extend(source);
     }
     Ok(out)
+}
+
+/// Opens the workspace (as the caller, no symlink on the way) or a path the profile lists
+/// itself (the administrator's: a symlink there is theirs); `None` leaves it out.
+fn open_listed(
+    m: &MountSpec,
+    src: &Path,
+    mounts: &[MountSpec],
+    caller: Option<&Creds>,
+) -> Result<Option<Source>, LaunchError> {
+    let opened = match (m.as_caller, caller) {
+        (true, Some(c)) => dirfd::with_creds_here(Some(c), || dirfd::open_path_no_symlinks(src)),
+        _ => sys::open_path(src, true),
+    };
+    let fd = match opened {
+        Ok(fd) => fd,
+        Err(e) if e.kind() == io::ErrorKind::NotFound && !m.required => return Ok(None),
+        Err(e) => return Err(err("open", src)(e)),
+    };
+    let mut info = sys::fstat(&fd).map_err(err("stat", src))?;
+    let mut fd = fd;
+    if info.is_symlink() && m.required {
+        // The workspace was swapped for a symlink after it was checked.
+        return Err(LaunchError {
+            step: "open",
+            path: Some(src.to_path_buf()),
+            source: io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the workspace is now a symlink",
+            ),
+        });
+    }
+    if m.as_caller {
+        super::caller_path::refuse_kernel_fs(&fd, src)?;
+    }
+    if info.is_symlink() {
+        // A symlink into the view is recreated as it is (/bin -> usr/bin); a read-only one
+        // that leads out of it (/etc/resolv.conf -> /run/...) is replaced by what it points
+        // to, since the profile named the path to make its content visible.
+        let real = std::fs::canonicalize(src).ok();
+        let in_view = real.as_ref().is_some_and(|r| {
+            mounts
+                .iter()
+                .any(|o| o.source.is_some() && r.starts_with(&o.target))
+        });
+        match real {
+            // Only for read-only entries: a writable path swapped for a symlink must not
+            // make its target writable (it stays a dangling symlink in the view).
+            Some(real) if !in_view && !m.write => {
+                fd = sys::open_path(&real, true).map_err(err("open", &real))?;
+                info = sys::fstat(&fd).map_err(err("stat", &real))?;
+            }
+            // Dangling: leave it out unless required.
+            None if !m.required => return Ok(None),
+            _ => {
+                let link = std::fs::read_link(src).map_err(err("readlink", src))?;
+                return Ok(Some(Source::Symlink {
+                    target: m.target.clone(),
+                    link,
+                }));
+            }
+        }
+    }
+    // Bind the real path: no symlink on the way is followed while the view is built.
+    Ok(Some(Source::Bind {
+        fd,
+        dir: info.is_dir(),
+        target: m.target.clone(),
+        exec: m.exec,
+        write: m.write,
+        submounts: Submounts::Kept,
+    }))
 }
 
 /// `staging` + an absolute `target`.
@@ -190,6 +223,15 @@ fn bind(src: &Path, dst: &Path, set: u64) -> Result<(), LaunchError> {
     sys::mount(Some(src), dst, None, libc::MS_BIND | libc::MS_REC, None)
         .map_err(err("bind", dst))?;
     sys::mount_setattr_path(dst, set, 0).map_err(err("set mount attributes", dst))
+}
+
+/// Binds a source at `dst`, with the mounts below it or without them.
+fn bind_source(fd: &OwnedFd, dst: &Path, submounts: Submounts) -> Result<(), LaunchError> {
+    match submounts {
+        Submounts::Kept => sys::bind_fd(fd, dst),
+        Submounts::Left => sys::bind_fd_alone(fd, dst),
+    }
+    .map_err(err("bind", dst))
 }
 
 /// The new root: an empty tmpfs (made read-only with the read-only binds, below).
@@ -254,6 +296,7 @@ pub(crate) fn mount_sources(
             fd,
             target,
             write: false,
+            submounts,
             ..
         } = s
         {
@@ -261,7 +304,7 @@ pub(crate) fn mount_sources(
                 continue;
             }
             let dst = in_view(staging, target);
-            sys::bind_fd(fd, &dst).map_err(err("bind", &dst))?;
+            bind_source(fd, &dst, *submounts)?;
         }
     }
     sys::mount_setattr_path(
@@ -279,6 +322,7 @@ pub(crate) fn mount_sources(
                 target,
                 exec,
                 write,
+                submounts,
             } if *write || under_tmpfs(target) => {
                 let dst = in_view(staging, target);
                 if under_tmpfs(target) {
@@ -291,7 +335,7 @@ pub(crate) fn mount_sources(
                 if !write {
                     set |= MOUNT_ATTR_RDONLY;
                 }
-                sys::bind_fd(fd, &dst).map_err(err("bind", &dst))?;
+                bind_source(fd, &dst, *submounts)?;
                 sys::mount_setattr_path(&dst, set, 0).map_err(err("set mount attributes", &dst))?;
             }
             Source::Tmpfs { target, exec } => {

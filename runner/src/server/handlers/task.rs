@@ -90,6 +90,9 @@ pub(super) async fn cancel(
             d.scheduler.disarm(&s.schedule_id).await?
         }
         (TaskKind::Monitor, _) => CancelOutcome::AlreadyTerminal,
+        (TaskKind::Call, _) if p.withdraw.unwrap_or(false) => {
+            d.executor.withdraw_cancel(&p.task_id)?
+        }
         (TaskKind::Call, _) => {
             let wake = p.wake.unwrap_or_default();
             d.executor.cancel(&p.task_id, p.grace_ms, wake).await?

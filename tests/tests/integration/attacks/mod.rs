@@ -9,6 +9,7 @@
 mod caches;
 mod egress;
 mod git;
+mod home_links;
 mod host_state;
 mod leaks;
 mod paths;

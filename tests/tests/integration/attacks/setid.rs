@@ -1,7 +1,9 @@
 //! Class 2 of issue 8: a run leaves nothing on the host that grants more than its caller had.
 //! As root — through `sidejob exec` and through a root session of the daemon — every route to
 //! a set-uid or set-gid file, and to a file capability, is tried in the workspace; the host
-//! then finds none there, while ordinary modes set the same ways are kept.
+//! then finds none there, while ordinary modes set the same ways are kept. And (issue 32,
+//! item 4) a set-uid file already in a root run's workspace keeps its bytes and its bits
+//! whatever route the run writes it by, while a plain file beside it is written.
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
@@ -162,4 +164,126 @@ fn attack_setid_files_through_a_root_session() {
     let output = r["output"].as_str().unwrap_or("").to_owned();
     eprintln!("{output}");
     check_host(ws.path(), &output);
+}
+
+/// Every route that writes to an existing file, tried by a root run on its own copy of a
+/// set-uid file (`s-<route>`) and of a plain one (`p-<route>`): each reports
+/// `<file>: ok|refused`.
+const WRITE_ROUTES: &str = r#"
+import mmap, os
+def write(p):
+    fd = os.open(p, os.O_WRONLY); os.write(fd, b"PWNED"); os.close(fd)
+def mmap_shared(p):
+    fd = os.open(p, os.O_RDWR)
+    m = mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    m[0:5] = b"PWNED"; m.flush(); m.close(); os.close(fd)
+def truncate(p):
+    os.truncate(p, 1)
+def fallocate(p):
+    fd = os.open(p, os.O_WRONLY); os.posix_fallocate(fd, 0, 1 << 20); os.close(fd)
+def copy_file_range(p):
+    src = os.open("source", os.O_RDONLY); fd = os.open(p, os.O_WRONLY)
+    os.copy_file_range(src, fd, 5, 0, 0); os.close(fd); os.close(src)
+for f in [write, mmap_shared, truncate, fallocate, copy_file_range]:
+    for p in ["s-" + f.__name__, "p-" + f.__name__]:
+        try:
+            f(p); print(p + ": ok")
+        except OSError as e:
+            print(p + ": refused", e)
+print("done")
+"#;
+
+/// The mapping first: the one route that kept the bits before set-id files were pinned.
+const ROUTES: [&str; 5] = [
+    "mmap_shared",
+    "write",
+    "truncate",
+    "fallocate",
+    "copy_file_range",
+];
+
+/// What each file holds before the run: a page, so that a mapping has something to map.
+fn original() -> Vec<u8> {
+    let mut bytes = b"#!/bin/sh\necho original\n".to_vec();
+    bytes.resize(4096, b'#');
+    bytes
+}
+
+/// A workspace with a root-owned 4755 copy and a 0755 copy per route, and `source` (what
+/// `copy_file_range` copies).
+fn write_routes_workspace() -> TempDir {
+    let ws = TempDir::new("setid-write-ws");
+    std::fs::write(ws.path().join("source"), "PWNED").expect("source");
+    for route in ROUTES {
+        for (prefix, mode) in [("s", 0o4755), ("p", 0o755)] {
+            let f = ws.path().join(format!("{prefix}-{route}"));
+            std::fs::write(&f, original()).expect("file");
+            set_mode(&f, mode);
+        }
+    }
+    ws
+}
+
+/// The host's verdict: every set-uid file has its bytes and its 4755, every plain one was
+/// changed by its route (the control).
+fn check_write_routes(ws: &Path, output: &str) {
+    assert!(output.contains("done"), "the attack did not run: {output}");
+    for route in ROUTES {
+        let s = ws.join(format!("s-{route}"));
+        assert_eq!(
+            mode_uid(&s),
+            (0o4755, 0),
+            "{route}: the set-uid file's mode changed:\n{output}"
+        );
+        assert!(
+            std::fs::read(&s).expect("read") == original(),
+            "{route}: a root run rewrote a set-uid file:\n{output}"
+        );
+        let p = ws.join(format!("p-{route}"));
+        assert!(
+            output.contains(&format!("p-{route}: ok")),
+            "{route}: the control was refused:\n{output}"
+        );
+        assert!(
+            std::fs::read(&p).expect("read") != original(),
+            "{route}: the control file is unchanged:\n{output}"
+        );
+        assert_eq!(mode_uid(&p).0, 0o755, "{route}");
+    }
+}
+
+#[test]
+fn attack_root_run_rewrites_a_setuid_file_through_mmap_shared() {
+    if !needs() {
+        return;
+    }
+    let ws = write_routes_workspace();
+    let d = Daemon::start();
+    let mut c = d.client();
+    let s = c.open_session_in(ws.path());
+    let command = format!("python3 - <<'EOF'\n{WRITE_ROUTES}\nEOF\n");
+    let r = c.bash(&s, &command, json!({"yield_after_ms": 120_000}));
+    let output = r["output"].as_str().unwrap_or("").to_owned();
+    eprintln!("{output}");
+    check_write_routes(ws.path(), &output);
+}
+
+#[test]
+fn attack_root_exec_rewrites_a_setuid_file_through_mmap_shared() {
+    if !needs() {
+        return;
+    }
+    let ws = write_routes_workspace();
+    let o = Command::new(sidejob_bin())
+        .arg("exec")
+        .arg("--workspace")
+        .arg(ws.path())
+        .args(["--", "python3", "-c", WRITE_ROUTES])
+        .current_dir(ws.path())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("sidejob exec");
+    let output = String::from_utf8_lossy(&o.stdout).into_owned();
+    eprintln!("{output}{}", String::from_utf8_lossy(&o.stderr));
+    check_write_routes(ws.path(), &output);
 }
