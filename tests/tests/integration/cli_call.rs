@@ -136,13 +136,7 @@ fn a_second_ctrl_c_leaves_the_run_going_and_prints_its_id() {
 #[test]
 fn yield_after_leaves_the_run_in_the_background_and_says_so() {
     let d = Daemon::start();
-    let o = d.cli(&[
-        "call",
-        "--yield-after",
-        "2s",
-        "--",
-        "echo early; sleep 300",
-    ]);
+    let o = d.cli(&["call", "--yield-after", "2s", "--", "echo early; sleep 300"]);
     assert_eq!(o.status.code(), Some(75), "{}", describe(&o));
     assert_eq!(stdout(&o), "early\n", "{}", describe(&o));
     let err = stderr(&o);
