@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+pub mod agents;
 pub mod gate;
 pub mod lines;
 pub mod need;

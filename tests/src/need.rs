@@ -1,12 +1,13 @@
 //! What a test needs from the machine, and what happens when the machine lacks it.
 //!
-//! A test that needs root, python3, node, unprivileged user namespaces or writable cgroups
-//! starts with `if skip_without(&[Need::Root]) { return; }`. When a need is missing the test
-//! skips, unless the run declared that this machine provides it: `SIDEJOB_TEST_REQUIRE` lists
-//! the declared needs by name (`.ci/run` sets `root,python3,node,userns,cgroups,strace`), and a test
-//! that would skip for a declared need fails instead, saying what is missing. A skip is never
-//! silent either: it is printed, and appended as one line to the file `SIDEJOB_TEST_SKIPS`
-//! names, so the run's summary can list every test that passed without running.
+//! A test that needs root, python3, node, unprivileged user namespaces, writable cgroups or
+//! the agent CLIs starts with `if skip_without(&[Need::Root]) { return; }`. When a need is
+//! missing the test skips, unless the run declared that this machine provides it:
+//! `SIDEJOB_TEST_REQUIRE` lists the declared needs by name (`.ci/run` sets
+//! `root,python3,node,userns,cgroups,strace,agents`), and a test that would skip for a
+//! declared need fails instead, saying what is missing. A skip is never silent either: it is
+//! printed, and appended as one line to the file `SIDEJOB_TEST_SKIPS` names, so the run's
+//! summary can list every test that passed without running.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -30,16 +31,20 @@ pub enum Need {
     /// `strace`, whose fault injection kills a process at an exact system call (the spawner
     /// that dies between its fork and its reply).
     Strace,
+    /// The agent CLIs the tests drive against a scripted model (`claude`, `codex`,
+    /// `opencode`, `mcp-inspector`), in `$SIDEJOB_TEST_AGENTS` (see [`crate::agents`]).
+    Agents,
 }
 
 impl Need {
-    pub const ALL: [Need; 6] = [
+    pub const ALL: [Need; 7] = [
         Need::Root,
         Need::Python3,
         Need::Node,
         Need::UserNamespaces,
         Need::Cgroups,
         Need::Strace,
+        Need::Agents,
     ];
 
     /// The name `SIDEJOB_TEST_REQUIRE` uses.
@@ -51,6 +56,7 @@ impl Need {
             Need::UserNamespaces => "userns",
             Need::Cgroups => "cgroups",
             Need::Strace => "strace",
+            Need::Agents => "agents",
         }
     }
 
@@ -60,7 +66,8 @@ impl Need {
 
     /// `None` when the machine provides this, else why not (checked once per process).
     pub fn missing(self) -> Option<String> {
-        static CHECKED: [OnceLock<Option<String>>; 6] = [
+        static CHECKED: [OnceLock<Option<String>>; 7] = [
+            OnceLock::new(),
             OnceLock::new(),
             OnceLock::new(),
             OnceLock::new(),
@@ -83,6 +90,7 @@ impl Need {
                 Need::Strace => sandbox_program("strace")
                     .is_none()
                     .then(|| format!("no strace in {SANDBOX_PATH}")),
+                Need::Agents => crate::agents::missing_clients(),
             })
             .clone()
     }

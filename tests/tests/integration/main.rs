@@ -6,6 +6,7 @@
 // is sound); the workspace denies `unsafe` everywhere else outside `runner/src/sys/`.
 #![allow(unsafe_code)]
 
+mod agents;
 mod attacks;
 mod bridge;
 mod cancel;

@@ -11,7 +11,7 @@ use super::plugins::{built_plugin, daemon_with_plugin_dir, install};
 
 /// A Python with the MCP SDK: $SIDEJOB_TEST_PYTHON, else the virtualenv `.ci/run` makes
 /// (target/ci-venv), else python3 if it has `mcp`. In CI its absence is a failure.
-fn python() -> Option<PathBuf> {
+pub(crate) fn python() -> Option<PathBuf> {
     let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let candidates = [
         std::env::var_os("SIDEJOB_TEST_PYTHON").map(PathBuf::from),
