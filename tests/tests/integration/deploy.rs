@@ -16,7 +16,7 @@ use sidejob_tests::{sidejob_bin, signal, Client, Daemon, TempDir};
 use super::plugins::{built_plugin, install};
 
 /// A daemon this file started; killed if a test fails before it stops it.
-struct Serve(Child);
+pub(crate) struct Serve(pub(crate) Child);
 
 impl Drop for Serve {
     fn drop(&mut self) {
@@ -26,13 +26,13 @@ impl Drop for Serve {
 }
 
 /// A datagram socket standing in for systemd's NOTIFY_SOCKET.
-struct Notify {
-    path: PathBuf,
+pub(crate) struct Notify {
+    pub(crate) path: PathBuf,
     sock: UnixDatagram,
 }
 
 impl Notify {
-    fn new(dir: &Path) -> Notify {
+    pub(crate) fn new(dir: &Path) -> Notify {
         let path = dir.join("notify.sock");
         let sock = UnixDatagram::bind(&path).expect("bind notify socket");
         sock.set_read_timeout(Some(Duration::from_secs(30)))
@@ -41,7 +41,7 @@ impl Notify {
     }
 
     /// The next state line the daemon sends (e.g. READY=1), within 30 s.
-    fn next(&self) -> String {
+    pub(crate) fn next(&self) -> String {
         let mut buf = [0u8; 512];
         let n = self
             .sock

@@ -1,0 +1,182 @@
+//! A deployed daemon's health as an orchestrator sees it: its own plugin copies after
+//! Kubernetes' `fsGroup` re-owns the state volume, and `sidejob status --ready` failing when
+//! a shipped tool is missing.
+
+use std::os::unix::fs::{lchown, MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use serde_json::json;
+use sidejob_tests::{sidejob_bin, skip_without, Client, Daemon, Need, TempDir};
+
+use crate::plugins::{built_plugin, tool_names};
+
+/// What kubelet does to every file and directory of a volume with `fsGroup` set: group
+/// `gid`, set-gid directories, and `add` (kubelet's own masks: 0660 on a writable volume,
+/// 0440 on a read-only one; directories also get 0110).
+fn apply_fs_group(path: &Path, gid: u32, add: u32) {
+    let meta = std::fs::symlink_metadata(path).expect("stat");
+    if meta.file_type().is_symlink() {
+        return;
+    }
+    lchown(path, None, Some(gid)).expect("chgrp");
+    let mut mode = meta.mode() & 0o7777 | add;
+    if meta.is_dir() {
+        mode |= 0o2000 | 0o110;
+        for entry in std::fs::read_dir(path).expect("read_dir").flatten() {
+            apply_fs_group(&entry.path(), gid, add);
+        }
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+fn tools_work(d: &Daemon) {
+    let mut c = d.client();
+    let names = tool_names(&mut c);
+    for tool in ["bash", "code", "subagent"] {
+        assert!(
+            names.iter().any(|n| n == tool),
+            "{tool} is gone after the volume was re-owned: {names:?}\n{}",
+            d.log()
+        );
+    }
+    let s = d.open_session(&mut c);
+    let r = c.bash(&s, "echo still here", json!({}));
+    assert_eq!(r["output"], "still here\n", "{r}");
+    let st = c.ok("daemon.status", json!({}));
+    assert_eq!(st["plugin_errors"], json!([]), "{st}");
+}
+
+#[test]
+fn the_daemons_plugin_copies_survive_an_fs_group_change_of_its_state_volume() {
+    if skip_without(&[Need::Root]) {
+        return;
+    }
+    let mut d = Daemon::start();
+    tools_work(&d);
+    d.terminate();
+    // Group-readable and set-gid, no write for the group: the daemon's copies are still
+    // only root's to change, so it keeps using them.
+    apply_fs_group(&d.state_dir, 2000, 0o040);
+    d.restart();
+    tools_work(&d);
+    d.terminate();
+    // What kubelet really does on a writable volume: group read and write. The copies were
+    // open to the group, so the daemon trusts none of them: it closes its directory again
+    // and copies the plugins anew.
+    apply_fs_group(&d.state_dir, 2000, 0o660);
+    d.restart();
+    tools_work(&d);
+    let copies = d.state_dir.join("plugins");
+    for path in std::iter::once(copies.clone()).chain(
+        std::fs::read_dir(&copies)
+            .expect("copies")
+            .flatten()
+            .map(|e| e.path()),
+    ) {
+        let mode = std::fs::symlink_metadata(&path).expect("stat").mode();
+        assert_eq!(
+            mode & 0o022,
+            0,
+            "{} is writable by others (mode {mode:o})",
+            path.display()
+        );
+    }
+}
+
+/// `sidejob status [--ready]` against `socket`.
+fn status(socket: &Path, ready: bool) -> std::process::Output {
+    let mut cmd = Command::new(sidejob_bin());
+    cmd.arg("status").arg("--socket").arg(socket);
+    if ready {
+        cmd.arg("--ready");
+    }
+    cmd.stdin(Stdio::null())
+        .output()
+        .expect("run sidejob status")
+}
+
+#[test]
+fn status_ready_fails_while_a_shipped_tool_is_missing() {
+    // A prefix like install.sh's with the subagent plugin left out.
+    let root = TempDir::new("ready");
+    let prefix = root.path().join("prefix");
+    let plugins = prefix.join("lib/sidejob/plugins");
+    std::fs::create_dir_all(prefix.join("bin")).expect("bin");
+    std::fs::create_dir_all(&plugins).expect("plugins");
+    for dir in [
+        root.path(),
+        &prefix,
+        &prefix.join("bin"),
+        &prefix.join("lib"),
+        &prefix.join("lib/sidejob"),
+        &plugins,
+    ] {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    let bin = prefix.join("bin/sidejob");
+    std::fs::copy(sidejob_bin(), &bin).expect("copy sidejob");
+    for name in ["bash", "code"] {
+        let lib = format!("libsidejob_plugin_{name}.so");
+        crate::plugins::install(
+            &built_plugin(&format!("sidejob_plugin_{name}")),
+            &plugins,
+            &lib,
+            0o644,
+        );
+    }
+    let socket = root.path().join("run/ready.sock");
+    let notify = crate::deploy::Notify::new(root.path());
+    let _child = crate::deploy::Serve(
+        Command::new(&bin)
+            .arg("serve")
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--state-dir")
+            .arg(root.path().join("state"))
+            .env("NOTIFY_SOCKET", &notify.path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn sidejob"),
+    );
+    assert_eq!(notify.next(), "READY=1");
+    let tools = tool_names(&mut Client::connect(&socket));
+    assert!(!tools.iter().any(|t| t == "subagent"), "{tools:?}");
+    // Alive: it answers, so a liveness probe passes (a restart would not bring the tool back).
+    let live = status(&socket, false);
+    assert_eq!(live.status.code(), Some(0), "{live:?}");
+    // Not ready: a shipped tool is missing.
+    let ready = status(&socket, true);
+    let err = String::from_utf8_lossy(&ready.stderr);
+    assert_eq!(ready.status.code(), Some(1), "{ready:?}");
+    assert!(
+        err.contains("not ready") && err.contains("subagent"),
+        "{err}"
+    );
+    // Once the plugin is installed (the watcher loads it), the daemon is ready.
+    crate::plugins::install(
+        &built_plugin("sidejob_plugin_subagent"),
+        &plugins,
+        "libsidejob_plugin_subagent.so",
+        0o644,
+    );
+    assert!(
+        sidejob_tests::wait_until(std::time::Duration::from_secs(30), || {
+            status(&socket, true).status.success()
+        }),
+        "still not ready with every shipped plugin installed"
+    );
+    // A daemon that does not answer is neither alive nor ready.
+    let gone = root.path().join("run/nobody-here.sock");
+    assert_eq!(status(&gone, false).status.code(), Some(1));
+    assert_eq!(status(&gone, true).status.code(), Some(1));
+}
+
+#[test]
+fn status_ready_passes_on_a_daemon_with_its_shipped_tools() {
+    let d = Daemon::start();
+    let o = status(&d.socket, true);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+}
