@@ -180,3 +180,62 @@ fn status_ready_passes_on_a_daemon_with_its_shipped_tools() {
     let o = status(&d.socket, true);
     assert_eq!(o.status.code(), Some(0), "{o:?}");
 }
+
+/// `sidejob doctor --json`, run through `sh -c "<setup>; exec sidejob doctor --json"` in a
+/// mount namespace of its own.
+fn doctor_in_own_mounts(setup: &str) -> serde_json::Value {
+    let o = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg(format!("{setup}\nexec \"$0\" doctor --json"))
+        .arg(sidejob_bin())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run unshare");
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!(
+            "doctor printed no JSON ({e}): {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    })
+}
+
+fn profile<'a>(doctor: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    doctor["profiles"]
+        .as_array()
+        .expect("profiles")
+        .iter()
+        .find(|p| p["name"] == name)
+        .unwrap_or_else(|| panic!("no profile {name}: {doctor}"))
+}
+
+#[test]
+fn doctor_calls_ci_unusable_when_the_cgroupfs_is_read_only() {
+    if skip_without(&[Need::Root, Need::Cgroups]) {
+        return;
+    }
+    let writable = doctor_in_own_mounts("");
+    assert_eq!(profile(&writable, "ci")["usable"], true, "{writable}");
+    // What a container runtime does: the cgroup hierarchies are there, mounted read-only.
+    let read_only = doctor_in_own_mounts(
+        "for m in $(findmnt -rn -t cgroup,cgroup2 -o TARGET); do \
+         mount -o remount,bind,ro \"$m\" || exit 1; done",
+    );
+    let ci = profile(&read_only, "ci");
+    let detail = ci["detail"].as_str().unwrap_or("");
+    assert_eq!(ci["usable"], false, "{read_only}");
+    assert!(
+        detail.contains("cgroup_memory") && detail.contains("Read-only file system"),
+        "{detail}"
+    );
+    let layer = read_only["layers"]
+        .as_array()
+        .expect("layers")
+        .iter()
+        .find(|l| l["layer"] == "cgroup_memory")
+        .expect("cgroup_memory layer");
+    assert_eq!(layer["active"], false, "{layer}");
+    // The default profile needs no cgroup: still usable, and doctor still passes.
+    assert_eq!(profile(&read_only, "workspace-write")["usable"], true);
+    assert_eq!(read_only["ok"], true, "{read_only}");
+}
