@@ -396,6 +396,37 @@ fn the_kubernetes_manifests_match_the_kubernetes_schema() {
             .output()
             .expect("run kubernetes-validate")
     };
+    // Every version a manifest claims ("Kubernetes 1.30+"), up to the newest the pinned
+    // kubernetes-validate knows (its own version, tests/requirements.txt).
+    let newest =
+        std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("requirements.txt"))
+            .expect("requirements.txt")
+            .lines()
+            .find_map(|l| l.strip_prefix("kubernetes-validate==1."))
+            .and_then(|v| v.split('.').next()?.parse::<u32>().ok())
+            .expect("kubernetes-validate is pinned to 1.N.x");
+    for manifest in &manifests {
+        let text = std::fs::read_to_string(manifest).expect("read");
+        let oldest = text
+            .split("Kubernetes 1.")
+            .nth(1)
+            .and_then(|rest| rest.split('+').next()?.parse::<u32>().ok())
+            .unwrap_or_else(|| panic!("{} claims no \"Kubernetes 1.N+\"", manifest.display()));
+        for minor in oldest..=newest {
+            let o = Command::new(&validate)
+                .args(["--strict", "-k", &format!("1.{minor}.0")])
+                .arg(manifest)
+                .output()
+                .expect("run kubernetes-validate");
+            assert!(
+                o.status.success(),
+                "{} against Kubernetes 1.{minor}: {}{}",
+                manifest.display(),
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+    }
     let o = check(&manifests);
     assert!(
         o.status.success(),

@@ -239,3 +239,77 @@ fn doctor_calls_ci_unusable_when_the_cgroupfs_is_read_only() {
     assert_eq!(profile(&read_only, "workspace-write")["usable"], true);
     assert_eq!(read_only["ok"], true, "{read_only}");
 }
+
+/// The capabilities the pod manifest adds for the sidejob container, lower-case.
+fn manifest_capabilities() -> Vec<String> {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/kubernetes/sidejob-pod.yaml");
+    let text = std::fs::read_to_string(path).expect("manifest");
+    let mut lines = text.lines().skip_while(|l| l.trim() != "add:").skip(1);
+    let mut caps = Vec::new();
+    while let Some(cap) = lines.next().and_then(|l| l.trim().strip_prefix("- ")) {
+        let name = cap.split_whitespace().next().unwrap_or("");
+        caps.push(name.to_lowercase());
+    }
+    assert!(!caps.is_empty(), "no capabilities found in the manifest");
+    caps
+}
+
+#[test]
+fn the_pod_manifests_capabilities_are_enough_for_another_users_runs() {
+    if skip_without(&[Need::Root, Need::Cgroups]) {
+        return;
+    }
+    let caps = manifest_capabilities();
+    let bounding = std::iter::once("-all".to_owned())
+        .chain(caps.iter().map(|c| format!("+{c}")))
+        .collect::<Vec<_>>()
+        .join(",");
+    let root = TempDir::new("podcaps");
+    std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let socket = root.path().join("run/caps.sock");
+    let notify = crate::deploy::Notify::new(root.path());
+    // What a container runtime gives the container: this bounding set, nothing inherited.
+    let _child = crate::deploy::Serve(
+        Command::new("setpriv")
+            .arg(format!("--bounding-set={bounding}"))
+            .arg("--inh-caps=-all")
+            .arg(sidejob_bin())
+            .arg("serve")
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--state-dir")
+            .arg(root.path().join("state"))
+            .env("NOTIFY_SOCKET", &notify.path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn sidejob under setpriv"),
+    );
+    assert_eq!(notify.next(), "READY=1");
+    // The agent's uid reaches the socket (in the pod: through the fsGroup).
+    for p in [socket.parent().expect("run dir"), &socket] {
+        let mode = if p == socket { 0o666 } else { 0o755 };
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    }
+    let ws = TempDir::new("podcaps-ws");
+    std::os::unix::fs::chown(
+        ws.path(),
+        Some(crate::isolation::NOBODY),
+        Some(crate::isolation::NOBODY),
+    )
+    .expect("chown");
+    let nobody = crate::isolation::NOBODY;
+    let mut c = Client::connect_as(&socket, nobody, nobody);
+    let s = c.open_session_in(ws.path());
+    let r = c.bash(&s, "echo hi > f && cat f", json!({}));
+    assert_eq!(r["output"], "hi\n", "with {caps:?}: {r}");
+    let r = c.bash(&s, "echo limited", json!({"profile": "ci"}));
+    assert_eq!(r["output"], "limited\n", "with {caps:?}: {r}");
+    let bg = c.bash(&s, "sleep 300", json!({"background": true}));
+    let task = bg["task_id"].as_str().expect("task id").to_owned();
+    c.ok("task.cancel", json!({"task_id": task}));
+    let done = c.wait_settled(&task);
+    assert_eq!(done["state"], "canceled", "with {caps:?}: {done}");
+}
