@@ -161,13 +161,19 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Show the daemon: version, uptime, socket, tools and their plugins, errors, counts
+    /// Show the daemon: version, uptime, socket, tools and their plugins, errors, counts.
+    /// Exits 0 whenever the daemon answers, degraded or not (a liveness probe), 1 when it
+    /// does not
     Status {
         #[command(flatten)]
         conn: Conn,
         /// Print the daemon.status result as JSON (counters for monitoring)
         #[arg(long)]
         json: bool,
+        /// A readiness probe: exit 1, naming what is missing, unless every shipped tool
+        /// (bash, code, subagent) is loaded
+        #[arg(long)]
+        ready: bool,
     },
     /// Rebuild the registry's rows from its event log and compare
     Replay {

@@ -303,15 +303,52 @@ pub(super) fn cancel(
     Ok(code)
 }
 
-pub(super) fn status(socket: &Path, json_out: bool) -> Result<i32> {
+/// The tools of the plugins sidejob ships (deploy/install.sh installs them): a daemon without
+/// one of them is alive but not ready.
+const SHIPPED_TOOLS: [&str; 3] = ["bash", "code", "subagent"];
+
+/// What `sidejob status` prints and decides.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct StatusOutput {
+    /// The daemon.status result as JSON.
+    pub json: bool,
+    /// Exit 1 unless every shipped tool is loaded.
+    pub ready: bool,
+}
+
+/// `sidejob status`: 0 when the daemon answers, degraded or not; with `--ready`, 1 while a
+/// shipped tool is missing (each named on stderr, with the plugin errors that say why).
+pub(super) fn status(socket: &Path, out: StatusOutput) -> Result<i32> {
     let mut client = Client::connect(socket)?;
     let v = client.call("daemon.status", json!({}))?;
-    if json_out {
-        println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(0);
-    }
     let s: DaemonStatusResult =
-        serde_json::from_value(v).context("unexpected daemon.status result")?;
+        serde_json::from_value(v.clone()).context("unexpected daemon.status result")?;
+    let missing: Vec<&str> = SHIPPED_TOOLS
+        .into_iter()
+        .filter(|name| !s.tools.iter().any(|t| t.name == *name))
+        .collect();
+    let code = if out.ready && !missing.is_empty() {
+        eprintln!(
+            "sidejob status: not ready: the shipped tool{} {} {} not loaded",
+            if missing.len() == 1 { "" } else { "s" },
+            missing.join(", "),
+            if missing.len() == 1 { "is" } else { "are" }
+        );
+        for e in &s.plugin_errors {
+            eprintln!("  plugin error: {e}");
+        }
+        eprintln!(
+            "  hint: install the plugins into <prefix>/lib/sidejob/plugins (deploy/install.sh), \
+             and see the daemon's log for why they did not load"
+        );
+        1
+    } else {
+        0
+    };
+    if out.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(code);
+    }
     let n = |k: &str| s.tasks.get(k).copied().unwrap_or(0);
     println!(
         "sidejob {} (pid {}), up {} since {}",
@@ -370,7 +407,7 @@ pub(super) fn status(socket: &Path, json_out: bool) -> Result<i32> {
     for e in &s.profile_errors {
         println!("profile error: {e}");
     }
-    Ok(0)
+    Ok(code)
 }
 
 pub(super) fn replay(state_dir: Option<PathBuf>) -> Result<i32> {

@@ -14,14 +14,24 @@ use crate::sandbox::{Catalog, LaunchPlan};
 /// Runs `sidejob doctor`; returns 0 when every layer the default profile needs is here.
 pub(super) fn doctor(json_out: bool) -> i32 {
     let a = Availability::probe();
-    let layers = a.report();
+    let mut layers = a.report();
+    // Found is not writable (a read-only cgroupfs in a container): try what a run does.
+    let cgroups = a.try_cgroups();
+    if let Err(why) = &cgroups {
+        for l in layers.iter_mut().filter(|l| l.layer.starts_with("cgroup_")) {
+            if l.active {
+                l.active = false;
+                l.detail = format!("found but not usable: {why}");
+            }
+        }
+    }
     let catalog = Catalog::new(Catalog::default_dir());
     let mut profiles = Vec::new();
     for name in catalog.names() {
         let status = match catalog.get(&name) {
             Err(e) => json!({"name": name, "usable": false, "detail": e.to_string()}),
             Ok(p) => {
-                let missing = a.missing(p.network, &p.limits);
+                let missing = a.missing_when_tried(p.network, &p.limits, &cgroups);
                 let usable = missing.is_empty() || p.best_effort;
                 let detail = if missing.is_empty() {
                     "all layers available".to_owned()

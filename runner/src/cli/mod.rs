@@ -109,7 +109,9 @@ pub fn main() -> i32 {
             grace,
             json,
         } => commands::cancel(&socket(&conn, &top), &tasks, grace, json),
-        Command::Status { conn, json } => commands::status(&socket(&conn, &top), json),
+        Command::Status { conn, json, ready } => {
+            commands::status(&socket(&conn, &top), commands::StatusOutput { json, ready })
+        }
         Command::Replay {
             check: _,
             state_dir,

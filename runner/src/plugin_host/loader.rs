@@ -343,7 +343,7 @@ mod tests {
         let src = source(d, "junk.so", b"not an ELF file", 0o644)
             .ok()
             .unwrap();
-        let copies = TrustedDir::open_or_create(d, "copies", 0o700).unwrap();
+        let copies = TrustedDir::open_private(d, "copies", 0o700).unwrap().0;
         let e = load(&src, &copies, None).err().unwrap().to_string();
         assert!(e.contains("junk.so"), "{e}");
         assert_eq!(e.lines().count(), 1, "{e}");
@@ -354,7 +354,7 @@ mod tests {
         let scratch = ScratchDir::with_mode("loader-copies", 0o755);
         let d = scratch.path();
         let src = source(d, "p.so", b"version 1", 0o644).ok().unwrap();
-        let copies = TrustedDir::open_or_create(d, "copies", 0o700).unwrap();
+        let copies = TrustedDir::open_private(d, "copies", 0o700).unwrap().0;
         let copy = ensure_copy(&copies, &src).unwrap();
         assert_eq!(
             copy.file_name().unwrap().to_str().unwrap(),

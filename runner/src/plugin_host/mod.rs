@@ -512,13 +512,23 @@ impl ToolHost {
                 self.copies_dir.display()
             ));
         };
-        TrustedDir::open_or_create(parent, name, 0o700).map_err(|why| {
+        let (dir, reclaimed) = TrustedDir::open_private(parent, name, 0o700).map_err(|why| {
             format!(
                 "the copies directory {}: {why}; {}",
                 self.copies_dir.display(),
                 why.hint()
             )
-        })
+        })?;
+        match reclaimed {
+            sys::fs::Reclaimed::No => {}
+            sys::fs::Reclaimed::Emptied { mode, removed } => warn!(
+                dir = %self.copies_dir.display(),
+                "the plugin copies directory was writable by others (mode {mode:o}, e.g. a \
+                 Kubernetes fsGroup change): closed it and removed its {removed} entries, \
+                 the plugins are copied again"
+            ),
+        }
+        Ok(dir)
     }
 
     /// Deletes the private copies no loaded plugin uses any more, so `<state_dir>/plugins`

@@ -161,6 +161,16 @@ impl fmt::Display for Refusal {
 
 impl std::error::Error for Refusal {}
 
+/// What [`TrustedDir::open_private`] had to do to a private directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reclaimed {
+    /// Nothing: it was as the daemon left it (or new).
+    No,
+    /// It was open to others (`mode`, its permission bits then): emptied of `removed`
+    /// entries and closed again.
+    Emptied { mode: u32, removed: usize },
+}
+
 /// A directory that only root or the daemon's uid can change, held open. Files are opened,
 /// created, renamed and removed relative to its descriptor.
 #[derive(Debug)]
@@ -205,24 +215,73 @@ impl TrustedDir {
         Ok(dir)
     }
 
-    /// Opens `parent/name`, creating it (mode `mode`) first if it is missing.
-    pub(crate) fn open_or_create(
+    /// Opens `parent/name`, a directory private to this process (its plugin copies),
+    /// creating it (mode `mode`) if it is missing. One that this process's uid owns but that
+    /// others may write is taken back rather than refused: an orchestrator re-owned it
+    /// (Kubernetes' `fsGroup` adds group read and write and set-gid to every directory of a
+    /// volume at each mount). Anything in it may have been written while it was open, so it
+    /// is emptied, then set to `mode`, before it is checked and used; what it held (plugin
+    /// copies, named by their hash) is made again from the trusted sources.
+    pub(crate) fn open_private(
         parent: &Path,
         name: &str,
         mode: u32,
-    ) -> Result<TrustedDir, Refusal> {
+    ) -> Result<(TrustedDir, Reclaimed), Refusal> {
         let dir = TrustedDir::open(parent)?;
+        let path = dir.path.join(name);
         match stat::mkdirat(&dir.fd, name, Mode::from_bits_truncate(mode)) {
             Ok(()) | Err(Errno::EEXIST) => {}
-            Err(e) => {
-                return Err(refusal(
-                    Part::Directory,
-                    &dir.path.join(name),
-                    Problem::Io(e.into()),
-                ))
-            }
+            Err(e) => return Err(refusal(Part::Directory, &path, Problem::Io(e.into()))),
         }
-        dir.child(OsStr::new(name), Part::Directory)
+        let fd = fcntl::openat(
+            &dir.fd,
+            name,
+            dir_flags() | OFlag::O_NOFOLLOW,
+            Mode::empty(),
+        )
+        .map_err(|e| {
+            open_error(
+                &dir.fd,
+                OsStr::new(name),
+                Part::Directory,
+                &path,
+                e,
+                SFlag::S_IFDIR,
+            )
+        })?;
+        let st =
+            stat::fstat(&fd).map_err(|e| refusal(Part::Directory, &path, Problem::Io(e.into())))?;
+        let mut reclaimed = Reclaimed::No;
+        // Only a directory of our own uid is taken back: one of root's, seen by a daemon of
+        // another uid, or anyone else's, is refused by the check below as before.
+        if file_type(st.st_mode) == SFlag::S_IFDIR
+            && st.st_uid == super::getuid()
+            && st.st_mode & 0o022 != 0
+        {
+            let private = TrustedDir {
+                fd,
+                path: path.clone(),
+            };
+            // Closed first, so nobody adds an entry while it is emptied.
+            stat::fchmod(&private.fd, Mode::from_bits_truncate(mode))
+                .map_err(|e| refusal(Part::Directory, &path, Problem::Io(e.into())))?;
+            let names = private
+                .names()
+                .map_err(|e| refusal(Part::Directory, &path, Problem::Io(e)))?;
+            for entry in &names {
+                private
+                    .remove(entry)
+                    .map_err(|e| refusal(Part::File, &path.join(entry), Problem::Io(e)))?;
+            }
+            reclaimed = Reclaimed::Emptied {
+                mode: st.st_mode & 0o7777,
+                removed: names.len(),
+            };
+            check(&private.fd, Part::Directory, &path, SFlag::S_IFDIR)?;
+            return Ok((private, reclaimed));
+        }
+        check(&fd, Part::Directory, &path, SFlag::S_IFDIR)?;
+        Ok((TrustedDir { fd, path }, reclaimed))
     }
 
     /// Opens the directory `name` in this one without following a symlink, and checks it.
@@ -540,6 +599,40 @@ mod tests {
         assert!(matches!(e.problem, Problem::Symlink { .. }), "{e:?}");
         let e = TrustedDir::open(&d.join("linkdir/sub")).unwrap_err();
         assert_eq!(e.part, Part::Ancestor, "{e:?}");
+    }
+
+    #[test]
+    fn a_private_directory_opened_to_others_is_emptied_and_closed_not_refused() {
+        let scratch = ScratchDir::with_mode("sysfs-private", 0o755);
+        let d = scratch.path();
+        let (dir, r) = TrustedDir::open_private(d, "copies", 0o700).unwrap();
+        assert_eq!(r, Reclaimed::No);
+        dir.write_atomically("a.so", b"a", 0o500).unwrap();
+        // Set-gid and group-readable, nobody else may write: kept as it is.
+        chmod(&d.join("copies"), 0o2750);
+        let (dir, r) = TrustedDir::open_private(d, "copies", 0o700).unwrap();
+        assert_eq!(r, Reclaimed::No);
+        assert!(dir.open_file(OsStr::new("a.so")).is_ok());
+        // Group-writable (kubelet's fsGroup on a writable volume): emptied, then closed.
+        chmod(&d.join("copies"), 0o2770);
+        let (dir, r) = TrustedDir::open_private(d, "copies", 0o700).unwrap();
+        assert_eq!(
+            r,
+            Reclaimed::Emptied {
+                mode: 0o2770,
+                removed: 1
+            }
+        );
+        assert!(dir.names().unwrap().is_empty());
+        let mode = std::fs::metadata(d.join("copies"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o7777, 0o700);
+        // A writable parent is still refused: only the private directory is taken back.
+        chmod(d, 0o777);
+        assert!(TrustedDir::open_private(d, "copies", 0o700).is_err());
+        chmod(d, 0o755);
     }
 
     #[test]

@@ -16,7 +16,7 @@ use sidejob_tests::{sidejob_bin, signal, Client, Daemon, TempDir};
 use super::plugins::{built_plugin, install};
 
 /// A daemon this file started; killed if a test fails before it stops it.
-struct Serve(Child);
+pub(crate) struct Serve(pub(crate) Child);
 
 impl Drop for Serve {
     fn drop(&mut self) {
@@ -26,13 +26,13 @@ impl Drop for Serve {
 }
 
 /// A datagram socket standing in for systemd's NOTIFY_SOCKET.
-struct Notify {
-    path: PathBuf,
+pub(crate) struct Notify {
+    pub(crate) path: PathBuf,
     sock: UnixDatagram,
 }
 
 impl Notify {
-    fn new(dir: &Path) -> Notify {
+    pub(crate) fn new(dir: &Path) -> Notify {
         let path = dir.join("notify.sock");
         let sock = UnixDatagram::bind(&path).expect("bind notify socket");
         sock.set_read_timeout(Some(Duration::from_secs(30)))
@@ -41,7 +41,7 @@ impl Notify {
     }
 
     /// The next state line the daemon sends (e.g. READY=1), within 30 s.
-    fn next(&self) -> String {
+    pub(crate) fn next(&self) -> String {
         let mut buf = [0u8; 512];
         let n = self
             .sock
@@ -396,6 +396,37 @@ fn the_kubernetes_manifests_match_the_kubernetes_schema() {
             .output()
             .expect("run kubernetes-validate")
     };
+    // Every version a manifest claims ("Kubernetes 1.30+"), up to the newest the pinned
+    // kubernetes-validate knows (its own version, tests/requirements.txt).
+    let newest =
+        std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("requirements.txt"))
+            .expect("requirements.txt")
+            .lines()
+            .find_map(|l| l.strip_prefix("kubernetes-validate==1."))
+            .and_then(|v| v.split('.').next()?.parse::<u32>().ok())
+            .expect("kubernetes-validate is pinned to 1.N.x");
+    for manifest in &manifests {
+        let text = std::fs::read_to_string(manifest).expect("read");
+        let oldest = text
+            .split("Kubernetes 1.")
+            .nth(1)
+            .and_then(|rest| rest.split('+').next()?.parse::<u32>().ok())
+            .unwrap_or_else(|| panic!("{} claims no \"Kubernetes 1.N+\"", manifest.display()));
+        for minor in oldest..=newest {
+            let o = Command::new(&validate)
+                .args(["--strict", "-k", &format!("1.{minor}.0")])
+                .arg(manifest)
+                .output()
+                .expect("run kubernetes-validate");
+            assert!(
+                o.status.success(),
+                "{} against Kubernetes 1.{minor}: {}{}",
+                manifest.display(),
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+    }
     let o = check(&manifests);
     assert!(
         o.status.success(),

@@ -22,6 +22,8 @@ mod containment_net;
 mod containment_process;
 mod delivery;
 mod deploy;
+mod deploy_health;
+mod deploy_toolchain;
 mod failures;
 mod faults;
 mod inbox;

@@ -287,6 +287,22 @@ pub(crate) fn create(
     Ok(run)
 }
 
+/// Does what a run with limits does, without a run: creates a child (`doctor-<pid>`) of the
+/// `sidejob` directory under our own cgroup, enables the controllers, writes a limit for
+/// each, and removes it. Finding the hierarchy says nothing of whether it is writable (a
+/// container's cgroupfs is often mounted read-only), so only this says a `ci` run can start.
+pub(crate) fn trial(h: &Hierarchy) -> Result<(), CgroupError> {
+    let has = |c: Controller| h.bases.iter().any(|(x, _)| *x == c);
+    let limits = Limits {
+        memory: has(Controller::Memory).then_some(256 << 20),
+        pids: has(Controller::Pids).then_some(64),
+        cpu_millicores: has(Controller::Cpu).then_some(1000),
+        ..Limits::default()
+    };
+    create(h, "doctor", &limits)?.remove();
+    Ok(())
+}
+
 impl RunCgroup {
     fn dir(&self, c: Controller) -> Option<&Path> {
         self.dirs

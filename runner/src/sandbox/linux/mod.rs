@@ -147,6 +147,35 @@ impl Availability {
         })
     }
 
+    /// [`Availability::missing`], and then, when the limits need cgroups that were found,
+    /// whether a run's cgroup can really be made there ([`cgroup::trial`]): what `doctor`
+    /// reports. (The daemon and `exec` do not try first; a run that cannot make its cgroup
+    /// fails with the step and the path.)
+    pub(crate) fn missing_when_tried(
+        &self,
+        network: Network,
+        limits: &Limits,
+        tried: &Result<(), String>,
+    ) -> Vec<(&'static str, String)> {
+        let mut out = self.missing(network, limits);
+        if let Err(why) = tried {
+            for c in cgroup::needed(limits) {
+                let layer = cgroup_layer(c);
+                if !out.iter().any(|(l, _)| *l == layer) {
+                    out.push((layer, why.clone()));
+                }
+            }
+        }
+        out
+    }
+
+    /// Creates, limits and removes a cgroup where runs would make theirs; `Err` says which
+    /// step failed on which path.
+    pub(crate) fn try_cgroups(&self) -> Result<(), String> {
+        let h = self.cgroup().as_ref().map_err(Clone::clone)?;
+        cgroup::trial(h).map_err(|e| e.to_string())
+    }
+
     /// Probed once per process.
     pub(crate) fn cached() -> &'static Availability {
         static CELL: OnceLock<Availability> = OnceLock::new();
