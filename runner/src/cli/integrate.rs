@@ -63,6 +63,12 @@ pub(super) fn run(client: AgentClient, workspace: Option<PathBuf>, print: bool) 
             .with_context(|| format!("cannot write {}", f.path.display()))?;
         eprintln!("wrote {}", f.path.display());
     }
+    if let (AgentClient::Claude, false) = (client, print) {
+        // Claude Code ignores a project's permissions until the project is trusted.
+        eprintln!(
+            "note: until you have trusted this project in Claude Code, `claude -p` needs --allowedTools mcp__sidejob (see integrations/claude/README.md)"
+        );
+    }
     Ok(0)
 }
 

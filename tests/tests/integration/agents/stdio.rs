@@ -76,7 +76,7 @@ fn one_connection(d: &Daemon, n: usize) -> Result<(Vec<String>, Value), String> 
             "tools/call",
             json!({"name": "bash", "arguments": {"command": format!("echo run-{n}")}}),
         )?;
-        Ok((names, ran["structuredContent"].clone()))
+        Ok((names, ran))
     })();
     drop(stdin);
     let _ = child.wait();
@@ -98,7 +98,12 @@ fn mcp_three_hundred_connections_in_a_row_all_get_their_tools() {
             names.iter().any(|t| t == "bash") && names.iter().any(|t| t == "job_wait"),
             "connection {n} listed {names:?}"
         );
-        assert_eq!(ran["output"], format!("run-{n}\n"), "connection {n}: {ran}");
+        assert_eq!(
+            ran["structuredContent"]["output"],
+            format!("run-{n}\n"),
+            "connection {n}: {ran}\ndaemon log (tail):\n{}",
+            tail(&d.log(), 20)
+        );
     }
 }
 
