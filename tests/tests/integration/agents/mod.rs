@@ -241,6 +241,11 @@ fn repeated_script() -> Vec<Value> {
 /// Runs the client `runs` times in one workspace: every run's model was offered sidejob's
 /// tools and got its call's result.
 fn check_repeated_runs(agent: &dyn Agent, server: &ModelServer, d: &Daemon, runs: usize) {
+    // The suite runs a few; SIDEJOB_TEST_REPEATED_RUNS=1000 runs the thousand.
+    let runs = std::env::var("SIDEJOB_TEST_REPEATED_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(runs);
     let mut seen = 0;
     for i in 0..runs {
         let ran = agent.run("run it");
