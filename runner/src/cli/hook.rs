@@ -105,6 +105,19 @@ fn claude(socket: &Path, a: HookArgs) -> Result<i32> {
     Ok(0)
 }
 
+/// What of `unread` (`inbox.list`, newest first) this caller's `inbox.ack` took: only those
+/// it acked itself (another reader may take some first), oldest first, marked acked. The
+/// one rule by which the hooks and `sidejob mcp` hand each completion over once.
+pub(super) fn taken(mut unread: Vec<Notification>, ack_reply: &Value) -> Vec<Notification> {
+    let acked: Vec<String> = serde_json::from_value(ack_reply["acked"].clone()).unwrap_or_default();
+    unread.retain(|n| acked.contains(&n.id));
+    unread.reverse();
+    for n in &mut unread {
+        n.acked = true;
+    }
+    unread
+}
+
 /// The unread completions of one workspace's MCP session.
 struct Inbox {
     client: Client,
@@ -171,17 +184,14 @@ impl Inbox {
             Err(e) if e.kind() == Some("not_found") => return Ok(Vec::new()),
             Err(e) => return Err(e.into()),
         };
-        let mut unread: Vec<Notification> = serde_json::from_value(listed["notifications"].clone())
+        let unread: Vec<Notification> = serde_json::from_value(listed["notifications"].clone())
             .context("unexpected inbox.list result")?;
         if unread.is_empty() {
             return Ok(unread);
         }
-        unread.reverse();
         let ids: Vec<&str> = unread.iter().map(|n| n.id.as_str()).collect();
         let acked = self.client.call("inbox.ack", json!({ "ids": ids }))?;
-        let acked: Vec<String> = serde_json::from_value(acked["acked"].clone()).unwrap_or_default();
-        unread.retain(|n| acked.contains(&n.id));
-        Ok(unread)
+        Ok(taken(unread, &acked))
     }
 
     /// Whether a job the model started in the background is still going (services, which

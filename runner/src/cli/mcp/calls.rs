@@ -68,22 +68,16 @@ impl Server {
         else {
             return Vec::new();
         };
-        let mut unread: Vec<Notification> =
+        let unread: Vec<Notification> =
             serde_json::from_value(listed["notifications"].clone()).unwrap_or_default();
         if unread.is_empty() {
             return unread;
         }
-        unread.reverse();
         let ids: Vec<&str> = unread.iter().map(|n| n.id.as_str()).collect();
         let Ok(acked) = link.call("inbox.ack", json!({ "ids": ids })).await else {
             return Vec::new();
         };
-        let acked: Vec<String> = serde_json::from_value(acked["acked"].clone()).unwrap_or_default();
-        unread.retain(|n| acked.contains(&n.id));
-        for n in &mut unread {
-            n.acked = true;
-        }
-        unread
+        crate::cli::hook::taken(unread, &acked)
     }
 
     async fn output_tail(&self, task_id: &str, max: u64) -> (String, bool) {
