@@ -126,10 +126,10 @@ impl Default for Config {
             default_yield_after_ms: None,
             interactive_deadline_ms: 120_000,
             detached_cap_ms: 24 * 3600 * 1000,
-            cancel_grace_ms: crate::sandbox::DEFAULT_KILL_GRACE_MS,
+            cancel_grace_ms: crate::run::plan::DEFAULT_KILL_GRACE_MS,
             max_running: 2048,
             max_running_per_session: 1024,
-            max_output_bytes: crate::sandbox::DEFAULT_MAX_OUTPUT_BYTES,
+            max_output_bytes: crate::run::plan::DEFAULT_MAX_OUTPUT_BYTES,
             inline_output_bytes: 64 * 1024,
             plugin_dirs: Vec::new(),
             profiles_dir: None,
@@ -161,9 +161,15 @@ pub(crate) struct EgressConfig {
 impl Default for EgressConfig {
     fn default() -> Self {
         EgressConfig {
-            head_timeout_ms: 30_000,
-            idle_timeout_ms: 600_000,
+            head_timeout_ms: crate::egress::DEFAULT_HEAD_TIMEOUT_MS,
+            idle_timeout_ms: crate::egress::DEFAULT_IDLE_TIMEOUT_MS,
         }
+    }
+}
+
+impl EgressConfig {
+    pub(crate) fn timeouts(&self) -> crate::egress::Timeouts {
+        crate::egress::Timeouts::from_ms(self.head_timeout_ms, self.idle_timeout_ms)
     }
 }
 
@@ -211,7 +217,7 @@ impl Default for SubagentConfig {
 
 impl SubagentConfig {
     /// The grants as a profile fragment, checked like one (`[subagent]` as the file).
-    pub(crate) fn grants(&self) -> Result<crate::sandbox::Grants, String> {
+    pub(crate) fn grants(&self) -> Result<crate::sandbox::call::Grants, String> {
         let mut toml = String::new();
         let list = |v: &[String]| serde_json::to_string(v).unwrap_or_default();
         toml.push_str(&format!(
@@ -239,7 +245,7 @@ impl SubagentConfig {
         ));
         let p = crate::sandbox::profile::load("subagent", "[subagent]", &toml)
             .map_err(|e| e.to_string())?;
-        Ok(crate::sandbox::Grants {
+        Ok(crate::sandbox::call::Grants {
             readable: p.readable,
             writable: p.writable,
             egress: p.egress,
@@ -334,7 +340,7 @@ impl Config {
     }
 }
 
-pub(crate) use crate::run_dir::default_bridge_dir;
+pub(crate) use crate::run::dir::default_bridge_dir;
 
 /// Formats a TOML error as `line N: message`.
 pub(crate) fn describe_toml_error(text: &str, e: &toml::de::Error) -> String {

@@ -16,7 +16,7 @@ mod metrics;
 mod plugin_host;
 mod protocol;
 mod registry;
-mod run_dir;
+mod run;
 mod sandbox;
 mod schedule;
 mod server;

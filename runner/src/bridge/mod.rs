@@ -111,7 +111,7 @@ impl Bridges {
             let Some(scope) = Scope::of_task(&t) else {
                 continue;
             };
-            let reopened = crate::run_dir::socket_dir(&t.task_id).and_then(|dir| {
+            let reopened = crate::run::dir::socket_dir(&t.task_id).and_then(|dir| {
                 make_private_dir(&dir, scope.run_as)?;
                 let listener = bind(&socket_in(&dir), scope.run_as)?;
                 Ok((listener, dir))
@@ -191,7 +191,7 @@ impl RunHooks for Bridges {
             let path = path.to_path_buf();
             move |source| ExecError::Io { step, path, source }
         };
-        let dir = crate::run_dir::socket_dir(run.task_id)
+        let dir = crate::run::dir::socket_dir(run.task_id)
             .map_err(io("prepare bridge directory", Path::new(run.task_id)))?;
         make_private_dir(&dir, run.run_as).map_err(io("create bridge directory", &dir))?;
         let path = socket_in(&dir);

@@ -15,7 +15,6 @@ use tracing::{info, warn};
 
 use crate::executor::{Executor, RunEnd};
 use crate::registry::TaskRow;
-use crate::run_dir;
 use crate::session::{self, child_session_id};
 use crate::sys::dirfd;
 
@@ -127,7 +126,7 @@ fn record_handover(
     };
     let owner = (task.owner_uid, task.owner_gid);
     let record = json!({"child_session": child, "handed_over": handed});
-    if let Err(e) = run_dir::create_file(dir, run_dir::HANDOVER, Some(owner))
+    if let Err(e) = crate::run::dir::create_file(dir, crate::run::dir::HANDOVER, Some(owner))
         .and_then(|mut f| f.write_all(record.to_string().as_bytes()))
     {
         warn!(task_id, "cannot write handover.json: {e}");
@@ -146,7 +145,7 @@ fn record_handover(
     line.push('\n');
     let appended = dirfd::open_at(
         dir,
-        Path::new(run_dir::OUTPUT),
+        Path::new(crate::run::dir::OUTPUT),
         OFlag::O_WRONLY | OFlag::O_APPEND,
         0,
     )

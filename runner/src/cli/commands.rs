@@ -487,7 +487,10 @@ pub(super) fn registry_rebuild(
     let state_dir = state_dir_or_default(state_dir);
     let sessions_dir = sessions_dir.unwrap_or_else(|| state_dir.join("sessions"));
     let _lock = stopped_daemon(&state_dir)?;
-    let r = crate::registry::health::rebuild(&state_dir, &sessions_dir)?;
+    let r = crate::registry::health::rebuild(
+        &state_dir,
+        crate::session::dirs::found_on_disk(&sessions_dir),
+    )?;
     if let Some(a) = &r.set_aside {
         println!("the previous registry is kept as {}", a.display());
     }

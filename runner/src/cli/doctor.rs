@@ -7,9 +7,10 @@ use std::time::{Instant, SystemTime};
 use serde_json::json;
 
 use crate::protocol::TaskState;
+use crate::run::plan::LaunchPlan;
 use crate::sandbox::linux::Availability;
 use crate::sandbox::resolve::{self, Context};
-use crate::sandbox::{Catalog, LaunchPlan};
+use crate::sandbox::Catalog;
 
 /// Runs `sidejob doctor`; returns 0 when every layer the default profile needs is here.
 pub(super) fn doctor(json_out: bool) -> i32 {

@@ -11,10 +11,12 @@ use std::time::SystemTime;
 
 use crate::egress::policy::{Policy, Rule};
 use crate::protocol::{FailReason, TaskState};
+use crate::run::plan::{LaunchPlan, Tee};
+use crate::run::result::RunResult;
 use crate::sandbox::linux::Netns;
 use crate::sandbox::resolve::{self, Context};
-use crate::sandbox::{Catalog, LaunchPlan, Network, Profile, RunAs};
-use crate::supervisor::{self, RunResult};
+use crate::sandbox::{Catalog, Network, Profile, RunAs};
+use crate::supervisor;
 
 use super::args::ExecArgs;
 
@@ -367,11 +369,7 @@ pub(super) fn exec(a: ExecArgs, netns: Option<crate::sys::netns::Ahead>) -> i32 
     .kill_grace_ms(resolved.kill_grace_ms)
     .max_output_bytes(profile.limits.output)
     // With --json, stdout holds the result alone: the command's output goes to stderr.
-    .tee(if a.json {
-        crate::sandbox::Tee::Stderr
-    } else {
-        crate::sandbox::Tee::Stdout
-    })
+    .tee(if a.json { Tee::Stderr } else { Tee::Stdout })
     .build();
     let copier = match command_stdin(a.stdin) {
         Ok(c) => c,
@@ -442,10 +440,7 @@ pub(super) fn exec(a: ExecArgs, netns: Option<crate::sys::netns::Ahead>) -> i32 
             say!("  hint: {CGROUP_DELEGATION_HINT}");
         }
     }
-    if let (Some(line), false) = (
-        crate::supervisor::result::summary(&result.violations),
-        a.json,
-    ) {
+    if let (Some(line), false) = (crate::run::result::summary(&result.violations), a.json) {
         say!("sidejob exec: {line}");
         if line.contains("network refused") {
             say!("  hint: {}", super::format::NETWORK_HINT_EXEC);
@@ -486,7 +481,7 @@ fn bind_proxy(
     egress: &mut crate::egress::EgressPlan,
 ) -> std::io::Result<LazyProxy> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    let dir = run_dir.join("egress");
+    let dir = crate::run::dir::PrivateDir::at(run_dir.to_path_buf()).exec_egress_dir();
     std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
     let sock = dir.join(crate::egress::SOCKET);
     let listener = std::os::unix::net::UnixListener::bind(&sock)?;
@@ -494,7 +489,7 @@ fn bind_proxy(
     let run = crate::egress::Run::new(
         task_id,
         egress.policy.clone(),
-        &run_dir.join(crate::egress::record::FILE),
+        &crate::run::dir::PrivateDir::at(run_dir.to_path_buf()).network_record(),
     )?;
     egress.socket_dir = dir;
     Ok(LazyProxy {

@@ -178,12 +178,12 @@ mod tests {
                 .map(|(n, a)| ((*n).to_owned(), a.parse().unwrap()))
                 .collect(),
         };
-        let run = Run::new("t", policy, &dir.path().join(record::FILE)).unwrap();
+        let run = Run::new("t", policy, &dir.path().join("network.jsonl")).unwrap();
         (run, dir)
     }
 
     fn violations(dir: &ScratchDir) -> Vec<record::NetworkViolation> {
-        record::read(&dir.path().join(record::FILE))
+        record::read(&dir.path().join("network.jsonl"))
     }
 
     fn query(name: &str, ty: RecordType) -> Vec<u8> {

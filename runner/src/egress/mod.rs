@@ -109,17 +109,22 @@ pub(crate) struct Timeouts {
 }
 
 impl Timeouts {
-    pub(crate) fn from_config(c: &crate::config::EgressConfig) -> Timeouts {
+    /// `[egress] head_timeout_ms` and `idle_timeout_ms` (at least a millisecond each).
+    pub(crate) fn from_ms(head_ms: u64, idle_ms: u64) -> Timeouts {
         Timeouts {
-            head: Duration::from_millis(c.head_timeout_ms.max(1)),
-            idle: Duration::from_millis(c.idle_timeout_ms.max(1)),
+            head: Duration::from_millis(head_ms.max(1)),
+            idle: Duration::from_millis(idle_ms.max(1)),
         }
     }
 }
 
+/// `[egress]`'s defaults: 30 s for a request head, 10 min for an idle tunnel.
+pub(crate) const DEFAULT_HEAD_TIMEOUT_MS: u64 = 30_000;
+pub(crate) const DEFAULT_IDLE_TIMEOUT_MS: u64 = 600_000;
+
 impl Default for Timeouts {
     fn default() -> Self {
-        Timeouts::from_config(&crate::config::EgressConfig::default())
+        Timeouts::from_ms(DEFAULT_HEAD_TIMEOUT_MS, DEFAULT_IDLE_TIMEOUT_MS)
     }
 }
 
@@ -496,7 +501,7 @@ mod tests {
     /// A run, and the directory of its violation record (gone when dropped).
     fn run() -> (Arc<Run>, crate::scratch::ScratchDir) {
         let dir = crate::scratch::ScratchDir::new("egress");
-        let run = Run::new("t", Policy::default(), &dir.path().join(record::FILE)).unwrap();
+        let run = Run::new("t", Policy::default(), &dir.path().join("network.jsonl")).unwrap();
         (Arc::new(run), dir)
     }
 

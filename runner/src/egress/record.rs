@@ -19,9 +19,6 @@ use serde::{Deserialize, Serialize};
 
 use super::policy::Refusal;
 
-/// The file name in the run's private directory.
-pub(crate) const FILE: &str = "network.jsonl";
-
 /// Different refusals one run may add a line for; a run that keeps knocking is counted, not
 /// logged without end.
 pub(crate) const MAX_LINES: u32 = 1000;
@@ -256,7 +253,7 @@ mod tests {
     #[test]
     fn refusals_are_appended_capped_and_merged_on_reading() {
         let dir = crate::scratch::ScratchDir::new("record");
-        let path = dir.path().join(FILE);
+        let path = dir.path().join("network.jsonl");
         let r = Recorder::open(&path).unwrap();
         for _ in 0..3 {
             r.record(&NetworkViolation::new(

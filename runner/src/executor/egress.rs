@@ -19,8 +19,8 @@ use tracing::{info, info_span, warn, Instrument};
 use super::{ExecError, Executor};
 use crate::egress::{self as eg, EgressPlan};
 use crate::registry::TaskRow;
-use crate::run_dir::PrivateDir;
-use crate::sandbox::LaunchPlan;
+use crate::run::dir::PrivateDir;
+use crate::run::plan::LaunchPlan;
 
 /// A bound proxy socket, served once the task is live ([`Executor::serve_egress`]).
 pub(super) struct Bound {
@@ -32,7 +32,7 @@ pub(super) struct Bound {
 
 /// `<bridge dir>/<task_id>.egress`.
 fn egress_dir(task_id: &str) -> std::io::Result<PathBuf> {
-    crate::run_dir::socket_dir(&format!("{task_id}.egress"))
+    crate::run::dir::socket_dir(&format!("{task_id}.egress"))
 }
 
 /// Removes a settled run's egress directory, if it has one.
@@ -78,10 +78,10 @@ impl Executor {
         let dir =
             egress_dir(task_id).map_err(io("prepare the egress directory", private.path()))?;
         let listener = bind_in(&dir).map_err(io("bind the egress socket", &dir))?;
-        let record = private.path().join(eg::record::FILE);
+        let record = private.network_record();
         let run = eg::Run::new(task_id, plan.policy.clone(), &record)
             .map_err(io("open the run's network record", &record))?
-            .with_timeouts(eg::Timeouts::from_config(&self.cfg.egress))
+            .with_timeouts(self.cfg.egress.timeouts())
             .with_share(self.egress_shares.clone(), owner_uid);
         plan.socket_dir = dir.clone();
         Ok(Bound {

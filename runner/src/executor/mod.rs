@@ -49,9 +49,11 @@ use crate::protocol::{
     TaskKind, TaskState, ToolCallResult, WakeMode,
 };
 use crate::registry::{Holding, Registry, RegistryError, SessionRow, TaskRow};
-use crate::run_dir::{self, PrivateDir};
-use crate::sandbox::{self, LaunchPlan};
-use crate::supervisor::{CancelRequest, RunResult, StopReason};
+use crate::run::cancel::{CancelRequest, StopReason};
+use crate::run::dir::PrivateDir;
+use crate::run::plan::LaunchPlan;
+use crate::run::result::RunResult;
+use crate::sandbox;
 use crate::sys;
 use crate::sys::dirfd::Creds;
 
@@ -188,7 +190,7 @@ impl Live {
         let Some(dir) = &self.public else {
             return Ok(None);
         };
-        let result = run_dir::read_result(dir.as_fd(), self.owner_uid)?;
+        let result = crate::run::result::read(dir.as_fd(), self.owner_uid)?;
         match result {
             Some(r) if r.task_id != self.task_id || r.session_id != self.session_id => {
                 Err(std::io::Error::new(

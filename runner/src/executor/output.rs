@@ -7,16 +7,15 @@ use std::path::Path;
 
 use crate::protocol::TaskOutputResult;
 use crate::registry::TaskRow;
-use crate::run_dir;
 
 /// Opens a task's `output.log` through its run directory's descriptor, without following
 /// symlinks, and only if it is the session owner's file (see `run_dir`). `None` when there is
 /// none (yet) or it is not what it should be.
 pub(super) fn open_output(row: &TaskRow) -> Option<File> {
-    let run = Path::new(&row.run_dir);
+    let run = Path::new(&row.public_dir);
     let session_dir = run.parent()?.parent()?;
-    let dir = run_dir::open_public(session_dir, row.owner_uid, &row.task_id).ok()?;
-    run_dir::open_file(dir.as_fd(), run_dir::OUTPUT, row.owner_uid).ok()
+    let dir = crate::run::dir::open_public(session_dir, row.owner_uid, &row.task_id).ok()?;
+    crate::run::dir::open_file(dir.as_fd(), crate::run::dir::OUTPUT, row.owner_uid).ok()
 }
 
 /// Default and largest page `task.output` returns.

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use super::ExecError;
 use crate::plugin_host::ToolPlan;
-use crate::run_dir::PrivateDir;
+use crate::run::dir::PrivateDir;
 use crate::sandbox::{MountSpec, SandboxPlan};
 
 fn io(step: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> ExecError {

@@ -14,8 +14,8 @@ use tracing::{info, warn};
 
 use super::{lost_settlement, settlement_from_result, ExecError, Executor, Live};
 use crate::protocol::{FailReason, TaskState};
-use crate::run_dir::{self, PrivateDir};
-use crate::sandbox::LaunchPlan;
+use crate::run::dir::PrivateDir;
+use crate::run::plan::LaunchPlan;
 use crate::sys;
 
 /// What recovery did, for the log and for tests.
@@ -67,11 +67,11 @@ enum Outcome {
 
 fn recover_one(ex: &Arc<Executor>, row: &crate::registry::TaskRow) -> Outcome {
     let private = PrivateDir::new(&ex.cfg.runs_dir(), &row.task_id);
-    let public = Path::new(&row.run_dir)
+    let public = Path::new(&row.public_dir)
         .parent()
         .and_then(Path::parent)
         .and_then(|session_dir| {
-            run_dir::open_public(session_dir, row.owner_uid, &row.task_id).ok()
+            crate::run::dir::open_public(session_dir, row.owner_uid, &row.task_id).ok()
         });
     // A run started again here makes its own network namespace.
     let live = Live::new(row, private, public, None);

@@ -12,7 +12,8 @@ use tracing::{info, warn};
 use crate::ids;
 use crate::protocol::{Delivery, FailReason, TaskState, WakeMode};
 use crate::registry::{NotificationRow, RegistryError, Settlement};
-use crate::supervisor::{CancelRequest, RunResult, StopReason};
+use crate::run::cancel::{CancelRequest, StopReason};
+use crate::run::result::RunResult;
 use crate::sys;
 
 use super::{egress, tail, Executor, FgEvent, Live, LiveState, RunEnd, Settled};
@@ -249,7 +250,7 @@ impl Executor {
         info!(task_id = %live.task_id, state = row.state.as_str(), delivery = s.delivery.as_str(), "task settled");
         if let (Some(n), Some(kept)) = (row.output_bytes, self.kept_map().get_mut(&row.owner_uid)) {
             if row
-                .run_dir
+                .public_dir
                 .starts_with(&self.cfg.sessions_dir().display().to_string())
             {
                 *kept += n;

@@ -8,8 +8,8 @@
 //! - an empty environment (the plan carries the command's environment);
 //! - exactly five descriptors: stdin (the read end of the run's stdin pipe, or /dev/null),
 //!   stdout (/dev/null), stderr (`supervisor.log` in the private directory),
-//!   [`run_dir::SUPERVISOR_PUBLIC_FD`] (the run's public directory) and
-//!   [`run_dir::SUPERVISOR_REPORT_FD`] (the write end of the daemon's report pipe); nothing
+//!   [`crate::run::fds::SUPERVISOR_PUBLIC_FD`] (the run's public directory) and
+//!   [`crate::run::fds::SUPERVISOR_REPORT_FD`] (the write end of the daemon's report pipe); nothing
 //!   else is inherited (but what the spawner adds: the go-ahead pipe, and the network
 //!   namespace a run may share).
 //!
@@ -29,8 +29,7 @@ use std::time::Duration;
 
 use tracing::warn;
 
-use crate::run_dir::{self, PrivateDir};
-use crate::supervisor::spawner;
+use crate::run::dir::PrivateDir;
 use crate::sys::{self, fdpass};
 
 /// How long the daemon waits for the spawner's reply before it gives up on it.
@@ -81,9 +80,9 @@ impl Spawner {
             None => null.as_fd(),
         };
         let fds = [stdin, null.as_fd(), log.as_fd(), public, report.as_fd()];
-        debug_assert_eq!(fds.len(), spawner::FDS);
-        debug_assert_eq!(run_dir::SUPERVISOR_PUBLIC_FD, 3);
-        debug_assert_eq!(run_dir::SUPERVISOR_REPORT_FD, 4);
+        debug_assert_eq!(fds.len(), crate::run::fds::FDS);
+        debug_assert_eq!(crate::run::fds::SUPERVISOR_PUBLIC_FD, 3);
+        debug_assert_eq!(crate::run::fds::SUPERVISOR_REPORT_FD, 4);
 
         {
             let mut zygote = self.zygote.lock().unwrap_or_else(|e| e.into_inner());
@@ -185,7 +184,7 @@ impl Zygote {
         netns_key: Option<&str>,
         fds: &[BorrowedFd<'_>],
     ) -> Result<i32, Failed> {
-        let request = spawner::encode_request(private_dir, netns_key);
+        let request = crate::run::fds::encode_request(private_dir, netns_key);
         fdpass::send_with_fds(self.sock.as_fd(), &request, fds).map_err(Failed::Unsent)?;
         let mut reply = [0u8; 8];
         let n = nix::sys::socket::recv(
@@ -209,7 +208,7 @@ impl Zygote {
                 "the spawner is gone",
             )));
         }
-        match spawner::decode_reply(&reply[..n]) {
+        match crate::run::fds::decode_reply(&reply[..n]) {
             Ok(pid) => Ok(pid),
             Err(e) if e.kind() == io::ErrorKind::InvalidData => Err(Failed::NoReply(e)),
             Err(e) => Err(Failed::Refused(e)),

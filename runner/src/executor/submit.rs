@@ -6,7 +6,7 @@
 use super::*;
 use crate::plugin_host::ToolPlan;
 use crate::protocol::TaskMode;
-use crate::sandbox::CallSandbox;
+use crate::sandbox::call::CallSandbox;
 
 fn io(step: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> ExecError {
     let path = path.to_path_buf();
@@ -89,11 +89,11 @@ impl Executor {
             .plan(&req.args, &ctx)
             .map_err(|e| ExecError::InvalidParams(e.0))?;
         let (grants, plan_profile) = self.agent_grants(req, &tool_plan, &ceiling)?;
-        let sb = sandbox::for_call(
+        let sb = sandbox::call::for_call(
             &self.catalog,
             &ceiling,
             req.profile.as_deref().or(plan_profile.as_deref()),
-            &sandbox::CallFor {
+            &sandbox::call::CallFor {
                 workspace: &workspace,
                 session_dir: &session_dir,
                 owner: (req.session.owner_uid, req.session.owner_gid),
@@ -102,8 +102,8 @@ impl Executor {
             },
         )
         .map_err(|e| match e {
-            sandbox::CallSandboxError::Invalid(m) => ExecError::InvalidParams(m),
-            sandbox::CallSandboxError::Unavailable(m) => ExecError::SandboxUnavailable(m),
+            sandbox::call::CallSandboxError::Invalid(m) => ExecError::InvalidParams(m),
+            sandbox::call::CallSandboxError::Unavailable(m) => ExecError::SandboxUnavailable(m),
         })?;
         Ok((tool_plan, sb))
     }
@@ -118,7 +118,7 @@ impl Executor {
         req: &CallRequest,
         tool_plan: &ToolPlan,
         ceiling: &str,
-    ) -> Result<(Option<sandbox::Grants>, Option<String>), ExecError> {
+    ) -> Result<(Option<sandbox::call::Grants>, Option<String>), ExecError> {
         if !(req.tool == "subagent" && tool_plan.child_session) {
             return Ok((None, tool_plan.profile.clone()));
         }
@@ -127,7 +127,7 @@ impl Executor {
         })?;
         let profile = match tool_plan.profile.as_deref() {
             Some(agent) if req.profile.is_none() => {
-                match sandbox::narrows(&self.catalog, agent, ceiling, req.session.owner_uid) {
+                match sandbox::call::narrows(&self.catalog, agent, ceiling, req.session.owner_uid) {
                     Ok(true) => Some(agent.to_owned()),
                     Ok(false) => {
                         info!(profile = agent, ceiling = %ceiling, "the subagent profile is wider than the caller's; the agent runs under the caller's");
@@ -157,11 +157,14 @@ impl Executor {
     ) -> Result<Staged, ExecError> {
         let owner = (req.session.owner_uid, req.session.owner_gid);
         let session_dir = Path::new(&req.session.session_dir);
-        let public_path = PathBuf::from(run_dir::public_path(&req.session.session_dir, task_id));
-        let public = run_dir::create_public(session_dir, owner, task_id)
+        let public_path = PathBuf::from(crate::run::dir::public_path(
+            &req.session.session_dir,
+            task_id,
+        ));
+        let public = crate::run::dir::create_public(session_dir, owner, task_id)
             .map_err(io("create run directory", &public_path))?;
         // Root runs other users' commands as those users, never as root.
-        let run_as = sandbox::run_ids(sb.run_as, owner);
+        let run_as = sandbox::call::run_ids(sb.run_as, owner);
         // A run whose network is off shares an empty network namespace with the session's
         // other such runs of the same user (see `supervisor::spawner`).
         // No caller's path may hand the run the control socket or another run's bridge.
@@ -263,7 +266,7 @@ impl Executor {
             } else {
                 TaskMode::Background
             },
-            run_dir: public_path.display().to_string(),
+            public_dir: public_path.display().to_string(),
             service,
             parent_task_id: req.parent_task_id.clone(),
             timeout_ms: req.timeout_ms,

@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::registry::{SessionRow, Settlement};
-use crate::run_dir::PrivateDir;
+use crate::run::dir::PrivateDir;
 use crate::scratch::ScratchDir;
 
 struct Fixture {
@@ -34,7 +34,7 @@ fn fixture() -> Fixture {
         profile: "workspace-write".into(),
         proactive_wake: true,
         parent_session_id: None,
-        state: "open".into(),
+        state: crate::protocol::SessionState::Open,
         created_at: ids::now_rfc3339(),
         closed_at: None,
     };

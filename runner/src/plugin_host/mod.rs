@@ -173,7 +173,7 @@ fn check_plan(plan: json::LaunchPlan, ctx: &PlanContext) -> Result<ToolPlan, Pla
             )));
         }
     }
-    // A `profile` is checked by the sandbox (`sandbox::for_call`): it may only narrow the
+    // A `profile` is checked by the sandbox (`sandbox::call::for_call`): it may only narrow the
     // session's.
     let summary = plan
         .summary

@@ -4,6 +4,36 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+/// Session states (docs/protocol.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum SessionState {
+    Open,
+    Closed,
+    /// Closed, and its directory removed (`session.close {delete: true}`).
+    Deleted,
+}
+
+impl SessionState {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            SessionState::Open => "open",
+            SessionState::Closed => "closed",
+            SessionState::Deleted => "deleted",
+        }
+    }
+
+    pub(crate) fn parse(s: &str) -> Option<SessionState> {
+        [
+            SessionState::Open,
+            SessionState::Closed,
+            SessionState::Deleted,
+        ]
+        .into_iter()
+        .find(|st| st.as_str() == s)
+    }
+}
+
 /// Task states (docs/protocol.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -251,7 +281,7 @@ pub(crate) struct SessionInfo {
     pub proactive_wake: bool,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub parent_session_id: Option<String>,
-    pub state: String,
+    pub state: SessionState,
     pub created_at: String,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub closed_at: Option<String>,

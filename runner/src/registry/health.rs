@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 use rusqlite::{Connection, OpenFlags};
 
 use super::{owner_only, Registry, RegistryError, Result, SessionRow, Settlement, TaskRow};
-use crate::protocol::{Delivery, TaskKind};
+use crate::protocol::{Delivery, SessionState, TaskKind};
+use crate::run::result::RunResult;
 
 /// The backup next to the registry.
 pub(crate) const BACKUP_FILE: &str = "sidejob.db.backup";
@@ -201,58 +202,42 @@ pub(crate) struct Rebuilt {
     pub set_aside: Option<PathBuf>,
 }
 
+/// A session directory found on disk, with the results of its runs (read by
+/// `session::found_on_disk`: the registry reads no run files).
+pub(crate) struct FoundSession {
+    pub session_id: String,
+    pub owner_uid: u32,
+    pub owner_gid: u32,
+    pub dir: PathBuf,
+    /// Each names this session and the run directory it was read from.
+    pub results: Vec<RunResult>,
+}
+
 /// `sidejob registry rebuild`: a new registry from what is on disk when no backup is left.
-/// Every session directory the daemon made (`sessions_dir/<id>`) becomes a closed session of
-/// its directory's owner, and every run in it with a `result.json` a settled task, as that
-/// file describes it. What the files cannot say (a session's workspace and profile, a run's
-/// arguments) is recorded as unknown (a session's first reopening names its own: see
-/// `session::reopen`); runs without a result are left out. The daemon must be stopped.
-pub(crate) fn rebuild(state_dir: &Path, sessions_dir: &Path) -> Result<Rebuilt> {
+/// Every session directory the daemon made becomes a closed session of its directory's
+/// owner, and every run in it with a `result.json` a settled task, as that file describes
+/// it. What the files cannot say (a session's workspace and profile, a run's arguments) is
+/// recorded as unknown (a session's first reopening names its own: see `session::reopen`);
+/// runs without a result are left out. The daemon must be stopped.
+pub(crate) fn rebuild(state_dir: &Path, found: Vec<FoundSession>) -> Result<Rebuilt> {
     let mut out = Rebuilt {
         set_aside: set_aside(state_dir)?,
         ..Rebuilt::default()
     };
     let registry = Registry::open_unchecked(state_dir)?;
-    let Ok(entries) = std::fs::read_dir(sessions_dir) else {
-        return Ok(out);
-    };
-    for e in entries.flatten() {
-        let Some(session_id) = e.file_name().to_str().map(str::to_owned) else {
-            continue;
-        };
-        if !crate::ids::is_valid_session_id(&session_id) {
-            continue;
-        }
-        let dir = e.path();
-        let Ok(meta) = std::fs::symlink_metadata(&dir) else {
-            continue;
-        };
-        if !meta.is_dir() {
-            continue;
-        }
-        use std::os::unix::fs::MetadataExt;
-        let mut results = Vec::new();
-        if let Ok(runs) = std::fs::read_dir(dir.join(crate::run_dir::BACKGROUND)) {
-            for r in runs.flatten() {
-                let task_id = r.file_name().to_string_lossy().into_owned();
-                if !crate::ids::is_valid_task_id(&task_id) {
-                    continue;
-                }
-                let read = crate::run_dir::open_public(&dir, meta.uid(), &task_id).and_then(|fd| {
-                    crate::run_dir::read_result(std::os::fd::AsFd::as_fd(&fd), meta.uid())
-                });
-                if let Ok(Some(res)) = read {
-                    if res.task_id == task_id && res.session_id == session_id {
-                        results.push(res);
-                    }
-                }
-            }
-        }
+    for found in found {
+        let FoundSession {
+            session_id,
+            owner_uid,
+            owner_gid,
+            dir,
+            mut results,
+        } = found;
         results.sort_by(|a, b| a.started_at.cmp(&b.started_at));
         let session = SessionRow {
             session_id: session_id.clone(),
-            owner_uid: meta.uid(),
-            owner_gid: meta.gid(),
+            owner_uid,
+            owner_gid,
             workspace: String::new(),
             session_dir: dir.display().to_string(),
             profile: results
@@ -261,7 +246,7 @@ pub(crate) fn rebuild(state_dir: &Path, sessions_dir: &Path) -> Result<Rebuilt> 
                 .unwrap_or_default(),
             proactive_wake: true,
             parent_session_id: None,
-            state: "closed".into(),
+            state: SessionState::Closed,
             created_at: results
                 .first()
                 .map(|r| r.started_at.clone())
@@ -272,7 +257,6 @@ pub(crate) fn rebuild(state_dir: &Path, sessions_dir: &Path) -> Result<Rebuilt> 
         out.sessions += 1;
         for res in results {
             let row = TaskRow {
-                run_dir: crate::run_dir::public_path(&session.session_dir, &res.task_id),
                 profile: res.profile.clone(),
                 created_at: res.started_at.clone(),
                 ..TaskRow::new(

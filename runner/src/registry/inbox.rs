@@ -3,7 +3,7 @@
 use rusqlite::{params, OptionalExtension, Row, Transaction};
 use serde_json::{Map, Value};
 
-use super::{obj, Entity, Op, Registry, RegistryError, Result};
+use super::{obj, Entity, Event, Op, Registry, RegistryError, Result};
 use crate::protocol::Notification;
 
 /// A durable inbox entry.
@@ -75,7 +75,7 @@ impl NotificationRow {
     pub(crate) fn insert(&self, tx: &Transaction) -> Result<i64> {
         Registry::apply(
             tx,
-            "notification.created",
+            Event::NotificationCreated,
             Entity::Notification,
             &self.id,
             &self.session_id,
@@ -157,7 +157,7 @@ impl Registry {
                     ]);
                     Registry::apply(
                         tx,
-                        "notification.acked",
+                        Event::NotificationAcked,
                         Entity::Notification,
                         id,
                         &session_id,

@@ -1,7 +1,7 @@
 //! Registry changes made for the bridge: a task waiting for the host's answer
 //! (`awaiting_input`), and tasks a subagent hands over to its parent session.
 
-use super::{obj, Entity, Op, Registry, Result};
+use super::{obj, Entity, Event, Op, Registry, Result};
 use crate::registry::NotificationRow;
 
 impl Registry {
@@ -28,7 +28,7 @@ impl Registry {
             let patch = obj([("state", "awaiting_input".into())]);
             Self::apply(
                 tx,
-                "task.input_requested",
+                Event::TaskInputRequested,
                 Entity::Task,
                 task_id,
                 session_id,
@@ -45,16 +45,16 @@ impl Registry {
     /// `awaiting_input → running` once the host answered (or the request was abandoned).
     /// Returns false unless the task was `awaiting_input`.
     pub(crate) fn mark_input_answered(&self, task_id: &str, session_id: &str) -> Result<bool> {
-        self.leave_awaiting_input(task_id, session_id, "task.input_answered")
+        self.leave_awaiting_input(task_id, session_id, Event::TaskInputAnswered)
     }
 
     /// A question that cannot be answered any more (its bridge died with the previous
     /// daemon): `awaiting_input → running`. Returns false unless the task was waiting.
     pub(crate) fn abandon_input(&self, task_id: &str, session_id: &str) -> Result<bool> {
-        self.leave_awaiting_input(task_id, session_id, "task.input_abandoned")
+        self.leave_awaiting_input(task_id, session_id, Event::TaskInputAbandoned)
     }
 
-    fn leave_awaiting_input(&self, task_id: &str, session_id: &str, event: &str) -> Result<bool> {
+    fn leave_awaiting_input(&self, task_id: &str, session_id: &str, event: Event) -> Result<bool> {
         self.write(|tx| {
             let state: Option<String> = tx
                 .query_row(
@@ -86,7 +86,7 @@ impl Registry {
             let patch = obj([("session_id", to_session.into())]);
             Self::apply(
                 tx,
-                "task.handed_over",
+                Event::TaskHandedOver,
                 Entity::Task,
                 task_id,
                 to_session,

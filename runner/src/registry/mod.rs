@@ -24,7 +24,7 @@ use std::sync::{Mutex, MutexGuard};
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
 use serde_json::{Map, Value};
 
-use crate::protocol::{Delivery, TaskState};
+use crate::protocol::{Delivery, SessionState, TaskState};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
@@ -104,6 +104,109 @@ impl Entity {
             "schedule" => Some(Entity::Schedule),
             _ => None,
         }
+    }
+}
+
+/// What an event in the log records (its `kind` column): one variant per change the
+/// registry makes, named once here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Event {
+    NotificationAcked,
+    NotificationCreated,
+    ScheduleClaimed,
+    ScheduleCreated,
+    ScheduleDisabled,
+    ScheduleFired,
+    ScheduleRenewed,
+    ScheduleSkipped,
+    SessionClosed,
+    SessionDeleted,
+    SessionOpened,
+    SessionReopened,
+    TaskDelivered,
+    TaskHandedOver,
+    TaskInputAbandoned,
+    TaskInputAnswered,
+    TaskInputRequested,
+    TaskOutputDeleted,
+    TaskSettled,
+    TaskStarted,
+    TaskSubmitted,
+    TaskYielded,
+}
+
+impl Event {
+    /// Every event, for the tests and for readers of the log.
+    #[cfg(test)]
+    pub(crate) const ALL: &'static [Event] = &[
+        Event::NotificationAcked,
+        Event::NotificationCreated,
+        Event::ScheduleClaimed,
+        Event::ScheduleCreated,
+        Event::ScheduleDisabled,
+        Event::ScheduleFired,
+        Event::ScheduleRenewed,
+        Event::ScheduleSkipped,
+        Event::SessionClosed,
+        Event::SessionDeleted,
+        Event::SessionOpened,
+        Event::SessionReopened,
+        Event::TaskDelivered,
+        Event::TaskHandedOver,
+        Event::TaskInputAbandoned,
+        Event::TaskInputAnswered,
+        Event::TaskInputRequested,
+        Event::TaskOutputDeleted,
+        Event::TaskSettled,
+        Event::TaskStarted,
+        Event::TaskSubmitted,
+        Event::TaskYielded,
+    ];
+
+    /// The name stored in `events.kind`.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Event::NotificationAcked => "notification.acked",
+            Event::NotificationCreated => "notification.created",
+            Event::ScheduleClaimed => "schedule.claimed",
+            Event::ScheduleCreated => "schedule.created",
+            Event::ScheduleDisabled => "schedule.disabled",
+            Event::ScheduleFired => "schedule.fired",
+            Event::ScheduleRenewed => "schedule.renewed",
+            Event::ScheduleSkipped => "schedule.skipped",
+            Event::SessionClosed => "session.closed",
+            Event::SessionDeleted => "session.deleted",
+            Event::SessionOpened => "session.opened",
+            Event::SessionReopened => "session.reopened",
+            Event::TaskDelivered => "task.delivered",
+            Event::TaskHandedOver => "task.handed_over",
+            Event::TaskInputAbandoned => "task.input_abandoned",
+            Event::TaskInputAnswered => "task.input_answered",
+            Event::TaskInputRequested => "task.input_requested",
+            Event::TaskOutputDeleted => "task.output_deleted",
+            Event::TaskSettled => "task.settled",
+            Event::TaskStarted => "task.started",
+            Event::TaskSubmitted => "task.submitted",
+            Event::TaskYielded => "task.yielded",
+        }
+    }
+}
+
+#[test]
+fn every_event_is_named_once_after_the_entity_it_changes() {
+    let mut seen = std::collections::BTreeSet::new();
+    for e in Event::ALL {
+        let name = e.as_str();
+        assert!(seen.insert(name), "{name} twice");
+        let (entity, verb) = name.split_once('.').unwrap_or_default();
+        assert!(
+            Entity::parse(entity).is_some(),
+            "{name}: no entity {entity:?}"
+        );
+        assert!(
+            !verb.is_empty() && verb.chars().all(|c| c.is_ascii_lowercase() || c == '_'),
+            "{name}"
+        );
     }
 }
 
@@ -294,7 +397,7 @@ impl Registry {
     /// Writes a row change and its event in the same transaction; returns the event's seq.
     pub(crate) fn apply(
         tx: &Transaction,
-        kind: &str,
+        kind: Event,
         entity: Entity,
         id: &str,
         session_id: &str,
@@ -307,7 +410,7 @@ impl Registry {
         )?;
         insert.execute(params![
             crate::ids::now_rfc3339(),
-            kind,
+            kind.as_str(),
             entity.name(),
             id,
             op.name(),
@@ -323,7 +426,7 @@ impl Registry {
         self.write(|tx| {
             Self::apply(
                 tx,
-                "session.opened",
+                Event::SessionOpened,
                 Entity::Session,
                 &row.session_id,
                 &row.session_id,
@@ -343,7 +446,10 @@ impl Registry {
         profile: Option<&str>,
     ) -> Result<()> {
         self.write(|tx| {
-            let mut patch = obj([("state", "open".into()), ("closed_at", Value::Null)]);
+            let mut patch = obj([
+                ("state", SessionState::Open.as_str().into()),
+                ("closed_at", Value::Null),
+            ]);
             if let Some(w) = workspace {
                 patch.insert("workspace".into(), w.into());
             }
@@ -352,7 +458,7 @@ impl Registry {
             }
             Self::apply(
                 tx,
-                "session.reopened",
+                Event::SessionReopened,
                 Entity::Session,
                 session_id,
                 session_id,
@@ -377,7 +483,7 @@ impl Registry {
             for task_id in tasks {
                 Self::apply(
                     tx,
-                    "task.output_deleted",
+                    Event::TaskOutputDeleted,
                     Entity::Task,
                     &task_id,
                     session_id,
@@ -387,12 +493,12 @@ impl Registry {
             }
             Self::apply(
                 tx,
-                "session.deleted",
+                Event::SessionDeleted,
                 Entity::Session,
                 session_id,
                 session_id,
                 Op::Update,
-                &obj([("state", "deleted".into())]),
+                &obj([("state", SessionState::Deleted.as_str().into())]),
             )?;
             Ok(())
         })
@@ -401,12 +507,12 @@ impl Registry {
     pub(crate) fn close_session(&self, session_id: &str) -> Result<()> {
         self.write(|tx| {
             let patch = obj([
-                ("state", "closed".into()),
+                ("state", SessionState::Closed.as_str().into()),
                 ("closed_at", crate::ids::now_rfc3339().into()),
             ]);
             Self::apply(
                 tx,
-                "session.closed",
+                Event::SessionClosed,
                 Entity::Session,
                 session_id,
                 session_id,
@@ -459,7 +565,7 @@ impl Registry {
         self.write(|tx| {
             Self::apply(
                 tx,
-                "task.submitted",
+                Event::TaskSubmitted,
                 Entity::Task,
                 &row.task_id,
                 &row.session_id,
@@ -487,7 +593,7 @@ impl Registry {
             ]);
             Self::apply(
                 tx,
-                "task.started",
+                Event::TaskStarted,
                 Entity::Task,
                 task_id,
                 session_id,
@@ -503,7 +609,7 @@ impl Registry {
             let patch = obj([("mode", "background".into())]);
             Self::apply(
                 tx,
-                "task.yielded",
+                Event::TaskYielded,
                 Entity::Task,
                 task_id,
                 session_id,
@@ -526,7 +632,7 @@ impl Registry {
         self.write(|tx| {
             Self::apply(
                 tx,
-                "task.settled",
+                Event::TaskSettled,
                 Entity::Task,
                 task_id,
                 session_id,
@@ -573,7 +679,7 @@ impl Registry {
             let patch = obj([("delivery", to.as_str().into())]);
             Self::apply(
                 tx,
-                "task.delivered",
+                Event::TaskDelivered,
                 Entity::Task,
                 task_id,
                 &session_id,

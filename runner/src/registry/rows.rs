@@ -5,7 +5,8 @@ use serde_json::{Map, Value};
 
 use super::{obj, RegistryError};
 use crate::protocol::{
-    Delivery, FailReason, SessionInfo, StdinMode, Task, TaskKind, TaskMode, TaskState, WakeMode,
+    Delivery, FailReason, SessionInfo, SessionState, StdinMode, Task, TaskKind, TaskMode,
+    TaskState, WakeMode,
 };
 
 #[derive(Debug, Clone, PartialEq)]
@@ -19,7 +20,7 @@ pub(crate) struct SessionRow {
     pub profile: String,
     pub proactive_wake: bool,
     pub parent_session_id: Option<String>,
-    pub state: String,
+    pub state: SessionState,
     pub created_at: String,
     pub closed_at: Option<String>,
 }
@@ -35,7 +36,16 @@ impl SessionRow {
             profile: r.get("profile")?,
             proactive_wake: r.get("proactive_wake")?,
             parent_session_id: r.get("parent_session_id")?,
-            state: r.get("state")?,
+            state: {
+                let s: String = r.get("state")?;
+                SessionState::parse(&s).ok_or_else(|| {
+                    rusqlite::Error::FromSqlConversionFailure(
+                        0,
+                        rusqlite::types::Type::Text,
+                        format!("unknown session state {s:?}").into(),
+                    )
+                })?
+            },
             created_at: r.get("created_at")?,
             closed_at: r.get("closed_at")?,
         })
@@ -51,14 +61,14 @@ impl SessionRow {
             ("profile", self.profile.clone().into()),
             ("proactive_wake", self.proactive_wake.into()),
             ("parent_session_id", self.parent_session_id.clone().into()),
-            ("state", self.state.clone().into()),
+            ("state", self.state.as_str().into()),
             ("created_at", self.created_at.clone().into()),
             ("closed_at", self.closed_at.clone().into()),
         ])
     }
 
     pub(crate) fn is_open(&self) -> bool {
-        self.state == "open"
+        self.state == SessionState::Open
     }
 
     pub(crate) fn to_wire(&self) -> SessionInfo {
@@ -70,7 +80,7 @@ impl SessionRow {
             profile: self.profile.clone(),
             proactive_wake: self.proactive_wake,
             parent_session_id: self.parent_session_id.clone(),
-            state: self.state.clone(),
+            state: self.state,
             created_at: self.created_at.clone(),
             closed_at: self.closed_at.clone(),
         }
@@ -96,7 +106,8 @@ pub(crate) struct TaskRow {
     pub created_at: String,
     pub started_at: Option<String>,
     pub ended_at: Option<String>,
-    pub run_dir: String,
+    /// The run's public directory (`run::dir::public_path`; stored as `run_dir`).
+    pub public_dir: String,
     pub delivery: Option<Delivery>,
     pub service: bool,
     pub parent_task_id: Option<String>,
@@ -158,7 +169,7 @@ impl TaskRow {
                 created_at: r.get("created_at")?,
                 started_at: r.get("started_at")?,
                 ended_at: r.get("ended_at")?,
-                run_dir: r.get("run_dir")?,
+                public_dir: r.get("run_dir")?,
                 delivery: None,
                 service: r.get("service")?,
                 parent_task_id: r.get("parent_task_id")?,
@@ -221,7 +232,7 @@ impl TaskRow {
             ("created_at", self.created_at.clone().into()),
             ("started_at", self.started_at.clone().into()),
             ("ended_at", self.ended_at.clone().into()),
-            ("run_dir", self.run_dir.clone().into()),
+            ("run_dir", self.public_dir.clone().into()),
             ("delivery", self.delivery.map(|d| d.as_str()).into()),
             ("service", self.service.into()),
             ("parent_task_id", self.parent_task_id.clone().into()),
@@ -261,7 +272,7 @@ impl TaskRow {
             TaskKind::Monitor => TaskState::Scheduled,
         };
         TaskRow {
-            run_dir: format!("{}/.background/{task_id}", session.session_dir),
+            public_dir: crate::run::dir::public_path(&session.session_dir, &task_id),
             task_id,
             session_id: session.session_id.clone(),
             owner_uid: session.owner_uid,
@@ -302,11 +313,11 @@ impl TaskRow {
     }
 
     pub(crate) fn output_path(&self) -> String {
-        format!("{}/output.log", self.run_dir)
+        crate::run::dir::public_file(&self.public_dir, crate::run::dir::OUTPUT)
     }
 
     pub(crate) fn result_path(&self) -> String {
-        format!("{}/result.json", self.run_dir)
+        crate::run::dir::public_file(&self.public_dir, crate::run::dir::RESULT)
     }
 
     pub(crate) fn to_wire(&self) -> Task {
@@ -382,7 +393,7 @@ pub(crate) struct Settlement {
 
 impl Settlement {
     /// What a run's `result.json` says, to be recorded (delivery still to be decided).
-    pub(crate) fn from_result(r: &crate::supervisor::RunResult) -> Settlement {
+    pub(crate) fn from_result(r: &crate::run::result::RunResult) -> Settlement {
         crate::metrics::violations_seen(r.violations.len());
         Settlement {
             state: r.state,
@@ -397,7 +408,7 @@ impl Settlement {
             leftover_processes: Some(r.leftover_processes),
             error: r.error.clone(),
             delivery: Delivery::Pending,
-            violations: crate::supervisor::result::summary(&r.violations),
+            violations: crate::run::result::summary(&r.violations),
         }
     }
 

@@ -3,7 +3,7 @@
 use rusqlite::{OptionalExtension, Row, Transaction};
 use serde_json::{Map, Value};
 
-use super::{obj, Entity, NotificationRow, Op, Registry, Result, Settlement, TaskRow};
+use super::{obj, Entity, Event, NotificationRow, Op, Registry, Result, Settlement, TaskRow};
 
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct ScheduleRow {
@@ -122,7 +122,7 @@ impl Registry {
         self.write(|tx| {
             Registry::apply(
                 tx,
-                "task.submitted",
+                Event::TaskSubmitted,
                 Entity::Task,
                 &monitor.task_id,
                 &monitor.session_id,
@@ -131,7 +131,7 @@ impl Registry {
             )?;
             Registry::apply(
                 tx,
-                "schedule.created",
+                Event::ScheduleCreated,
                 Entity::Schedule,
                 &s.schedule_id,
                 &s.session_id,
@@ -202,7 +202,7 @@ impl Registry {
                 ]);
                 Registry::apply(
                     tx,
-                    "schedule.claimed",
+                    Event::ScheduleClaimed,
                     Entity::Schedule,
                     &s.schedule_id,
                     &s.session_id,
@@ -228,7 +228,7 @@ impl Registry {
                 let patch = obj([("lease_until_ms", lease_until_ms.into())]);
                 Registry::apply(
                     tx,
-                    "schedule.renewed",
+                    Event::ScheduleRenewed,
                     Entity::Schedule,
                     id,
                     session,
@@ -291,7 +291,7 @@ impl Registry {
             ]);
             Registry::apply(
                 tx,
-                "schedule.skipped",
+                Event::ScheduleSkipped,
                 Entity::Schedule,
                 &s.schedule_id,
                 &s.session_id,
@@ -334,7 +334,7 @@ impl Registry {
                 ]);
                 Registry::apply(
                     tx,
-                    "schedule.disabled",
+                    Event::ScheduleDisabled,
                     Entity::Schedule,
                     &s.schedule_id,
                     &s.session_id,
@@ -398,7 +398,7 @@ fn settle_monitor(
     };
     Registry::apply(
         tx,
-        "task.settled",
+        Event::TaskSettled,
         Entity::Task,
         &s.task_id,
         &s.session_id,
@@ -459,7 +459,7 @@ fn record_occurrence_in(
     ]);
     Registry::apply(
         tx,
-        "schedule.fired",
+        Event::ScheduleFired,
         Entity::Schedule,
         &s.schedule_id,
         &s.session_id,

@@ -19,9 +19,10 @@ use std::path::{Component, Path, PathBuf};
 
 use super::SessionError;
 use crate::config::Config;
+use crate::registry::health::FoundSession;
 use crate::sys::dirfd::{self, Creds};
 
-pub(crate) use crate::run_dir::BACKGROUND;
+pub(crate) use crate::run::dir::BACKGROUND;
 
 fn invalid(msg: String) -> SessionError {
     SessionError::InvalidParams(msg)
@@ -213,4 +214,47 @@ fn daemons_session_dir(
     }
     dirfd::ensure_subdir(fd.as_fd(), BACKGROUND, 0o700, Some(owner)).map_err(fail)?;
     Ok(sessions.join(session_id))
+}
+
+/// The session directories under `sessions_dir` (`<sessions_dir>/<id>`) and the results of
+/// their runs, for `sidejob registry rebuild`: each directory's owner is its session's, and
+/// a result counts only if it names the session and the run directory it was read from
+/// (and belongs to the owner: `run::result::read`).
+pub(crate) fn found_on_disk(sessions_dir: &Path) -> Vec<FoundSession> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(sessions_dir) else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    for e in entries.flatten() {
+        let Some(session_id) = e.file_name().to_str().map(str::to_owned) else {
+            continue;
+        };
+        if !crate::ids::is_valid_session_id(&session_id) {
+            continue;
+        }
+        let dir = e.path();
+        let Ok(meta) = std::fs::symlink_metadata(&dir) else {
+            continue;
+        };
+        if !meta.is_dir() {
+            continue;
+        }
+        let results = crate::run::dir::run_ids(&dir)
+            .into_iter()
+            .filter_map(|task_id| {
+                let fd = crate::run::dir::open_public(&dir, meta.uid(), &task_id).ok()?;
+                let res = crate::run::result::read(fd.as_fd(), meta.uid()).ok()??;
+                (res.task_id == task_id && res.session_id == session_id).then_some(res)
+            })
+            .collect();
+        found.push(FoundSession {
+            session_id,
+            owner_uid: meta.uid(),
+            owner_gid: meta.gid(),
+            dir,
+            results,
+        });
+    }
+    found
 }

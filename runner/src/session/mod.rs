@@ -163,9 +163,9 @@ pub(crate) fn open(
         .unwrap_or_else(|| cfg.default_profile.clone());
     // Known, valid and enforceable on this host: a session never starts with a profile its
     // runs would be refused under.
-    sandbox::check_profile(catalog, &profile, uid).map_err(|e| match e {
-        sandbox::CallSandboxError::Invalid(m) => SessionError::InvalidParams(m),
-        sandbox::CallSandboxError::Unavailable(m) => SessionError::SandboxUnavailable(m),
+    sandbox::call::check_profile(catalog, &profile, uid).map_err(|e| match e {
+        sandbox::call::CallSandboxError::Invalid(m) => SessionError::InvalidParams(m),
+        sandbox::call::CallSandboxError::Unavailable(m) => SessionError::SandboxUnavailable(m),
     })?;
     if let Some(parent) = &p.parent_session_id {
         get_for(registry, uid, parent)?;
@@ -204,7 +204,7 @@ pub(crate) fn open(
         profile: profile.clone(),
         proactive_wake: p.proactive_wake.unwrap_or(true),
         parent_session_id: p.parent_session_id,
-        state: "open".into(),
+        state: crate::protocol::SessionState::Open,
         created_at: ids::now_rfc3339(),
         closed_at: None,
     };
@@ -252,7 +252,7 @@ fn reopen(
             )));
         }
     }
-    if existing.state == "deleted" {
+    if existing.state == crate::protocol::SessionState::Deleted {
         // Its directory was removed: make it again (only the daemon's own are deleted).
         dirs::make_session_dir(
             cfg,

@@ -5,7 +5,7 @@
 
 use std::os::fd::{AsFd, OwnedFd};
 
-use super::report::InitReport;
+use crate::run::report::InitReport;
 use crate::sandbox::linux::{self, Command, Prepared};
 use crate::sys::{self, SigSet, Signal};
 

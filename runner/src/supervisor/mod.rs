@@ -9,11 +9,10 @@
 //! files durable (`run.rs` has the run itself). It owns the run: the daemon can die and come
 //! back without the run noticing.
 
-mod cancel;
 mod init;
 mod outcome;
 pub(crate) mod output;
-pub(crate) mod report;
+
 pub(crate) mod result;
 mod run;
 pub mod spawner;
@@ -23,13 +22,12 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-pub(crate) use cancel::{CancelRequest, StopReason};
-pub(crate) use result::{RunResult, Violation};
-
 use crate::protocol::{FailReason, TaskState};
-use crate::run_dir::PrivateDir;
+use crate::run::dir::PrivateDir;
+use crate::run::fds;
+use crate::run::plan::LaunchPlan;
+use crate::run::result::RunResult;
 use crate::sandbox::linux::{Netns, PrepareError};
-use crate::sandbox::LaunchPlan;
 use crate::sys::{self, dirfd, SigSet, Signal};
 
 #[derive(Debug, thiserror::Error)]
@@ -89,7 +87,7 @@ pub fn main(private_dir: &Path) -> i32 {
 }
 
 /// [`main`] for a supervisor the spawner forked (and whose pid file it wrote), with the
-/// shared offline network namespace the run may join at [`spawner::SHARED_NETNS_FD`] when
+/// shared offline network namespace the run may join at [`fds::SHARED_NETNS_FD`] when
 /// `shared_netns`.
 fn forked_main(private_dir: &Path, shared_netns: bool) -> i32 {
     supervisor_main(private_dir, PidFile::Written, shared_netns)
@@ -104,32 +102,33 @@ fn supervisor_main(private_dir: &Path, pid_file: PidFile, shared_netns: bool) ->
     // report pipe, and from the spawner the go-ahead pipe and a shared network namespace
     // excepted).
     let keep = match (pid_file, shared_netns) {
-        (PidFile::Written, true) => spawner::SHARED_NETNS_FD,
-        (PidFile::Written, false) => spawner::GO_FD,
-        (PidFile::Write, _) => crate::run_dir::SUPERVISOR_REPORT_FD,
+        (PidFile::Written, true) => fds::SHARED_NETNS_FD,
+        (PidFile::Written, false) => fds::GO_FD,
+        (PidFile::Write, _) => crate::run::fds::SUPERVISOR_REPORT_FD,
     };
     let _ = sys::close_from(keep as u32 + 1);
     let netns = shared_netns
-        .then(|| sys::take_inherited_fd(spawner::SHARED_NETNS_FD).ok())
+        .then(|| sys::take_inherited_fd(fds::SHARED_NETNS_FD).ok())
         .flatten()
         .map(Netns::Shared);
-    let public = match sys::take_inherited_fd(crate::run_dir::SUPERVISOR_PUBLIC_FD).and_then(|fd| {
-        if dirfd::is_dir(&dirfd::stat_fd(fd.as_fd())?) {
-            Ok(fd)
-        } else {
-            Err(io::Error::other("descriptor 3 is not a directory"))
-        }
-    }) {
-        Ok(fd) => fd,
-        Err(e) => {
-            say(format_args!(
-                "the run directory (inherited descriptor): {e}"
-            ));
-            return 2;
-        }
-    };
+    let public =
+        match sys::take_inherited_fd(crate::run::fds::SUPERVISOR_PUBLIC_FD).and_then(|fd| {
+            if dirfd::is_dir(&dirfd::stat_fd(fd.as_fd())?) {
+                Ok(fd)
+            } else {
+                Err(io::Error::other("descriptor 3 is not a directory"))
+            }
+        }) {
+            Ok(fd) => fd,
+            Err(e) => {
+                say(format_args!(
+                    "the run directory (inherited descriptor): {e}"
+                ));
+                return 2;
+            }
+        };
     // Optional: a daemon restarted since has no pipe, and reads result.json instead.
-    let report = sys::take_inherited_fd(crate::run_dir::SUPERVISOR_REPORT_FD).ok();
+    let report = sys::take_inherited_fd(crate::run::fds::SUPERVISOR_REPORT_FD).ok();
     // The daemon's umask (077) is not the run's: commands get the usual one.
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
     let private = PrivateDir::at(private_dir.to_path_buf());
@@ -180,12 +179,13 @@ fn supervisor_main(private_dir: &Path, pid_file: PidFile, shared_netns: bool) ->
     // tried again until there is (or the daemon asks the run to stop), so the daemon, which
     // sees this supervisor alive meanwhile, neither settles the run as lost nor reports it
     // finished too early; anything else in the way fails the run at once (see
-    // `RunResult::write_or_give_up`).
-    let (result, written) = result.write_or_give_up(
+    // `result::write_or_give_up`).
+    let (result, written) = result::write_or_give_up(
+        result,
         public.as_fd(),
-        plan.output_owner,
+        plan.public_owner,
         &private,
-        &plan.output_dir.join(crate::run_dir::RESULT),
+        &plan.public_dir.join(crate::run::dir::RESULT),
     );
     // output.log and result.json are complete (every reader sees them whole): the daemon can
     // settle the run now, while this process makes them durable and exits (see
@@ -220,7 +220,7 @@ fn say(msg: std::fmt::Arguments<'_>) {
 
 /// Waits for the spawner's go-ahead (see `spawner::fork_supervisor`).
 fn spawner_go_ahead() -> io::Result<()> {
-    let go = sys::take_inherited_fd(spawner::GO_FD)?;
+    let go = sys::take_inherited_fd(fds::GO_FD)?;
     match sys::read_fd(&go, &mut [0u8; 1])? {
         1 => Ok(()),
         _ => Err(io::Error::other(

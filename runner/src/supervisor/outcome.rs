@@ -2,10 +2,10 @@
 //! combination (a start failure, a stop, a signal, no report at all) is decided in one place
 //! and tested without running anything.
 
-use super::cancel::StopReason;
-use super::report::{InitReport, StartFailure};
-use super::result::Violation;
 use crate::protocol::{FailReason, TaskState};
+use crate::run::cancel::StopReason;
+use crate::run::report::{InitReport, StartFailure};
+use crate::run::result::Violation;
 use crate::sys::Exit;
 
 /// A stop the supervisor carried out: the daemon's cancel or timeout, or the plan's

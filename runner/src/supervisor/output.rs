@@ -14,7 +14,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 use nix::errno::Errno;
 use nix::fcntl::{splice, SpliceFFlags};
 
-use crate::sandbox::Tee;
+use crate::run::plan::Tee;
 use crate::sys;
 
 /// The most one splice moves; the pipe holds at most this much anyway (see [`PIPE_SIZE`]).

@@ -9,12 +9,13 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
-use super::{
-    init, outcome, output, report, say, stop_signals, CancelRequest, RunResult, StopReason,
-    SuperviseError, Violation,
-};
+use super::{init, outcome, output, say, stop_signals, SuperviseError};
+use crate::run::cancel::{CancelRequest, StopReason};
+use crate::run::plan::{LaunchPlan, OUTPUT_TAIL_BYTES};
+use crate::run::report;
+use crate::run::result::{RunResult, Violation};
 use crate::sandbox::linux::{self, netns, Netns};
-use crate::sandbox::{resolve_program, LaunchPlan, OUTPUT_TAIL_BYTES};
+use crate::sandbox::resolve_program;
 use crate::sys::{self, Exit, Fork};
 
 /// How long output is still read after the run's init has exited. Everything in the
@@ -61,11 +62,12 @@ impl<'p> Run<'p> {
         signals.block().map_err(setup("block signals"))?;
         let sigfd = signals.signalfd().map_err(setup("signalfd"))?;
 
-        let file = crate::run_dir::create_file(out_dir, crate::run_dir::OUTPUT, plan.output_owner)
-            .map_err(|source| SuperviseError::Output {
-                path: plan.output_path(),
-                source,
-            })?;
+        let file =
+            crate::run::dir::create_file(out_dir, crate::run::dir::OUTPUT, plan.public_owner)
+                .map_err(|source| SuperviseError::Output {
+                    path: plan.output_path(),
+                    source,
+                })?;
         let capture =
             output::Capture::new(file, plan.max_output_bytes, OUTPUT_TAIL_BYTES, plan.tee);
 
@@ -289,7 +291,7 @@ impl<'p> Run<'p> {
         // answered, so every refusal the command saw is there).
         if plan.sandbox.egress.is_some() {
             violations.extend(
-                crate::egress::record::read(&plan.run_dir.join(crate::egress::record::FILE))
+                crate::egress::record::read(&plan.private().network_record())
                     .into_iter()
                     .map(Violation::Network),
             );
@@ -391,7 +393,7 @@ impl Watch {
         match sig {
             libc::SIGTERM | libc::SIGINT if self.stop.is_none() => {
                 let req =
-                    CancelRequest::read_or_cancel(&run.plan.private_dir(), run.plan.kill_grace_ms);
+                    CancelRequest::read_or_cancel(&run.plan.private(), run.plan.kill_grace_ms);
                 if req.withdrawn {
                     // The cancel and its withdrawal came as one signal: nothing to stop.
                     return;
@@ -409,8 +411,7 @@ impl Watch {
                         .stop
                         .as_ref()
                         .is_some_and(|s| s.reason == StopReason::Canceled)
-                    && CancelRequest::read(&run.plan.private_dir())
-                        .is_some_and(|r| r.withdrawn) =>
+                    && CancelRequest::read(&run.plan.private()).is_some_and(|r| r.withdrawn) =>
             {
                 self.stop = None;
                 self.kill_at = None;

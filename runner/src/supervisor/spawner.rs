@@ -33,88 +33,20 @@
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
-use std::path::{Component, Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::run::fds::{self, Request};
 use crate::sys::{self, fdpass, Fork};
-
-/// Descriptors attached to a request: the supervisor's stdin, stdout, stderr, public
-/// directory and report pipe, in that order.
-pub(crate) const FDS: usize = 5;
 
 /// The name (`comm`) of a supervisor the spawner forked.
 pub(crate) const SUPERVISOR_NAME: &std::ffi::CStr = c"sidejob-run";
-
-/// The spawner's socket, as it is inherited.
-const SOCKET_FD: i32 = 3;
-
-/// Where a forked supervisor finds the read end of its go-ahead pipe (see
-/// [`fork_supervisor`]).
-pub(crate) const GO_FD: i32 = FDS as i32;
-
-/// Where a forked supervisor finds the shared network namespace it was given, if any.
-pub(crate) const SHARED_NETNS_FD: i32 = GO_FD + 1;
 
 /// A shared network namespace no run has asked for in this long is let go.
 const SHARED_NETNS_IDLE: Duration = Duration::from_secs(600);
 
 /// The most shared network namespaces kept at once (the least recently used goes first).
 const SHARED_NETNS_MAX: usize = 256;
-
-/// The longest request (a private directory's path and a key).
-const MAX_REQUEST: usize = 4096;
-
-/// The longest key of a shared network namespace.
-const MAX_KEY: usize = 512;
-
-/// A request, as sent: the private directory's path, then, for a run that may share an
-/// offline network namespace, a NUL and that namespace's key.
-pub(crate) fn encode_request(private_dir: &Path, netns_key: Option<&str>) -> Vec<u8> {
-    use std::os::unix::ffi::OsStrExt;
-    let mut bytes = private_dir.as_os_str().as_bytes().to_vec();
-    if let Some(key) = netns_key.filter(|k| valid_key(k.as_bytes())) {
-        bytes.push(0);
-        bytes.extend_from_slice(key.as_bytes());
-    }
-    bytes
-}
-
-fn valid_key(key: &[u8]) -> bool {
-    !key.is_empty() && key.len() <= MAX_KEY && !key.contains(&0)
-}
-
-/// What a request asks for.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) struct Request {
-    /// A directory directly beneath the runs directory.
-    pub private_dir: PathBuf,
-    /// The shared offline network namespace the run may join.
-    pub netns_key: Option<Vec<u8>>,
-}
-
-/// The request these bytes make: a private directory directly beneath `runs_dir`, nothing
-/// else, and a well-formed key if there is one (the spawner takes requests only from the
-/// daemon, and checks them anyway).
-pub(crate) fn decode_request(runs_dir: &Path, bytes: &[u8]) -> Option<Request> {
-    use std::os::unix::ffi::OsStrExt;
-    let (path, key) = match bytes.iter().position(|&b| b == 0) {
-        Some(i) => (&bytes[..i], Some(&bytes[i + 1..])),
-        None => (bytes, None),
-    };
-    if key.is_some_and(|k| !valid_key(k)) {
-        return None;
-    }
-    let path = Path::new(std::ffi::OsStr::from_bytes(path));
-    let name = path.strip_prefix(runs_dir).ok()?;
-    let mut parts = name.components();
-    match (parts.next(), parts.next()) {
-        (Some(Component::Normal(_)), None) => Some(Request {
-            private_dir: path.to_path_buf(),
-            netns_key: key.map(<[u8]>::to_vec),
-        }),
-        _ => None,
-    }
-}
 
 /// The shared offline network namespaces (see the module's documentation).
 struct SharedNets {
@@ -194,28 +126,6 @@ impl SharedNets {
     }
 }
 
-/// A reply, as sent: the pid, or the negated error number.
-pub(crate) fn encode_reply(result: &io::Result<i32>) -> [u8; 4] {
-    match result {
-        Ok(pid) => pid.to_le_bytes(),
-        Err(e) => (-e.raw_os_error().unwrap_or(libc::EIO)).to_le_bytes(),
-    }
-}
-
-pub(crate) fn decode_reply(bytes: &[u8]) -> io::Result<i32> {
-    let n = i32::from_le_bytes(bytes.try_into().map_err(|_| {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            "a malformed reply from the spawner",
-        )
-    })?);
-    if n > 0 {
-        Ok(n)
-    } else {
-        Err(io::Error::from_raw_os_error(-n))
-    }
-}
-
 /// Entry point of `sidejob spawner <runs_dir>`; returns the process exit code.
 pub fn main(runs_dir: &Path) -> i32 {
     // Every supervisor is born with the stop signals blocked (it reads them from a signalfd):
@@ -227,9 +137,9 @@ pub fn main(runs_dir: &Path) -> i32 {
         eprintln!("sidejob spawner: cannot block the stop signals: {e}");
         return 2;
     }
-    let _ = sys::close_from(SOCKET_FD as u32 + 1);
+    let _ = sys::close_from(fds::SPAWNER_SOCKET_FD as u32 + 1);
     // Moved out of the way: a supervisor's descriptors (0 to 6) are placed where it was.
-    let sock = match sys::take_inherited_fd(SOCKET_FD)
+    let sock = match sys::take_inherited_fd(fds::SPAWNER_SOCKET_FD)
         .and_then(|fd| sys::spawn::dup_at_least(fd.as_fd(), 16))
     {
         Ok(fd) => fd,
@@ -238,7 +148,7 @@ pub fn main(runs_dir: &Path) -> i32 {
             return 2;
         }
     };
-    let mut buf = vec![0u8; MAX_REQUEST];
+    let mut buf = vec![0u8; fds::MAX_REQUEST];
     let mut nets = SharedNets::new();
     loop {
         match sys::poll_readable(&[Some(sock.as_fd())], -1) {
@@ -256,7 +166,7 @@ pub fn main(runs_dir: &Path) -> i32 {
             return 0; // the daemon is gone
         }
         let result = fork_supervisor(runs_dir, &buf[..n], fds, nets.as_mut());
-        if fdpass::send(sock.as_fd(), &encode_reply(&result)).is_err() {
+        if fdpass::send(sock.as_fd(), &fds::encode_reply(&result)).is_err() {
             return 1;
         }
     }
@@ -279,9 +189,9 @@ fn fork_supervisor(
     let Request {
         private_dir,
         netns_key,
-    } = decode_request(runs_dir, request)
+    } = fds::decode_request(runs_dir, request)
         .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
-    if fds.len() != FDS {
+    if fds.len() != fds::FDS {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
     let netns = match (netns_key, nets) {
@@ -304,7 +214,7 @@ fn fork_supervisor(
             // so the run does not wait for it. (The descriptors are closed as they drop.)
             // Without the file, no go-ahead: the supervisor exits, having run nothing, and
             // the daemon settles the run failed with its message.
-            match super::write_pid_file(&crate::run_dir::PrivateDir::at(private_dir), pid) {
+            match super::write_pid_file(&crate::run::dir::PrivateDir::at(private_dir), pid) {
                 Ok(()) => sys::write_all_fd(&go, b"g"),
                 Err(e) => eprintln!("sidejob spawner: cannot record supervisor {pid}: {e}"),
             }
@@ -338,49 +248,6 @@ fn fork_supervisor(
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-
-    #[test]
-    fn requests_name_a_directory_directly_beneath_the_runs() {
-        let runs = Path::new("/var/lib/sidejob/runs");
-        let ok = runs.join("01M8PG3K5F3FN1N1776JYV76XC");
-        let plain = decode_request(runs, &encode_request(&ok, None)).unwrap();
-        assert_eq!(plain.private_dir, ok);
-        assert_eq!(plain.netns_key, None);
-        let keyed = decode_request(runs, &encode_request(&ok, Some("1000/s1"))).unwrap();
-        assert_eq!(keyed.private_dir, ok);
-        assert_eq!(keyed.netns_key.as_deref(), Some(&b"1000/s1"[..]));
-        // A key that cannot be sent is left out, not sent cut or empty.
-        assert_eq!(
-            decode_request(runs, &encode_request(&ok, Some("")))
-                .unwrap()
-                .netns_key,
-            None
-        );
-        let long = "k".repeat(MAX_KEY + 1);
-        assert_eq!(
-            decode_request(runs, &encode_request(&ok, Some(&long)))
-                .unwrap()
-                .netns_key,
-            None
-        );
-        // Received, a malformed key makes the request malformed.
-        for bad in [&b"\0"[..], b"\0a\0b"] {
-            let mut bytes = encode_request(&ok, None);
-            bytes.extend_from_slice(bad);
-            assert_eq!(decode_request(runs, &bytes), None, "{bad:?}");
-        }
-        for bad in [
-            "/var/lib/sidejob/runs",
-            "/var/lib/sidejob/runs/",
-            "/var/lib/sidejob/runs/a/b",
-            "/var/lib/sidejob/runs/../sessions",
-            "/var/lib/sidejob/runsx/a",
-            "/tmp/a",
-            "runs/a",
-        ] {
-            assert!(decode_request(runs, bad.as_bytes()).is_none(), "{bad}");
-        }
-    }
 
     /// The namespace's identity (its nsfs inode).
     fn inode(fd: &OwnedFd) -> u64 {
@@ -431,18 +298,5 @@ mod tests {
             inode(nets.get(b"1001/a", t0 + Duration::from_secs(62)).unwrap()),
             c
         );
-    }
-
-    #[test]
-    fn replies_round_trip() {
-        assert_eq!(decode_reply(&encode_reply(&Ok(4242))).unwrap(), 4242);
-        let e = decode_reply(&encode_reply(&Err(io::Error::from_raw_os_error(
-            libc::EAGAIN,
-        ))))
-        .unwrap_err();
-        assert_eq!(e.raw_os_error(), Some(libc::EAGAIN));
-        // An error without a number is still an error.
-        assert!(decode_reply(&encode_reply(&Err(io::Error::other("x")))).is_err());
-        assert!(decode_reply(b"12").is_err());
     }
 }

@@ -23,9 +23,10 @@ use std::sync::OnceLock;
 use nix::sys::resource::Resource;
 use serde::Serialize;
 
+use crate::run::plan::LaunchPlan;
+use crate::run::report::StartFailure;
 use crate::sandbox::profile::{Limits, Network};
-use crate::sandbox::{LaunchPlan, SandboxPlan};
-use crate::supervisor::report::StartFailure;
+use crate::sandbox::SandboxPlan;
 use crate::sys::{self, sandbox as ssys, SigSet};
 
 /// A step of [`launch`] that failed: which step, on which path, and the OS error.
@@ -611,7 +612,7 @@ pub(crate) fn prepare(plan: &LaunchPlan) -> Result<Prepared, PrepareError> {
         git,
         cgroup,
         plan: plan_sb,
-        staging: plan.run_dir.clone(),
+        staging: plan.private_dir.clone(),
         tmp_options: CString::new(tmp_options).unwrap_or_default(),
         pinned,
         landlock,
@@ -644,7 +645,7 @@ fn egress_mounts(
             e.socket_dir
         )));
     }
-    let resolv = plan.run_dir.join("resolv.conf");
+    let resolv = plan.private().resolv_conf();
     std::fs::write(&resolv, RESOLV_CONF)
         .map_err(|err| PrepareError::Egress(format!("write {}: {err}", resolv.display())))?;
     let etc_resolv = Path::new("/etc/resolv.conf");

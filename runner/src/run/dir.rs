@@ -16,7 +16,6 @@ use std::path::{Path, PathBuf};
 
 use nix::fcntl::OFlag;
 
-use crate::supervisor::RunResult;
 use crate::sys::dirfd;
 
 /// The command's output, in the public half.
@@ -27,21 +26,6 @@ pub(crate) const RESULT: &str = "result.json";
 pub(crate) const HANDOVER: &str = "handover.json";
 /// The directory inside a session directory that holds its runs' public halves.
 pub(crate) const BACKGROUND: &str = ".background";
-
-/// The supervisor's descriptor 3: the run's public directory, opened by the daemon when it
-/// made it. The supervisor creates `output.log` and `result.json` through it, so nothing done
-/// to the directory's path since can send them elsewhere.
-pub(crate) const SUPERVISOR_PUBLIC_FD: std::os::fd::RawFd = 3;
-
-/// The supervisor's descriptor 4, when open: the write end of a pipe the daemon that
-/// started it reads. The supervisor sends its result there as soon as `output.log` and
-/// `result.json` are complete (`RunResult::send`), so the daemon settles the run without
-/// waiting for the supervisor's exit. A daemon restarted since has no pipe and reads
-/// `result.json` once the supervisor is gone.
-pub(crate) const SUPERVISOR_REPORT_FD: std::os::fd::RawFd = 4;
-
-/// The largest `result.json` the daemon reads back (a real one is about 1 KiB).
-const MAX_RESULT_BYTES: u64 = 256 * 1024;
 
 /// `<state_dir>/runs/<task_id>/`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,6 +60,23 @@ impl PrivateDir {
     /// supervisor first thing).
     pub(crate) fn pid_file(&self) -> PathBuf {
         self.0.join("supervisor.pid")
+    }
+
+    /// The egress proxy's record of what it refused (`egress::record`), read by the
+    /// supervisor into `result.json`.
+    pub(crate) fn network_record(&self) -> PathBuf {
+        self.0.join("network.jsonl")
+    }
+
+    /// The resolver configuration of an allow-list run's view (`egress::RESOLV_CONF`).
+    pub(crate) fn resolv_conf(&self) -> PathBuf {
+        self.0.join("resolv.conf")
+    }
+
+    /// Where `sidejob exec` serves the egress proxy of its one run (the daemon's runs have
+    /// theirs in the bridge directory: [`socket_dir`]).
+    pub(crate) fn exec_egress_dir(&self) -> PathBuf {
+        self.0.join("egress")
     }
 
     /// The supervisor's stderr.
@@ -114,6 +115,23 @@ impl PrivateDir {
 /// The public half's path (as shown to hosts: `output_path`, `result_path`).
 pub(crate) fn public_path(session_dir: &str, task_id: &str) -> String {
     format!("{session_dir}/{BACKGROUND}/{task_id}")
+}
+
+/// The task ids of the runs with a public half in a session directory (valid ids only;
+/// nothing opened).
+pub(crate) fn run_ids(session_dir: &Path) -> Vec<String> {
+    let Ok(runs) = std::fs::read_dir(session_dir.join(BACKGROUND)) else {
+        return Vec::new();
+    };
+    runs.flatten()
+        .filter_map(|r| r.file_name().to_str().map(str::to_owned))
+        .filter(|id| crate::ids::is_valid_task_id(id))
+        .collect()
+}
+
+/// A file of the public half, as hosts see its path (`output_path`, `result_path`).
+pub(crate) fn public_file(public_dir: &str, name: &str) -> String {
+    format!("{public_dir}/{name}")
 }
 
 /// Makes `<session_dir>/.background/<task_id>/` for a new run, handed to the session's
@@ -180,28 +198,6 @@ pub(crate) fn open_file(
         ));
     }
     Ok(std::fs::File::from(fd))
-}
-
-/// Reads `result.json` from a public half; `Ok(None)` if there is none (yet). What it says is
-/// data about the run, never authority: the caller checks it names the task it expects.
-pub(crate) fn read_result(dir: BorrowedFd<'_>, owner_uid: u32) -> io::Result<Option<RunResult>> {
-    use std::io::Read;
-    let f = match open_file(dir, RESULT, owner_uid) {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    let mut bytes = Vec::new();
-    f.take(MAX_RESULT_BYTES + 1).read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > MAX_RESULT_BYTES {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "result.json is too large",
-        ));
-    }
-    serde_json::from_slice(&bytes)
-        .map(Some)
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
 /// A run's socket directory, `<bridge dir>/<name>` (its bridge's is the task id, its egress

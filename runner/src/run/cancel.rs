@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::run_dir::PrivateDir;
+use super::dir::PrivateDir;
 
 /// Why a run is being stopped early.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
