@@ -164,6 +164,45 @@ fn an_agent_in_the_users_home_runs_with_an_executable_grant_and_without_one_is_t
 }
 
 #[test]
+fn an_executable_grant_through_a_symlink_the_user_planted_reaches_only_what_the_user_can_open() {
+    // The user's home is theirs to arrange: the granted directory is a symlink to a
+    // directory only root can enter, holding an "agent". The daemon resolves the grant as the
+    // user, so the agent is not run from there.
+    let Some((uid, gid, name, installed)) = home_dir_of_1000("planted") else {
+        return;
+    };
+    let secret = sidejob_tests::TempDir::new("root-only-agent");
+    let agent = secret.path().join("bin/my-agent");
+    std::fs::create_dir_all(agent.parent().unwrap()).expect("bin");
+    std::fs::write(&agent, "#!/bin/sh\necho root-only agent ran\n").expect("agent");
+    std::fs::set_permissions(&agent, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    std::fs::set_permissions(
+        secret.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .expect("chmod");
+    let link = installed.0.join("tools");
+    std::os::unix::fs::symlink(secret.path(), &link).expect("symlink");
+    let _ = std::os::unix::fs::lchown(&link, Some(uid), Some(gid));
+    let d = Daemon::start_with_config(&format!(
+        "[subagent]\ncommand = [\"{}/bin/my-agent\"]\nexecutable = [\"{{home}}/{name}/tools\"]\n",
+        link.display()
+    ));
+    let (_, r) = call_subagent_as(&d, uid, gid, 60_000);
+    assert_eq!(r["state"], "failed", "{r}");
+    assert!(
+        !r["output"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("root-only agent ran"),
+        "{r}"
+    );
+    let error = r["error"].as_str().unwrap_or_default().to_lowercase();
+    assert!(error.contains("permission denied"), "{r}");
+}
+
+#[test]
 fn a_subagent_profile_wider_than_the_default_stops_the_daemon_naming_the_grants() {
     let root = sidejob_tests::TempDir::new("wide-subagent");
     let config = root.path().join("config.toml");
@@ -217,7 +256,7 @@ fn claude_code_from_the_users_home_is_the_subagent_reaches_only_its_model_and_re
     let other = HttpServer::start();
     let model_dir = sidejob_tests::TempDir::new("claude-subagent-model");
     let bridge_job = format!(
-        "python3 {}/bridge_job.py 'echo job-$((6*7)) as-uid-$(id -u)'",
+        "python3 {0}/bridge_job.py 'echo job-$((6*7)) as-uid-$(id -u); test -e {0}/bin/claude || echo job-without-the-agent-install'",
         dir.display()
     );
     let second = format!(
@@ -290,6 +329,11 @@ env = {{ HOME = "{{home}}", CLAUDE_CONFIG_DIR = "{{home}}/{name}/config", ANTHRO
     assert!(
         !deliveries(&turns, &format!("job-42 as-uid-{uid}")).is_empty(),
         "the job did not run as the caller\n{context}"
+    );
+    // The job has none of the agent's grants: not even where the agent is installed.
+    assert!(
+        !deliveries(&turns, "job-without-the-agent-install").is_empty(),
+        "the job saw the agent's install directory\n{context}"
     );
     // The job ran in the child session, as the user, started by the agent's task.
     let agent_task = r["task_id"].as_str().unwrap().to_owned();
