@@ -30,7 +30,7 @@ fn a_user_without_a_daemon_of_their_own_reaches_the_shared_one() {
     if sidejob_tests::skip_without(&[sidejob_tests::Need::Root]) {
         return;
     }
-    let _lock = SystemPathsLock::take();
+    let _lock = sidejob_tests::host::HostLock::take("system-paths");
     if skip_unless(
         !Path::new(SYSTEM_SOCKET).exists(),
         "a daemon already listens on /run/sidejob/sidejob.sock on this host",
@@ -164,30 +164,6 @@ fn a_run_keeps_the_callers_supplementary_groups() {
     assert!(!ws.join("by-an-outsider").exists());
 }
 
-/// Holds an exclusive lock that every test using the system socket (and the system paths
-/// beside it) takes first, so that two of them never set one up at once.
-struct SystemPathsLock {
-    _held: std::fs::File,
-}
-
-impl SystemPathsLock {
-    fn take() -> SystemPathsLock {
-        use std::os::fd::AsRawFd;
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(std::env::temp_dir().join("sidejob-tests-system-paths.lock"))
-            .expect("lock file");
-        // SAFETY: flock on a descriptor this function owns; it blocks until the lock is
-        // free and touches no memory.
-        #[allow(unsafe_code)]
-        let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
-        assert_eq!(rc, 0, "flock: {}", std::io::Error::last_os_error());
-        SystemPathsLock { _held: f }
-    }
-}
-
 /// The shell commands of the README's shared-daemon section ("### One daemon for a host's
 /// users"), its first ```sh block, line by line.
 fn readme_shared_daemon_commands() -> Vec<String> {
@@ -257,7 +233,7 @@ fn the_readme_shared_daemon_section_works_as_written_for_a_new_group_member() {
     if sidejob_tests::skip_without(&[sidejob_tests::Need::Root]) {
         return;
     }
-    let _lock = SystemPathsLock::take();
+    let _lock = sidejob_tests::host::HostLock::take("system-paths");
     for p in [SYSTEM_SOCKET, "/var/lib/sidejob", "/etc/sidejob"] {
         if skip_unless(
             !Path::new(p).exists(),

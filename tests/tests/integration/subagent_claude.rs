@@ -10,22 +10,9 @@ use std::process::Command;
 
 use serde_json::{json, Value};
 use sidejob_tests::agents::{call, client, deliveries, items, say, ModelServer};
+use sidejob_tests::host::User1000;
 use sidejob_tests::net::HttpServer;
 use sidejob_tests::{skip_unless, skip_without, Client, Daemon, Need};
-
-/// A user's account from the password database: uid, gid, home.
-fn account(uid: u32) -> Option<(u32, u32, PathBuf)> {
-    let out = Command::new("getent")
-        .args(["passwd", &uid.to_string()])
-        .output()
-        .ok()?;
-    let line = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-    let f: Vec<&str> = line.split(':').collect();
-    if f.len() < 7 {
-        return None;
-    }
-    Some((uid, f[3].parse().ok()?, PathBuf::from(f[5])))
-}
 
 /// The agent's install directory under the user's home, removed on drop.
 struct Installed(PathBuf);
@@ -81,16 +68,16 @@ fn job_id(turns: &[Value]) -> Option<String> {
 }
 
 /// A directory of its own under uid 1000's home, owned by that user; `None` (the skip
-/// printed) without root or a uid-1000 account with a home.
-fn home_dir_of_1000(tag: &str) -> Option<(u32, u32, String, Installed)> {
+/// printed) without root or without a home for uid 1000.
+fn home_dir_of_1000(tag: &str) -> Option<(User1000, String, Installed)> {
     if skip_without(&[Need::Root]) {
         return None;
     }
-    let Some((uid, gid, home)) = account(1000) else {
-        skip_unless(false, "no uid-1000 account on this host");
-        return None;
-    };
-    if skip_unless(home.is_dir(), "uid 1000's home directory does not exist") {
+    let user = User1000::take();
+    if skip_unless(
+        user.home.is_dir(),
+        "uid 1000's home directory does not exist",
+    ) {
         return None;
     }
     let name = format!(
@@ -98,10 +85,10 @@ fn home_dir_of_1000(tag: &str) -> Option<(u32, u32, String, Installed)> {
         std::process::id(),
         sidejob_tests::unique_sleep().replace('.', "")
     );
-    let dir = home.join(&name);
+    let dir = user.home.join(&name);
     std::fs::create_dir_all(&dir).expect("install dir");
-    std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).expect("chown install dir");
-    Some((uid, gid, name, Installed(dir)))
+    std::os::unix::fs::chown(&dir, Some(user.uid), Some(user.gid)).expect("chown install dir");
+    Some((user, name, Installed(dir)))
 }
 
 /// A subagent call by `uid`, in a workspace of its own: its client and the call's result.
@@ -121,9 +108,10 @@ fn call_subagent_as(d: &Daemon, uid: u32, gid: u32, timeout_ms: u64) -> (Client,
 
 #[test]
 fn an_agent_in_the_users_home_runs_with_an_executable_grant_and_without_one_is_told_that_grant() {
-    let Some((uid, gid, name, installed)) = home_dir_of_1000("agent") else {
+    let Some((user, name, installed)) = home_dir_of_1000("agent") else {
         return;
     };
+    let (uid, gid) = (user.uid, user.gid);
     let agent = installed.0.join("bin/my-agent");
     std::fs::create_dir_all(agent.parent().unwrap()).expect("bin");
     std::fs::write(
@@ -168,9 +156,10 @@ fn an_executable_grant_through_a_symlink_the_user_planted_reaches_only_what_the_
     // The user's home is theirs to arrange: the granted directory is a symlink to a
     // directory only root can enter, holding an "agent". The daemon resolves the grant as the
     // user, so the agent is not run from there.
-    let Some((uid, gid, name, installed)) = home_dir_of_1000("planted") else {
+    let Some((user, name, installed)) = home_dir_of_1000("planted") else {
         return;
     };
+    let (uid, gid) = (user.uid, user.gid);
     let secret = sidejob_tests::TempDir::new("root-only-agent");
     let agent = secret.path().join("bin/my-agent");
     std::fs::create_dir_all(agent.parent().unwrap()).expect("bin");
@@ -242,9 +231,10 @@ fn claude_code_from_the_users_home_is_the_subagent_reaches_only_its_model_and_re
     let Some(claude) = client("claude") else {
         return;
     };
-    let Some((uid, gid, name, installed)) = home_dir_of_1000("claude") else {
+    let Some((user, name, installed)) = home_dir_of_1000("claude") else {
         return;
     };
+    let (uid, gid) = (user.uid, user.gid);
     let dir = installed.0.clone();
     install_claude(&claude, &dir, uid, gid);
     std::fs::copy(
