@@ -322,8 +322,8 @@ impl Config {
             .map_err(|e| format!("default_profile = {:?}: {e}", self.default_profile))?;
         profile.check_narrows(&ceiling).map_err(|why| {
             format!(
-                "[subagent] profile = {agent:?} cannot narrow default_profile = {:?} ({why}), \
-                 and an agent never runs under a profile wider than its caller's; keep a \
+                "[subagent] profile = {agent:?} cannot narrow default_profile = {:?} ({why}): \
+                 an agent never runs under a profile wider than its caller's; keep a \
                  profile that narrows it (the shipped \"agent\") and grant the agent what it \
                  needs in [subagent]: executable (where it is installed, e.g. \
                  \"{{home}}/.local\"), readable and writable (its configuration and state), \
