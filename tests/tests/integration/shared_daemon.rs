@@ -328,7 +328,8 @@ fn the_readme_shared_daemon_section_works_as_written_for_a_new_group_member() {
     let o = sh(&format!("usermod -aG {group} {other}"));
     assert!(o.status.success(), "{}", text(&o));
     // The user's project, for `make test`.
-    let project = format!("/home/{user}/project");
+    let home = sh(&format!("getent passwd {user} | cut -d: -f6"));
+    let project = format!("{}/project", String::from_utf8_lossy(&home.stdout).trim());
     let o = sh(&format!(
         "mkdir {project} && printf 'test:\\n\\t@echo all $$((6*7)) tests passed\\n' > {project}/Makefile && chown -R {user}:{user} {project}"
     ));
