@@ -189,6 +189,9 @@ pub(crate) struct SubagentConfig {
     pub profile: String,
     /// Paths the agent may also read, e.g. `"{home}/.config/my-agent"`.
     pub readable: Vec<String>,
+    /// Paths the agent may also read and execute: where it is installed when that is outside
+    /// the profile's view, e.g. `"{home}/.local"` (an npm prefix, `~/.local/bin`, pipx).
+    pub executable: Vec<String>,
     /// Paths the agent may also write (its own state, history, logs).
     pub writable: Vec<String>,
     /// Hosts the agent may reach through the egress proxy (the model API), as in a
@@ -207,6 +210,7 @@ impl Default for SubagentConfig {
             prompt: PromptVia::default(),
             profile: "agent".into(),
             readable: Vec::new(),
+            executable: Vec::new(),
             writable: Vec::new(),
             allow: Vec::new(),
             hosts: Default::default(),
@@ -221,8 +225,9 @@ impl SubagentConfig {
         let mut toml = String::new();
         let list = |v: &[String]| serde_json::to_string(v).unwrap_or_default();
         toml.push_str(&format!(
-            "[paths]\nreadable = {}\nwritable = {}\n",
+            "[paths]\nreadable = {}\nexecutable = {}\nwritable = {}\n",
             list(&self.readable),
+            list(&self.executable),
             list(&self.writable)
         ));
         if !self.allow.is_empty() || !self.hosts.is_empty() {
@@ -247,6 +252,7 @@ impl SubagentConfig {
             .map_err(|e| e.to_string())?;
         Ok(crate::sandbox::call::Grants {
             readable: p.readable,
+            executable: p.executable,
             writable: p.writable,
             egress: p.egress,
             env: p.env_set,
@@ -292,11 +298,45 @@ impl Config {
         })?;
         cfg.subagent
             .grants()
+            .and_then(|_| cfg.check_subagent_profile())
             .map_err(|message| ConfigError::Parse {
                 path: path.into(),
                 message,
             })?;
         Ok(cfg)
+    }
+
+    /// `[subagent] profile` must narrow `default_profile`, the profile of a session that
+    /// names none: the agent runs under a profile no wider than its caller's, so a wider one
+    /// would be replaced by the caller's at every call, and the agent would then miss what
+    /// the operator meant to give it. What an agent needs beyond its profile is a grant.
+    pub(crate) fn check_subagent_profile(&self) -> Result<(), String> {
+        let agent = self.subagent.profile.as_str();
+        if agent.is_empty() || agent == self.default_profile {
+            return Ok(());
+        }
+        let catalog = crate::sandbox::Catalog::new(
+            self.profiles_dir
+                .clone()
+                .or_else(crate::sandbox::Catalog::default_dir),
+        );
+        let profile = catalog
+            .get(agent)
+            .map_err(|e| format!("[subagent] profile = {agent:?}: {e}"))?;
+        let ceiling = catalog
+            .get(&self.default_profile)
+            .map_err(|e| format!("default_profile = {:?}: {e}", self.default_profile))?;
+        profile.check_narrows(&ceiling).map_err(|why| {
+            format!(
+                "[subagent] profile = {agent:?} cannot narrow default_profile = {:?} ({why}): \
+                 an agent never runs under a profile wider than its caller's; keep a \
+                 profile that narrows it (the shipped \"agent\") and grant the agent what it \
+                 needs in [subagent]: executable (where it is installed, e.g. \
+                 \"{{home}}/.local\"), readable and writable (its configuration and state), \
+                 allow (its model API hosts)",
+                self.default_profile
+            )
+        })
     }
 
     pub(crate) fn sessions_dir(&self) -> PathBuf {
@@ -426,6 +466,53 @@ mod tests {
         let cfg = Config::load(&path).unwrap();
         assert_eq!(cfg.max_running, 4);
         assert_eq!(cfg.default_yield_after_ms, None);
+    }
+
+    #[test]
+    fn subagent_executable_takes_home_placeholders_like_the_other_grants() {
+        let dir = crate::scratch::ScratchDir::new("config-test");
+        let path = dir.path().join("agent.toml");
+        std::fs::write(
+            &path,
+            "[subagent]\ncommand = [\"my-agent\"]\nexecutable = [\"{home}/.local\"]\n",
+        )
+        .unwrap();
+        let grants = Config::load(&path).unwrap().subagent.grants().unwrap();
+        assert_eq!(grants.executable, ["{home}/.local"]);
+        std::fs::write(&path, "[subagent]\nexecutable = [\"relative/bin\"]\n").unwrap();
+        let err = Config::load(&path).unwrap_err().to_string();
+        assert!(err.contains("paths.executable"), "{err}");
+    }
+
+    #[test]
+    fn a_subagent_profile_wider_than_the_default_is_refused_naming_the_grants() {
+        let dir = crate::scratch::ScratchDir::new("config-test");
+        let path = dir.path().join("agent.toml");
+        for wider in ["network", "python"] {
+            std::fs::write(&path, format!("[subagent]\nprofile = \"{wider}\"\n")).unwrap();
+            let err = Config::load(&path).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("[subagent] profile = \"{wider}\" cannot narrow"))
+                    && err.contains("executable")
+                    && err.contains("allow"),
+                "{err}"
+            );
+        }
+        std::fs::write(&path, "[subagent]\nprofile = \"no-such-profile\"\n").unwrap();
+        let err = Config::load(&path).unwrap_err().to_string();
+        assert!(err.contains("no-such-profile"), "{err}");
+        // Narrower ones, and the same as the default, load.
+        for ok in ["agent", "read-only", "workspace-write"] {
+            std::fs::write(&path, format!("[subagent]\nprofile = \"{ok}\"\n")).unwrap();
+            Config::load(&path).unwrap();
+        }
+        // A wider default makes room for a wider agent profile.
+        std::fs::write(
+            &path,
+            "default_profile = \"network\"\n[subagent]\nprofile = \"network\"\n",
+        )
+        .unwrap();
+        Config::load(&path).unwrap();
     }
 }
 

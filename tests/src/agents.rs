@@ -97,14 +97,20 @@ impl ModelServer {
     /// Starts the server in `dir` with `steps` as its script (`loop_steps`: start again at
     /// the end, for repeated runs).
     pub fn start(dir: &Path, steps: Vec<Value>, loop_steps: bool) -> ModelServer {
+        Self::start_script(dir, json!({"steps": steps, "loop": loop_steps}))
+    }
+
+    /// Starts the server with `steps`, taken by the requests that offer the client's own
+    /// tool `offered` (e.g. Claude Code's `Bash`), whose calls name tools exactly.
+    pub fn start_offering(dir: &Path, steps: Vec<Value>, offered: &str) -> ModelServer {
+        Self::start_script(dir, json!({"steps": steps, "offered": offered}))
+    }
+
+    fn start_script(dir: &Path, script_json: Value) -> ModelServer {
         std::fs::create_dir_all(dir).expect("model server dir");
         let script = dir.join("script.json");
         let record = dir.join("requests.jsonl");
-        std::fs::write(
-            &script,
-            json!({"steps": steps, "loop": loop_steps}).to_string(),
-        )
-        .expect("script");
+        std::fs::write(&script, script_json.to_string()).expect("script");
         let mut child = Command::new("python3")
             .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/agents/model_server.py"))
             .arg(&script)

@@ -17,6 +17,7 @@ use serde_json::{json, Value};
 
 pub mod agents;
 pub mod gate;
+pub mod host;
 pub mod lines;
 pub mod need;
 pub mod net;

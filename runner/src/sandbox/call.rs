@@ -36,6 +36,7 @@ pub(crate) struct CallSandbox {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Grants {
     pub readable: Vec<String>,
+    pub executable: Vec<String>,
     pub writable: Vec<String>,
     pub egress: Option<crate::egress::Policy>,
     pub env: Vec<(String, String)>,
@@ -51,6 +52,7 @@ impl Grants {
             }
         };
         add(&mut p.readable, &self.readable);
+        add(&mut p.executable, &self.executable);
         add(&mut p.readable, &self.writable);
         add(&mut p.writable, &self.writable);
         if let Some(policy) = &self.egress {

@@ -39,8 +39,14 @@ pub(crate) enum SuperviseError {
     #[error("command not found: {0}")]
     NotFound(String),
     /// The command exists on the host, but not in the run's view.
-    #[error("command not found in the sandbox: {name} is {} on the host, outside this profile's view; add its directory to [paths] executable (for a toolchain in your home, \"{{home}}/...\"), or use a toolchain profile (rust, python, node)", path.display())]
-    NotInView { name: String, path: PathBuf },
+    #[error("command not found in the sandbox: {name} is {} on the host, outside this profile's view; {fix}", path.display())]
+    NotInView {
+        name: String,
+        path: PathBuf,
+        /// What makes it visible: a profile's `[paths] executable`, or for the subagent's
+        /// agent, which runs under the daemon's `[subagent]` section, its grant there.
+        fix: &'static str,
+    },
     #[error("argument, environment or path holds a NUL byte: {0:?}")]
     Nul(String),
     #[error("{step}: {source}")]

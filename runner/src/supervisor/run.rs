@@ -489,9 +489,17 @@ fn prepare_command(plan: &LaunchPlan) -> Result<linux::Command, SuperviseError> 
         plan.cwd.join(&program)
     };
     if !crate::sandbox::in_view(&on_host, &plan.sandbox) {
+        let fix = if plan.tool == "subagent" {
+            "add its directory to [subagent] executable in the daemon's config (for an agent \
+             installed in the caller's home, \"{home}/...\", e.g. \"{home}/.local\")"
+        } else {
+            "add its directory to [paths] executable (for a toolchain in your home, \
+             \"{home}/...\"), or use a toolchain profile (rust, python, node)"
+        };
         return Err(SuperviseError::NotInView {
             name: argv0.clone(),
             path: program,
+            fix,
         });
     }
     Ok(linux::Command {

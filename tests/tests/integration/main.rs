@@ -56,6 +56,7 @@ mod smoke;
 mod spawner;
 mod stdin;
 mod subagent;
+mod subagent_claude;
 mod subagent_net;
 mod toolchains;
 mod wakes;
