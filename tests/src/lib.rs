@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 pub mod agents;
+pub mod bench;
 pub mod gate;
 pub mod host;
 pub mod lines;

@@ -13,7 +13,6 @@ use crate::egress::policy::{Policy, Rule};
 use crate::protocol::{FailReason, TaskState};
 use crate::run::plan::{LaunchPlan, Tee};
 use crate::run::result::RunResult;
-use crate::sandbox::linux::Netns;
 use crate::sandbox::resolve::{self, Context};
 use crate::sandbox::{Catalog, Network, Profile, RunAs};
 use crate::supervisor;
@@ -217,20 +216,11 @@ fn not_on_sandbox_path(
     ))
 }
 
-/// What `sidejob exec` does first, before its arguments are parsed: the run's network
-/// namespace is made on another CPU while this one prepares the run (see `sys::netns`; most
-/// profiles need one, and a run that does not drops it), and this process stays on its own
-/// CPU, with its run's init, so that their hand-offs wake no idle CPU (see `sys::cpu`).
-pub(super) fn start_early() -> Option<crate::sys::netns::Ahead> {
-    let netns = crate::sys::netns::Ahead::start().ok();
+/// Runs `sidejob exec`; returns the process exit code.
+pub(super) fn exec(a: ExecArgs) -> i32 {
+    // This process stays on its own CPU, with its run's init, so that their hand-offs wake
+    // no idle CPU (see `sys::cpu`); the command gets back every CPU before it execs.
     crate::sys::cpu::stay_here();
-    netns
-}
-
-/// Runs `sidejob exec`; returns the process exit code. `netns` is what [`start_early`]
-/// started, when the command line put `exec` first; otherwise it is started now.
-pub(super) fn exec(a: ExecArgs, netns: Option<crate::sys::netns::Ahead>) -> i32 {
-    let netns = netns.or_else(start_early);
     let catalog = Catalog::new(Catalog::default_dir());
     let mut profile = match catalog.get_or_file(a.profile.as_deref().unwrap_or("workspace-write")) {
         Ok(p) => p,
@@ -391,9 +381,8 @@ pub(super) fn exec(a: ExecArgs, netns: Option<crate::sys::netns::Ahead>) -> i32 
         } else {
             None
         };
-        let netns = netns.map(Netns::Ahead);
         match crate::sys::dirfd::open_dir(&run_dir) {
-            Ok(dir) => match supervisor::supervise_with(&plan, started, dir.as_fd(), hook, netns) {
+            Ok(dir) => match supervisor::supervise_with(&plan, started, dir.as_fd(), hook, None) {
                 Ok(r) => r,
                 Err(e) => {
                     let reason = e.reason();

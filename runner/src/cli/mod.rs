@@ -33,10 +33,6 @@ fn socket(conn: &Conn, top: &Conn) -> PathBuf {
 
 /// Runs the command line; returns the process exit code.
 pub fn main() -> i32 {
-    // `sidejob exec` starts its run before anything else (see `exec::start_early`).
-    let netns = (std::env::args_os().nth(1).is_some_and(|a| a == "exec"))
-        .then(exec::start_early)
-        .flatten();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
@@ -48,7 +44,7 @@ pub fn main() -> i32 {
     // So must `exec` and `doctor`, which run the supervisor in this process.
     let top = cli.conn;
     let command = match cli.command {
-        Command::Exec(args) => return exec::exec(args, netns),
+        Command::Exec(args) => return exec::exec(args),
         Command::Doctor { json } => return doctor::doctor(json),
         Command::Cache { command } => return doctor::cache(command),
         other => other,

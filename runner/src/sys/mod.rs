@@ -14,7 +14,6 @@ pub(crate) mod cpu;
 pub(crate) mod dirfd;
 pub(crate) mod fdpass;
 pub(crate) mod fs;
-pub(crate) mod netns;
 pub(crate) mod sandbox;
 pub(crate) mod spawn;
 

@@ -3,9 +3,12 @@
 //! - `sidejob exec -- /bin/true` under a profile with `network = "none"` and under the same
 //!   profile with an allow-list (the relay is bound and started, the proxy process forked);
 //! - a foreground `true` round trip over the daemon's socket, in a session of each profile;
-//! - a 100 MiB download from a loopback server by curl: from a run whose network is the host's
-//!   (direct), and from an allow-list run through the relay and the proxy. curl's own
-//!   `time_total` is used, so the sandbox's start-up is not in it.
+//! - a 1 GiB download from a loopback server by curl: from a run whose network is the host's
+//!   (direct), and from an allow-list run through the relay and the proxy, on an idle machine
+//!   and with two CPU burners beside it; curl's own `time_total` is used, so the sandbox's
+//!   start-up is not in it. Target: through the proxy ≥ 0.8× direct. The CPU per GiB of every
+//!   process of each line is printed beside it (what the relay and the proxy add). Exits 1
+//!   when the target is missed.
 //!
 //! Rounds are interleaved so background noise hits both sides alike. Prints medians and p90.
 //!
@@ -17,10 +20,11 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+use sidejob_tests::bench::{burn_if_asked, CpuMeter, Load, Targets};
 use sidejob_tests::net::HttpServer;
 use sidejob_tests::{sidejob_bin, Daemon, TempDir};
 
-const DOWNLOAD: u64 = 100 << 20;
+const DOWNLOAD: u64 = 1 << 30;
 
 fn stats(mut v: Vec<f64>) -> (f64, f64) {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -48,6 +52,7 @@ fn exec(profile: &str, ws: &std::path::Path, cmd: &[&str]) -> (Duration, String)
 }
 
 fn main() {
+    burn_if_asked();
     let rounds: usize = std::env::args()
         .nth(1)
         .and_then(|a| a.parse().ok())
@@ -138,8 +143,12 @@ fn main() {
         }
     }
 
-    // Throughput: 100 MiB from the loopback server, direct and through the proxy.
-    let curl = |proxied: bool| {
+    // Throughput: 1 GiB from the loopback server, direct and through the proxy, idle and busy,
+    // with the CPU of every process of each line (curl, the relay, the proxy, sidejob exec).
+    let mut meter = CpuMeter::new(2)
+        .map_err(|e| println!("CPU time not measured: {e}"))
+        .ok();
+    let curl = |meter: &mut Option<CpuMeter>, proxied: bool| {
         let url = if proxied {
             format!("http://models.test:{port}/bytes/{DOWNLOAD}")
         } else {
@@ -147,18 +156,36 @@ fn main() {
         };
         let script = format!("curl -sS -o /dev/null -w '%{{time_total}} %{{size_download}}' {url}");
         let profile = if proxied { &allow } else { &host };
-        let (_, out) = exec(profile, ws.path(), &["sh", "-c", &script]);
+        let run = || exec(profile, ws.path(), &["sh", "-c", &script]);
+        let (_, out) = match meter {
+            Some(m) => m.in_line(usize::from(proxied), run),
+            None => run(),
+        };
         let mut it = out.split_whitespace();
         let secs: f64 = it.next().and_then(|s| s.parse().ok()).expect("time_total");
         let bytes: u64 = it.next().and_then(|s| s.parse().ok()).expect("size");
         assert_eq!(bytes, DOWNLOAD, "short download");
         DOWNLOAD as f64 / (1 << 20) as f64 / secs
     };
-    let downloads = (rounds / 10).clamp(5, 15);
-    let (mut direct, mut proxied) = (Vec::new(), Vec::new());
-    for _ in 0..downloads {
-        direct.push(curl(false));
-        proxied.push(curl(true));
+    let downloads = 3;
+    let mut throughput = Vec::new();
+    for load in Load::BOTH {
+        let _burners = load.apply();
+        let cpu0 = meter.as_ref().map(|m| (m.used(0), m.used(1)));
+        let (mut direct, mut proxied) = (Vec::new(), Vec::new());
+        for _ in 0..downloads {
+            direct.push(curl(&mut meter, false));
+            proxied.push(curl(&mut meter, true));
+        }
+        drop(_burners);
+        // CPU seconds per GiB of each line, and what the proxy path added.
+        let cpu = meter.as_ref().zip(cpu0).map(|(m, (d0, p0))| {
+            m.settle(0);
+            m.settle(1);
+            let per_gib = |d: Duration| d.as_secs_f64() / downloads as f64;
+            (per_gib(m.used(0) - d0), per_gib(m.used(1) - p0))
+        });
+        throughput.push((load, stats(direct).0, stats(proxied).0, cpu));
     }
 
     let (en, en90) = stats(e_none);
@@ -166,17 +193,33 @@ fn main() {
     let (rn, rn90) = stats(r_none);
     let (ra, ra90) = stats(r_allow);
     let (f50, f90) = stats(first);
-    let (dd, _) = stats(direct);
-    let (dp, _) = stats(proxied);
-    println!("sidejob-egress-bench: {rounds} rounds, {downloads} downloads of 100 MiB");
+    println!("sidejob-egress-bench: {rounds} rounds, {downloads} downloads of 1 GiB per column");
     println!("  exec /bin/true, network none      median {en:7.2} ms  p90 {en90:7.2} ms");
     println!("  exec /bin/true, allow-list        median {ea:7.2} ms  p90 {ea90:7.2} ms   added {:+.2} ms", ea - en);
     println!("  round trip true, network none     median {rn:7.2} ms  p90 {rn90:7.2} ms");
     println!("  round trip true, allow-list       median {ra:7.2} ms  p90 {ra90:7.2} ms   added {:+.2} ms", ra - rn);
     println!("  first request of an exec run      median {f50:7.2} ms  p90 {f90:7.2} ms   (curl's time_total, proxy start included)");
-    println!("  100 MiB download, direct          median {dd:8.1} MiB/s");
-    println!(
-        "  100 MiB download, through proxy   median {dp:8.1} MiB/s   ratio {:.2}",
-        dp / dd
-    );
+    let mut targets = Targets::default();
+    for (load, dd, dp, cpu) in throughput {
+        let l = load.name();
+        println!("  {l}: 1 GiB download, direct        median {dd:8.1} MiB/s");
+        println!(
+            "  {l}: 1 GiB download, through proxy median {dp:8.1} MiB/s   ratio {:.2}",
+            dp / dd
+        );
+        if let Some((cd, cp)) = cpu {
+            println!(
+                "  {l}: CPU per GiB: direct {cd:.2} s, through the proxy {cp:.2} s (the proxy path adds {:.2} s)",
+                cp - cd
+            );
+        }
+        targets.check(
+            &format!("{l}: download through the proxy / direct"),
+            Some(dp / dd),
+            "x",
+            0.8,
+            true,
+        );
+    }
+    targets.finish();
 }

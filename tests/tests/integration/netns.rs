@@ -8,7 +8,7 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 
 use serde_json::{json, Value};
-use sidejob_tests::{children_by_parent, proc_status, skip_without, Client, Daemon, Need};
+use sidejob_tests::{skip_without, Client, Daemon, Need};
 
 use crate::containment::{exec, exec_command, probe_bin, Ws};
 use crate::isolation::NOBODY;
@@ -230,64 +230,5 @@ fn overlapping_exec_runs_never_share_a_namespace() {
             !seen[..i].contains(ns),
             "two overlapping runs share {ns}: {seen:?}"
         );
-    }
-}
-
-/// Running, or sleeping: neither gone nor a zombie.
-fn alive(pid: i32) -> bool {
-    proc_status(&pid.to_string(), "State").is_some_and(|s| s.starts_with(['R', 'S', 'D']))
-}
-
-/// `sidejob exec`'s namespace maker stays alive after its work only to hold exec's memory
-/// (so that exec's own exit is quick): it holds none of exec's descriptors (a reader of exec's
-/// output sees the end when exec ends), waits at the lowest priority, and is gone when exec
-/// is, even when exec is killed.
-#[test]
-fn execs_namespace_maker_holds_nothing_but_memory_and_ends_with_exec() {
-    let Some(ws) = Ws::new() else { return };
-    let mut child = exec_command(&ws, &[], &["sleep", "30"])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .expect("sidejob exec");
-    let ours = std::fs::read_link("/proc/self/ns/pid").expect("our PID namespace");
-    let policy = |pid: i32| {
-        std::fs::read_to_string(format!("/proc/{pid}/sched"))
-            .unwrap_or_default()
-            .lines()
-            .find_map(|l| l.strip_prefix("policy"))
-            .and_then(|v| v.trim_start_matches([' ', ':']).trim().parse::<i32>().ok())
-    };
-    // The maker is the child of exec in our PID namespace (init is in the run's); it is done
-    // with its work once it waits at SCHED_IDLE.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let maker = loop {
-        let maker = children_by_parent()
-            .remove(&(child.id() as i32))
-            .unwrap_or_default()
-            .into_iter()
-            .find(|c| std::fs::read_link(format!("/proc/{c}/ns/pid")).is_ok_and(|ns| ns == ours));
-        if let Some(m) = maker.filter(|&m| policy(m) == Some(libc::SCHED_IDLE)) {
-            break m;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no maker waiting at SCHED_IDLE under exec (found {maker:?}, policy {:?})",
-            maker.and_then(policy)
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    };
-    let fds = std::fs::read_dir(format!("/proc/{maker}/fd"))
-        .expect("the maker's descriptors")
-        .count();
-    assert_eq!(fds, 0, "the maker holds {fds} descriptors");
-    child.kill().expect("kill exec");
-    child.wait().expect("reap exec");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while alive(maker) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the maker outlived the exec that made it"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }

@@ -396,23 +396,17 @@ pub(crate) struct Prepared {
 pub(crate) enum Netns {
     /// The offline namespace the session's runs share (see `supervisor::spawner`).
     Shared(OwnedFd),
-    /// A new, empty one being made for this run alone, on another CPU, while the run is
-    /// prepared (`sidejob exec`: see `sys::netns`); collected as late as can be, just before
-    /// init is forked.
-    Ahead(crate::sys::netns::Ahead),
 }
 
 impl Prepared {
     /// Gives the run a network namespace to join instead of making its own. A shared one is
     /// taken only when the run's network is off and landlock scopes its abstract sockets (so
-    /// the session's other runs in that namespace cannot reach them); one made ahead whenever
-    /// the run needs a namespace of its own (its network is off or loopback-only) and its
-    /// maker succeeded. Any other is dropped, and init makes its own.
+    /// the session's other runs in that namespace cannot reach them). Any other is dropped,
+    /// and init makes its own.
     pub(crate) fn give_netns(&mut self, netns: Netns) {
         let scoped = self.layers.iter().any(|l| l == "landlock_scope");
         self.given_netns = match (netns, self.plan.network) {
             (Netns::Shared(fd), Network::None) if scoped => Some(fd),
-            (Netns::Ahead(a), Network::None | Network::Loopback) => a.finish().ok(),
             _ => None,
         };
     }
