@@ -19,6 +19,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::json;
 use sidejob::cli::Client;
+use sidejob_tests::bench::{bwrap_installed, bwrap_line};
 
 const N: usize = 300;
 
@@ -42,14 +43,6 @@ fn report(name: &str, samples: &mut [f64], bare: f64, bwrap: Option<f64>) -> f64
         samples.len()
     );
     p50
-}
-
-fn bwrap_installed() -> bool {
-    Command::new("bwrap")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
 }
 
 struct Daemon {
@@ -109,21 +102,7 @@ fn main() {
         (0..N)
             .map(|_| {
                 let t = Instant::now();
-                let s = Command::new("bwrap")
-                    .args([
-                        "--unshare-all",
-                        "--die-with-parent",
-                        "--ro-bind",
-                        "/",
-                        "/",
-                        "--dev",
-                        "/dev",
-                        "--proc",
-                        "/proc",
-                        "/bin/true",
-                    ])
-                    .status()
-                    .expect("spawn bwrap");
+                let s = bwrap_line().status().expect("spawn bwrap");
                 assert!(s.success(), "bwrap failed: {s}");
                 t.elapsed().as_secs_f64() * 1e3
             })

@@ -163,6 +163,49 @@ impl Drop for CpuMeter {
     }
 }
 
+/// A meter of `lines` lines, or `None` after saying why CPU time is not measured.
+pub fn meter(lines: usize) -> Option<CpuMeter> {
+    CpuMeter::new(lines)
+        .map_err(|e| println!("CPU time not measured: {e}"))
+        .ok()
+}
+
+/// Runs `f` in line `i` of `meter`, or as it is where there is none.
+pub fn in_line<T>(meter: &mut Option<CpuMeter>, i: usize, f: impl FnOnce() -> T) -> T {
+    match meter {
+        Some(m) => m.in_line(i, f),
+        None => f(),
+    }
+}
+
+/// Whether `bwrap` runs here (the lines the benches compare against need it).
+pub fn bwrap_installed() -> bool {
+    Command::new("bwrap")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The bwrap line: `bwrap --unshare-all --die-with-parent --ro-bind / / --dev /dev --proc
+/// /proc /bin/true`, what sidejob's start-up is measured against.
+pub fn bwrap_line() -> Command {
+    let mut c = Command::new("bwrap");
+    c.args([
+        "--unshare-all",
+        "--die-with-parent",
+        "--ro-bind",
+        "/",
+        "/",
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+        "/bin/true",
+    ]);
+    c
+}
+
 /// Waits up to 10 s for a cgroup to hold no process (polling: a bench, not the product).
 fn wait_empty(d: &Path) {
     let procs = d.join("cgroup.procs");

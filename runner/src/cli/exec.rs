@@ -382,7 +382,7 @@ pub(super) fn exec(a: ExecArgs) -> i32 {
             None
         };
         match crate::sys::dirfd::open_dir(&run_dir) {
-            Ok(dir) => match supervisor::supervise_with(&plan, started, dir.as_fd(), hook, None) {
+            Ok(dir) => match supervisor::supervise_with(&plan, started, dir.as_fd(), hook) {
                 Ok(r) => r,
                 Err(e) => {
                     let reason = e.reason();

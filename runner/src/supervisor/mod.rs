@@ -27,7 +27,7 @@ use crate::run::dir::PrivateDir;
 use crate::run::fds;
 use crate::run::plan::LaunchPlan;
 use crate::run::result::RunResult;
-use crate::sandbox::linux::{Netns, PrepareError};
+use crate::sandbox::linux::PrepareError;
 use crate::sys::{self, dirfd, SigSet, Signal};
 
 #[derive(Debug, thiserror::Error)]
@@ -115,8 +115,7 @@ fn supervisor_main(private_dir: &Path, pid_file: PidFile, shared_netns: bool) ->
     let _ = sys::close_from(keep as u32 + 1);
     let netns = shared_netns
         .then(|| sys::take_inherited_fd(fds::SHARED_NETNS_FD).ok())
-        .flatten()
-        .map(Netns::Shared);
+        .flatten();
     let public =
         match sys::take_inherited_fd(crate::run::fds::SUPERVISOR_PUBLIC_FD).and_then(|fd| {
             if dirfd::is_dir(&dirfd::stat_fd(fd.as_fd())?) {
@@ -261,8 +260,9 @@ pub(crate) struct Options<'a> {
     /// The daemon's report pipe: kept out of the run's init (nothing of the run may hold it)
     /// and handed back with the result.
     pub report: Option<OwnedFd>,
-    /// A network namespace init joins instead of making one (see [`Netns`]).
-    pub netns: Option<Netns>,
+    /// The session's shared offline network namespace, which init joins when it may (see
+    /// `sandbox::linux::Prepared::give_shared_netns`).
+    pub netns: Option<OwnedFd>,
 }
 
 /// A supervised run: its result, `output.log` (complete, not yet made durable) and the
@@ -281,22 +281,21 @@ pub(crate) fn supervise(
     started: SystemTime,
     out_dir: BorrowedFd<'_>,
 ) -> Result<RunResult, SuperviseError> {
-    supervise_with(plan, started, out_dir, None, None)
+    supervise_with(plan, started, out_dir, None)
 }
 
 /// [`supervise`], calling `egress_first_use` once, when the run's relay first has a
-/// connection or query to hand over, and giving init `netns` to join (see [`Options`]).
+/// connection or query to hand over (see [`Options`]).
 pub(crate) fn supervise_with(
     plan: &LaunchPlan,
     started: SystemTime,
     out_dir: BorrowedFd<'_>,
     egress_first_use: Option<&mut dyn FnMut()>,
-    netns: Option<Netns>,
 ) -> Result<RunResult, SuperviseError> {
     let opts = Options {
         egress_first_use,
         report: None,
-        netns,
+        netns: None,
     };
     supervise_run(plan, started, out_dir, opts)
         .map(|s| s.result)

@@ -14,7 +14,7 @@ use crate::run::cancel::{CancelRequest, StopReason};
 use crate::run::plan::{LaunchPlan, OUTPUT_TAIL_BYTES};
 use crate::run::report;
 use crate::run::result::{RunResult, Violation};
-use crate::sandbox::linux::{self, netns, Netns};
+use crate::sandbox::linux::{self, netns};
 use crate::sandbox::resolve_program;
 use crate::sys::{self, Exit, Fork};
 
@@ -51,7 +51,7 @@ impl<'p> Run<'p> {
         plan: &'p LaunchPlan,
         out_dir: BorrowedFd<'_>,
         keep_from_init: &mut Option<OwnedFd>,
-        netns: Option<Netns>,
+        netns: Option<OwnedFd>,
     ) -> Result<Run<'p>, SuperviseError> {
         let clock = Instant::now();
         let setup =
@@ -95,9 +95,8 @@ impl<'p> Run<'p> {
             .map(|e| e.socket_dir.join(crate::egress::SOCKET));
 
         let mut layers = enter_pid_namespace()?;
-        // As late as can be: a namespace being made ahead has had all of the above to finish.
         if let Some(netns) = netns {
-            sandbox.give_netns(netns);
+            sandbox.give_shared_netns(netns);
         }
         layers.extend(sandbox.layers.iter().cloned());
         layers.sort();

@@ -20,7 +20,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use sidejob_tests::bench::{burn_if_asked, CpuMeter, Load, Targets};
+use sidejob_tests::bench::{burn_if_asked, in_line, meter, CpuMeter, Load, Targets};
 use sidejob_tests::net::HttpServer;
 use sidejob_tests::{sidejob_bin, Daemon, TempDir};
 
@@ -145,9 +145,7 @@ fn main() {
 
     // Throughput: 1 GiB from the loopback server, direct and through the proxy, idle and busy,
     // with the CPU of every process of each line (curl, the relay, the proxy, sidejob exec).
-    let mut meter = CpuMeter::new(2)
-        .map_err(|e| println!("CPU time not measured: {e}"))
-        .ok();
+    let mut meter = meter(2);
     let curl = |meter: &mut Option<CpuMeter>, proxied: bool| {
         let url = if proxied {
             format!("http://models.test:{port}/bytes/{DOWNLOAD}")
@@ -157,10 +155,7 @@ fn main() {
         let script = format!("curl -sS -o /dev/null -w '%{{time_total}} %{{size_download}}' {url}");
         let profile = if proxied { &allow } else { &host };
         let run = || exec(profile, ws.path(), &["sh", "-c", &script]);
-        let (_, out) = match meter {
-            Some(m) => m.in_line(usize::from(proxied), run),
-            None => run(),
-        };
+        let (_, out) = in_line(meter, usize::from(proxied), run);
         let mut it = out.split_whitespace();
         let secs: f64 = it.next().and_then(|s| s.parse().ok()).expect("time_total");
         let bytes: u64 = it.next().and_then(|s| s.parse().ok()).expect("size");

@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sidejob_tests::bench::{burn_if_asked, CpuMeter, Load};
+use sidejob_tests::bench::{burn_if_asked, in_line, meter, Load};
 use sidejob_tests::{Daemon, TempDir};
 
 /// A raw connection: requests may be pipelined, replies and pushes read as they come.
@@ -216,14 +216,10 @@ fn spawn_section() {
             Load::Idle => Duration::from_millis(1500),
             Load::Busy => Duration::from_secs(3),
         };
-        let mut meter = CpuMeter::new(1)
-            .map_err(|e| println!("  CPU of the runs not measured: {e}"))
-            .ok();
-        let start = || Daemon::start_with_log(many_runs_config(), "warn");
-        let d = match &mut meter {
-            Some(m) => m.in_line(0, start),
-            None => start(),
-        };
+        let mut meter = meter(1);
+        let d = in_line(&mut meter, 0, || {
+            Daemon::start_with_log(many_runs_config(), "warn")
+        });
         let ws = TempDir::new("perf-ws");
         let mut c = Conn::open(&d);
         let s = open_session(&mut c, ws.path());

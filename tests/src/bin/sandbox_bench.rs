@@ -31,7 +31,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use sidejob_tests::bench::{burn_if_asked, p50_p90, CpuMeter, Load, Targets};
+use sidejob_tests::bench::{
+    burn_if_asked, bwrap_installed, bwrap_line, in_line, meter, p50_p90, CpuMeter, Load, Targets,
+};
 use sidejob_tests::{sidejob_bin, Client, Daemon, TempDir};
 
 /// `sidejob exec -- /bin/true` and the round trip, as multiples of the bwrap line.
@@ -65,23 +67,6 @@ fn time(f: impl FnOnce()) -> Duration {
 fn round_trip(client: &mut Client, session: &str, command: &str) {
     let r = client.bash(session, command, json!({}));
     assert_eq!(r["state"], "succeeded", "{command}: {r}");
-}
-
-fn bwrap_true() -> Command {
-    let mut c = Command::new("bwrap");
-    c.args([
-        "--unshare-all",
-        "--die-with-parent",
-        "--ro-bind",
-        "/",
-        "/",
-        "--dev",
-        "/dev",
-        "--proc",
-        "/proc",
-        "/bin/true",
-    ]);
-    c
 }
 
 /// One measured line of a column: wall samples and the CPU time of all its rounds.
@@ -156,10 +141,7 @@ fn start_daemon(meter: &mut Option<CpuMeter>, line: usize, bin: &Path) -> LineDa
         }
         d
     };
-    let daemon = match meter {
-        Some(m) => m.in_line(line, start),
-        None => start(),
-    };
+    let daemon = in_line(meter, line, start);
     let mut client = daemon.client();
     let session = daemon.open_session(&mut client);
     LineDaemon {
@@ -181,18 +163,8 @@ fn start_section(rounds: usize, sidejob: &Path, baseline: Option<&PathBuf>, targ
     ];
     const BWRAP: usize = 2;
     let ws = TempDir::new("bench-ws");
-    let bwrap = Command::new("bwrap")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    let mut meter = match CpuMeter::new(NAMES.len()) {
-        Ok(m) => Some(m),
-        Err(e) => {
-            println!("CPU time not measured: {e}");
-            None
-        }
-    };
+    let bwrap = bwrap_installed();
+    let mut meter = meter(NAMES.len());
     let mut rt_true = start_daemon(&mut meter, 3, sidejob);
     let mut rt_bin = start_daemon(&mut meter, 4, sidejob);
     let mut rt_base = baseline.map(|b| start_daemon(&mut meter, 6, b));
@@ -222,15 +194,12 @@ fn start_section(rounds: usize, sidejob: &Path, baseline: Option<&PathBuf>, targ
             }
             let mut t: [Option<Duration>; NAMES.len()] = [None; NAMES.len()];
             let mut measure = |i: usize, f: &mut dyn FnMut()| {
-                t[i] = Some(match &mut meter {
-                    Some(m) => m.in_line(i, || time(f)),
-                    None => time(f),
-                });
+                t[i] = Some(in_line(&mut meter, i, || time(f)));
             };
             measure(0, &mut || run(&mut Command::new("/bin/true")));
             measure(1, &mut || exec_true(sidejob));
             if bwrap {
-                measure(BWRAP, &mut || run(&mut bwrap_true()));
+                measure(BWRAP, &mut || run(&mut bwrap_line()));
             }
             measure(3, &mut || {
                 round_trip(&mut rt_true.client, &rt_true.session, "true")
@@ -375,13 +344,7 @@ fn work_section(rounds: usize, sidejob: &Path, targets: &mut Targets) {
     } else {
         println!("cargo build not measured: no {home}/.cargo/bin/cargo");
     }
-    let mut meter = match CpuMeter::new(works.len() * 2) {
-        Ok(m) => Some(m),
-        Err(e) => {
-            println!("CPU time not measured: {e}");
-            None
-        }
-    };
+    let mut meter = meter(works.len() * 2);
     println!(
         "work: {rounds} rounds per column, interleaved; sidejob = {}",
         sidejob.display()
@@ -413,10 +376,7 @@ fn work_section(rounds: usize, sidejob: &Path, targets: &mut Targets) {
                         .current_dir(ws.path()))
                 };
                 for (i, f) in [(2 * w, &outside as &dyn Fn()), (2 * w + 1, &inside)] {
-                    let d = match &mut meter {
-                        Some(m) => m.in_line(i, || time(f)),
-                        None => time(f),
-                    };
+                    let d = in_line(&mut meter, i, || time(f));
                     if round > 0 {
                         lines[i].wall.push(d);
                     }

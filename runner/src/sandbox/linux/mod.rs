@@ -387,28 +387,20 @@ pub(crate) struct Prepared {
     last_cap: u32,
     /// An allow-list run: init binds the relay's ports and sends them to the supervisor.
     egress: bool,
-    /// A network namespace init joins instead of making one (see [`Netns`]); only ever set
-    /// when the network is off or loopback-only.
+    /// The session's shared network namespace, which init joins instead of making one
+    /// (see [`Prepared::give_shared_netns`]); only ever set when the network is off.
     given_netns: Option<OwnedFd>,
 }
 
-/// A network namespace given to a run, which its init joins instead of making its own.
-pub(crate) enum Netns {
-    /// The offline namespace the session's runs share (see `supervisor::spawner`).
-    Shared(OwnedFd),
-}
-
 impl Prepared {
-    /// Gives the run a network namespace to join instead of making its own. A shared one is
-    /// taken only when the run's network is off and landlock scopes its abstract sockets (so
-    /// the session's other runs in that namespace cannot reach them). Any other is dropped,
-    /// and init makes its own.
-    pub(crate) fn give_netns(&mut self, netns: Netns) {
+    /// Gives the run the offline network namespace its session's runs share (see
+    /// `supervisor::spawner`), to join instead of making its own. It is taken only when the
+    /// run's network is off and landlock scopes its abstract sockets (so the session's other
+    /// runs in that namespace cannot reach them); otherwise it is dropped, and init makes its
+    /// own.
+    pub(crate) fn give_shared_netns(&mut self, fd: OwnedFd) {
         let scoped = self.layers.iter().any(|l| l == "landlock_scope");
-        self.given_netns = match (netns, self.plan.network) {
-            (Netns::Shared(fd), Network::None) if scoped => Some(fd),
-            _ => None,
-        };
+        self.given_netns = (scoped && self.plan.network == Network::None).then_some(fd);
     }
 
     /// After the run: sets aside the repositories it staged in the workspace's index (see
@@ -688,7 +680,7 @@ pub(crate) fn launch(
     // 3. The remaining namespaces. The supervisor already made us PID 1 of a new PID
     //    namespace; mount, IPC, UTS and network are unshared here, not in the supervisor, so
     //    the supervisor keeps the host's view to write output.log and result.json. A run
-    //    given a network namespace (see `Netns`) joins it instead of making one.
+    //    given a network namespace (see `give_shared_netns`) joins it instead of making one.
     let mut flags = libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
     match (&p.given_netns, p.plan.network) {
         (_, Network::Host) => {}
