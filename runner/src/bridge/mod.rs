@@ -3,7 +3,7 @@
 //! a bridge acts in, the questions runs ask (`input.rs`) and subagents' child sessions
 //! (`subagent.rs`); it speaks no protocol itself. Each connection is handed to the daemon's
 //! one RPC core (`server/`), which serves it with the same handlers as the control socket,
-//! restricted to the scope: the run's session, `BRIDGE_METHODS`, and the run's profile as
+//! restricted to the scope: the run's session, the bridge's methods (`Method::for_bridges`), and the run's profile as
 //! the ceiling of everything started through it.
 //!
 //! The socket is `<bridge dir>/<task_id>/sock` (`run_dir::socket_dir`): the directory is named
