@@ -703,7 +703,10 @@ pub(crate) struct DaemonStatusResult {
     pub wakes_pushed: u64,
     /// Resource limits runs hit (`timeout`, `output_cap`, `memory`, …) since the daemon started.
     pub violations: u64,
-    /// Whether the daemon-wide counters (terminal states, `wakes_pushed`, `violations`) were
+    /// `task.wait` calls waiting for a live run to settle, now.
+    #[serde(default)]
+    pub waits: u64,
+    /// Whether the daemon-wide counters (terminal states, `wakes_pushed`, `violations`, `waits`) were
     /// given: to root, and to the user an unprivileged daemon serves; zeros to anyone else.
     #[serde(default)]
     pub daemon_wide_counters: bool,

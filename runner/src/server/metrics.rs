@@ -104,7 +104,7 @@ pub(super) fn render(s: &DaemonStatusResult) -> String {
         &settled,
     );
     // One sample each, no labels.
-    let single: [(&str, &str, &str, f64); 7] = [
+    let single: [(&str, &str, &str, f64); 8] = [
         (
             "sidejob_queue_depth",
             "gauge",
@@ -122,6 +122,12 @@ pub(super) fn render(s: &DaemonStatusResult) -> String {
             "counter",
             "Notifications pushed to at least one subscribed host.",
             s.wakes_pushed as f64,
+        ),
+        (
+            "sidejob_waits",
+            "gauge",
+            "task.wait calls waiting for a live run.",
+            s.waits as f64,
         ),
         (
             "sidejob_violations_total",

@@ -107,6 +107,11 @@ pub(super) fn collect(d: &Daemon, uid: u32) -> Result<DaemonStatusResult, RpcErr
         } else {
             0
         },
+        waits: if daemon_wide {
+            crate::metrics::waits()
+        } else {
+            0
+        },
         daemon_wide_counters: daemon_wide,
     })
 }
