@@ -10,6 +10,8 @@ mod replay;
 mod rows;
 mod schedules;
 mod schema;
+#[cfg(test)]
+mod tests;
 
 pub(crate) mod health;
 
