@@ -14,6 +14,8 @@
 
 mod input;
 mod subagent;
+#[cfg(test)]
+mod tests;
 
 pub(crate) use input::Questions;
 
