@@ -162,7 +162,8 @@ fn trial_run() -> serde_json::Value {
                 caller_env: &[],
                 caches: None,
             },
-        )?
+        )
+        .map_err(|e| e.to_string())?
         .plan(
             "doctor",
             vec!["/bin/true".into()],

@@ -38,7 +38,7 @@ impl CallSandbox {
     pub(crate) fn resolve(
         profile: &Profile,
         ctx: &resolve::Context,
-    ) -> Result<CallSandbox, String> {
+    ) -> Result<CallSandbox, resolve::ResolveError> {
         let r = resolve::resolve(profile, ctx)?;
         Ok(CallSandbox {
             profile: profile.name.clone(),
@@ -137,7 +137,7 @@ pub(crate) fn check_profile(
         .map_err(|e| CallSandboxError::Invalid(e.to_string()))?;
     profile
         .check_run_as_for(owner_uid)
-        .map_err(CallSandboxError::Invalid)?;
+        .map_err(|e| CallSandboxError::Invalid(e.to_string()))?;
     let missing = linux::Availability::cached().missing(profile.network, &profile.limits);
     if !missing.is_empty() && !profile.best_effort {
         return Err(CallSandboxError::Unavailable(format!(
@@ -222,5 +222,5 @@ pub(crate) fn for_call(
             caches: caches.as_deref(),
         },
     )
-    .map_err(CallSandboxError::Invalid)
+    .map_err(|e| CallSandboxError::Invalid(e.to_string()))
 }
