@@ -9,25 +9,10 @@ use serde_json::json;
 use super::*;
 use crate::config::Config;
 use crate::plugin_host::ToolHost;
-use crate::protocol::{ErrorKind, SessionState, TaskKind, TaskRequestInputParams};
-use crate::registry::{Registry, SessionRow};
+use crate::protocol::{ErrorKind, TaskKind, TaskRequestInputParams};
+use crate::registry::fixtures::session;
+use crate::registry::Registry;
 use crate::scratch::ScratchDir;
-
-fn session(id: &str, parent: Option<&str>) -> SessionRow {
-    SessionRow {
-        session_id: id.into(),
-        owner_uid: 1000,
-        owner_gid: 1000,
-        workspace: "/w".into(),
-        session_dir: format!("/s/{id}"),
-        profile: "workspace-write".into(),
-        proactive_wake: true,
-        parent_session_id: parent.map(str::to_owned),
-        state: SessionState::Open,
-        created_at: crate::ids::now_rfc3339(),
-        closed_at: None,
-    }
-}
 
 struct Fixture {
     exec: Arc<Executor>,
@@ -45,10 +30,10 @@ fn fixture() -> Fixture {
     });
     std::fs::create_dir_all(&cfg.state_dir).unwrap();
     let registry = Arc::new(Registry::open(&cfg.state_dir).unwrap());
-    let top = session("top", None);
+    let top = session("top", 1000, None);
     registry.insert_session(&top).unwrap();
     registry
-        .insert_session(&session("sub-t1", Some("top")))
+        .insert_session(&session("sub-t1", 1000, Some("top")))
         .unwrap();
     let mut t1 = TaskRow::new(
         "t1".into(),

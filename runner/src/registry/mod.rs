@@ -4,6 +4,8 @@
 //! appends its event (the same column patch) in one transaction. The event log is therefore
 //! authoritative, and [`replay`] rebuilds identical rows from it.
 
+#[cfg(test)]
+pub(crate) mod fixtures;
 mod inbox;
 mod input;
 mod replay;

@@ -4,60 +4,16 @@
 
 use std::os::unix::fs::PermissionsExt;
 
+use super::fixtures::{call as task, ended as settlement};
 use super::*;
-use crate::protocol::{FailReason, TaskKind};
+use crate::protocol::FailReason;
 use crate::scratch::ScratchDir;
-
-fn session(id: &str, uid: u32) -> SessionRow {
-    SessionRow {
-        session_id: id.into(),
-        owner_uid: uid,
-        owner_gid: uid,
-        workspace: "/w".into(),
-        session_dir: format!("/sessions/{id}"),
-        profile: "workspace-write".into(),
-        proactive_wake: true,
-        parent_session_id: None,
-        state: SessionState::Open,
-        created_at: crate::ids::now_rfc3339(),
-        closed_at: None,
-    }
-}
-
-fn task(id: &str, s: &SessionRow) -> TaskRow {
-    TaskRow::new(
-        id.into(),
-        s,
-        "bash".into(),
-        TaskKind::Call,
-        "true".into(),
-        r#"{"command":"true"}"#.into(),
-    )
-}
-
-fn settlement(state: TaskState, exit_code: i32) -> Settlement {
-    Settlement {
-        state,
-        reason: (state == TaskState::Failed).then_some(FailReason::ExitCode),
-        exit_code: Some(exit_code),
-        signal: None,
-        ended_at: crate::ids::now_rfc3339(),
-        started_at: None,
-        duration_ms: Some(5),
-        output_bytes: Some(3),
-        output_truncated: Some(false),
-        leftover_processes: Some(0),
-        error: None,
-        delivery: Delivery::Pending,
-        violations: None,
-    }
-}
 
 /// A registry with one open session `s1` of uid 1000 holding task `t1`, queued.
 fn with_a_task() -> (ScratchDir, Registry, SessionRow) {
     let dir = ScratchDir::new("registry");
     let r = Registry::open(dir.path()).unwrap();
-    let s = session("s1", 1000);
+    let s = super::fixtures::session("s1", 1000, None);
     r.insert_session(&s).unwrap();
     r.insert_task(&task("t1", &s)).unwrap();
     (dir, r, s)

@@ -6,6 +6,7 @@ use std::path::Path;
 
 use super::dirs::{check_workspace, make_session_dir};
 use super::*;
+use crate::registry::fixtures::session as row;
 use crate::scratch::ScratchDir;
 
 fn root() -> Creds {
@@ -23,22 +24,6 @@ fn config(state_dir: &Path) -> Config {
     };
     std::fs::create_dir_all(cfg.sessions_dir()).unwrap();
     cfg
-}
-
-fn row(id: &str, owner: u32, parent: Option<&str>) -> SessionRow {
-    SessionRow {
-        session_id: id.into(),
-        owner_uid: owner,
-        owner_gid: owner,
-        workspace: "/w".into(),
-        session_dir: format!("/s/{id}"),
-        profile: "workspace-write".into(),
-        proactive_wake: true,
-        parent_session_id: parent.map(str::to_owned),
-        state: crate::protocol::SessionState::Open,
-        created_at: ids::now_rfc3339(),
-        closed_at: None,
-    }
 }
 
 #[test]

@@ -6,54 +6,10 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::*;
-use crate::protocol::{SessionState, TaskKind, TaskState};
-use crate::registry::{SessionRow, Settlement, TaskRow};
+use crate::protocol::TaskState;
+use crate::registry::fixtures::session;
+use crate::registry::fixtures::{call as task, ended};
 use crate::scratch::ScratchDir;
-
-fn session(id: &str, uid: u32) -> SessionRow {
-    SessionRow {
-        session_id: id.into(),
-        owner_uid: uid,
-        owner_gid: uid,
-        workspace: "/w".into(),
-        session_dir: format!("/s/{id}"),
-        profile: "workspace-write".into(),
-        proactive_wake: true,
-        parent_session_id: None,
-        state: SessionState::Open,
-        created_at: crate::ids::now_rfc3339(),
-        closed_at: None,
-    }
-}
-
-fn task(id: &str, s: &SessionRow) -> TaskRow {
-    TaskRow::new(
-        id.into(),
-        s,
-        "bash".into(),
-        TaskKind::Call,
-        "true".into(),
-        "{}".into(),
-    )
-}
-
-fn succeeded() -> Settlement {
-    Settlement {
-        state: TaskState::Succeeded,
-        reason: None,
-        exit_code: Some(0),
-        signal: None,
-        ended_at: crate::ids::now_rfc3339(),
-        started_at: None,
-        duration_ms: Some(1),
-        output_bytes: Some(0),
-        output_truncated: Some(false),
-        leftover_processes: Some(0),
-        error: None,
-        delivery: crate::protocol::Delivery::Pending,
-        violations: None,
-    }
-}
 
 struct Fixture {
     _dir: ScratchDir,
@@ -65,8 +21,8 @@ struct Fixture {
 fn fixture() -> Fixture {
     let dir = ScratchDir::new("wake");
     let registry = Arc::new(Registry::open(dir.path()).unwrap());
-    registry.insert_session(&session("a", 1000)).unwrap();
-    registry.insert_session(&session("b", 1001)).unwrap();
+    registry.insert_session(&session("a", 1000, None)).unwrap();
+    registry.insert_session(&session("b", 1001, None)).unwrap();
     let hub = Hub::new(registry.clone()).unwrap();
     hub.clone().start().unwrap();
     Fixture {
@@ -110,14 +66,14 @@ async fn a_subscriber_hears_of_its_own_sessions_only() {
     let (theirs, mut theirs_rx, _) = channel(16);
     f.hub.subscribe(1, 1000, None, None, mine).await.unwrap();
     f.hub.subscribe(2, 1001, None, None, theirs).await.unwrap();
-    let a = session("a", 1000);
+    let a = session("a", 1000, None);
     f.registry.insert_task(&task("ta", &a)).unwrap();
     let push = next(&mut mine_rx).await;
     assert_eq!(push["method"], "task.updated");
     assert_eq!(push["params"]["task"]["task_id"], "ta");
     assert_eq!(push["params"]["task"]["state"], "queued");
     // uid 1001 hears nothing of it, only of its own session's task.
-    let b = session("b", 1001);
+    let b = session("b", 1001, None);
     f.registry.insert_task(&task("tb", &b)).unwrap();
     let push = next(&mut theirs_rx).await;
     assert_eq!(push["params"]["task"]["task_id"], "tb");
@@ -138,7 +94,7 @@ async fn a_reader_that_falls_behind_gets_one_gap_and_nothing_more() {
         .subscribe(1, 1000, Some(vec!["a".into()]), None, slow)
         .await
         .unwrap();
-    let a = session("a", 1000);
+    let a = session("a", 1000, None);
     for i in 0..4 {
         f.registry.insert_task(&task(&format!("t{i}"), &a)).unwrap();
         // One commit at a time, so the hub cannot fold them into one push.
@@ -166,13 +122,15 @@ async fn a_reader_that_falls_behind_gets_one_gap_and_nothing_more() {
 async fn a_resubscribe_catches_up_with_each_task_once_in_its_latest_state() {
     let f = fixture();
     let since = f.registry.newest_seq();
-    let a = session("a", 1000);
+    let a = session("a", 1000, None);
     f.registry.insert_task(&task("t1", &a)).unwrap();
     f.registry
         .mark_started("t1", "a", 1, 1, &crate::ids::now_rfc3339())
         .unwrap();
-    f.registry.settle("t1", "a", &succeeded(), None).unwrap();
-    let b = session("b", 1001);
+    f.registry
+        .settle("t1", "a", &ended(TaskState::Succeeded, 0), None)
+        .unwrap();
+    let b = session("b", 1001, None);
     f.registry.insert_task(&task("other", &b)).unwrap();
     let (ch, mut rx, _) = channel(16);
     f.hub
