@@ -241,7 +241,7 @@ fn child_error(e: SessionError) -> ExecError {
 
 /// The socket in a run's bridge directory.
 fn socket_in(dir: &Path) -> PathBuf {
-    dir.join("sock")
+    dir.join(crate::run::dir::BRIDGE_SOCKET)
 }
 
 /// A bridge directory only the run's user may enter (mode 0700).

@@ -26,6 +26,8 @@ pub(crate) const RESULT: &str = "result.json";
 pub(crate) const HANDOVER: &str = "handover.json";
 /// The directory inside a session directory that holds its runs' public halves.
 pub(crate) const BACKGROUND: &str = ".background";
+/// The bridge's socket, in a run's bridge directory ([`socket_dir`]).
+pub(crate) const BRIDGE_SOCKET: &str = "sock";
 
 /// `<state_dir>/runs/<task_id>/`.
 #[derive(Debug, Clone, PartialEq, Eq)]
