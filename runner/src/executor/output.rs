@@ -174,3 +174,73 @@ pub(crate) fn task_page(row: &TaskRow, p: &crate::protocol::TaskOutputParams) ->
         },
     )
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::run::streams::Stream;
+
+    fn log(text: &str) -> (crate::scratch::ScratchDir, File) {
+        let dir = crate::scratch::ScratchDir::new("output-page");
+        let path = dir.path().join("output.log");
+        std::fs::write(&path, text).unwrap();
+        let f = File::open(&path).unwrap();
+        (dir, f)
+    }
+
+    fn cut(r: &TaskOutputResult) -> Vec<(OutputStream, String)> {
+        r.segments
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|s| (s.stream, s.text.clone()))
+            .collect()
+    }
+
+    /// A running task's page by stream stops where the index does: the bytes after it are
+    /// in the log but not yet known to be either stream's. Settled, the rest is stdout's.
+    #[test]
+    fn a_running_page_by_stream_stops_at_the_index() {
+        let segs = vec![(Stream::Stdout, 0, 4), (Stream::Stderr, 4, 4)];
+        let (_d, f) = log("out\nerr\nmore");
+        let running = page(
+            Some(f),
+            Some(0),
+            None,
+            None,
+            false,
+            false,
+            Streams::Indexed(segs.clone()),
+        );
+        assert_eq!(
+            (running.data.as_str(), running.next_offset, running.size),
+            ("out\nerr\n", 8, 12)
+        );
+        assert_eq!(
+            cut(&running),
+            [
+                (OutputStream::Stdout, "out\n".into()),
+                (OutputStream::Stderr, "err\n".into())
+            ]
+        );
+        let (_d, f) = log("out\nerr\nmore");
+        let settled = page(
+            Some(f),
+            Some(0),
+            None,
+            None,
+            true,
+            false,
+            Streams::Indexed(segs),
+        );
+        assert!(settled.eof);
+        assert_eq!(cut(&settled)[2], (OutputStream::Stdout, "more".into()));
+        // Not asked: no segments, as before.
+        let (_d, f) = log("out\n");
+        assert_eq!(
+            page(Some(f), None, None, None, false, false, Streams::Not).segments,
+            None
+        );
+    }
+}
