@@ -249,8 +249,9 @@ pub(crate) enum Command {
         #[command(subcommand)]
         command: ScheduleCommand,
     },
-    /// Run one command in the sandbox, without a daemon (for CI): output to the terminal,
-    /// the command's exit code passed through (128+N on signal N, 124 on timeout, 125 when
+    /// Run one command in the sandbox, without a daemon (for CI): output to the terminal
+    /// (its stderr to stderr when that is not where stdout goes), the command's exit code
+    /// passed through (128+N on signal N, 124 on timeout, 125 when
     /// the sandbox cannot be built)
     #[command(
         after_help = "Examples:\n  sidejob exec -- make test\n  sidejob exec --profile ci --timeout 30m -- ./build.sh\n  \
@@ -397,7 +398,7 @@ pub(crate) struct CallArgs {
     /// The tool's arguments as a JSON object (with --tool)
     #[arg(long, value_name = "JSON", requires = "tool")]
     pub args: Option<String>,
-    /// Print the result as JSON instead of streaming the output
+    /// Print the result as JSON alone on stdout instead of streaming the output
     #[arg(long)]
     pub json: bool,
     /// The command, after `--` (one argument is run by bash as is; several are quoted)

@@ -4,6 +4,10 @@
 //! second Ctrl+C, within the cancel's grace, takes the cancel back, leaves the run going and
 //! prints its id (exit 75).
 //!
+//! The command's stderr goes to this process's stderr when that is a different file from its
+//! stdout (`tool.call`'s `stderr: "separate"`, then `task.output`'s segments), else both to
+//! stdout, as one stream; `--json` prints the result alone on stdout.
+//!
 //! The run is started detached (`background: true`), so the daemon's interactive deadline
 //! never stops a long build, and a `task.wait` on a second connection takes its result: the
 //! result is delivered to this command (no wake) unless the command leaves early.
@@ -187,7 +191,24 @@ pub(super) fn call(socket: &Path, a: CallArgs) -> Result<i32> {
     if !a.background {
         catch_interrupts(tx.clone())?;
     }
-    let reply = client.call("tool.call", params)?;
+    // A daemon older than `stderr` refuses the parameter: the call is made again without it,
+    // and the output is shown as one stream.
+    let mut separate = !a.json && !a.background && super::exec::stderr_is_separate();
+    if separate {
+        params["stderr"] = json!("separate");
+    }
+    let reply = match client.call("tool.call", params.clone()) {
+        Err(super::client::ClientError::Rpc(e))
+            if separate && e.code == crate::protocol::ErrorKind::InvalidParams.code() =>
+        {
+            separate = false;
+            if let Some(p) = params.as_object_mut() {
+                p.remove("stderr");
+            }
+            client.call("tool.call", params)?
+        }
+        r => r?,
+    };
     let started: ToolCallResult =
         serde_json::from_value(reply.clone()).context("unexpected tool.call result")?;
     let task_id = match started {
@@ -217,7 +238,43 @@ pub(super) fn call(socket: &Path, a: CallArgs) -> Result<i32> {
         });
     }
     drop(tx);
-    stream(socket, &mut client, &task_id, &events, &a)
+    let show = if separate {
+        Show::ByStream
+    } else {
+        Show::Stdout
+    };
+    stream(socket, &mut client, &task_id, &events, &a, show)
+}
+
+/// Where the streamed output goes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Show {
+    /// All of it to stdout.
+    Stdout,
+    /// Each stream to its own (the run has a separate stderr).
+    ByStream,
+}
+
+/// Writes one page of output: by stream when asked and the daemon cut it so, else `data`.
+fn show_page(page: &Value, show: Show) -> std::io::Result<()> {
+    let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
+    match (show, page["segments"].as_array()) {
+        (Show::ByStream, Some(segments)) => {
+            for seg in segments {
+                let text = seg["text"].as_str().unwrap_or("");
+                if seg["stream"] == "stderr" {
+                    out.flush()?;
+                    err.write_all(text.as_bytes())?;
+                } else {
+                    out.write_all(text.as_bytes())?;
+                }
+            }
+        }
+        (Show::ByStream, None) | (Show::Stdout, _) => {
+            out.write_all(page["data"].as_str().unwrap_or("").as_bytes())?
+        }
+    }
+    out.flush()
 }
 
 /// Waits until the task settles, or until `yield_after` passes.
@@ -320,23 +377,23 @@ fn stream(
     task_id: &str,
     events: &mpsc::Receiver<Event>,
     a: &CallArgs,
+    show: Show,
 ) -> Result<i32> {
-    let mut out = std::io::stdout();
     let mut offset = 0u64;
     let mut interrupted = false;
     let mut settled: Option<Task> = None;
     let mut output = String::new();
     loop {
-        let page = client.call(
-            "task.output",
-            json!({"task_id": task_id, "offset": offset, "max_bytes": 256 * 1024}),
-        )?;
+        let mut req = json!({"task_id": task_id, "offset": offset, "max_bytes": 256 * 1024});
+        if show == Show::ByStream {
+            req["streams"] = json!(true);
+        }
+        let page = client.call("task.output", req)?;
         let data = page["data"].as_str().unwrap_or("");
         if a.json {
             output.push_str(data);
         } else if !data.is_empty() {
-            out.write_all(data.as_bytes())?;
-            out.flush()?;
+            show_page(&page, show)?;
         }
         let next = page["next_offset"].as_u64().unwrap_or(offset);
         if page["eof"].as_bool().unwrap_or(false) {

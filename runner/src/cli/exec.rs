@@ -1,6 +1,8 @@
 //! `sidejob exec`: one command in the sandbox, no daemon, through the same supervisor code
 //! the daemon's runs use (called in-process: this process is still single-threaded).
-//! The output goes to the terminal; the exit code is the command's (128+N when signal N
+//! The output goes to the terminal (the command's stderr to this process's stderr when that
+//! is a different file from its stdout; with `--json`, both to stderr and the result alone
+//! to stdout); the exit code is the command's (128+N when signal N
 //! ended it, 124 on timeout, 125 when the sandbox could not be built, 126/127 when the
 //! command could not be run).
 
@@ -11,7 +13,7 @@ use std::time::SystemTime;
 
 use crate::egress::policy::{Policy, Rule};
 use crate::protocol::{FailReason, TaskState};
-use crate::run::plan::Tee;
+use crate::run::plan::{Stderr, Tee};
 use crate::run::result::RunResult;
 use crate::sandbox::call::CallSandbox;
 use crate::sandbox::resolve::Context;
@@ -356,6 +358,13 @@ pub(super) fn exec(a: ExecArgs) -> i32 {
     .timeout_ms(timeout_ms)
     // With --json, stdout holds the result alone: the command's output goes to stderr.
     .tee(if a.json { Tee::Stderr } else { Tee::Stdout })
+    // The command's stderr stays apart only where the caller keeps it apart: a second pipe
+    // is made just then (see `Stderr`).
+    .stderr(if !a.json && stderr_is_separate() {
+        Stderr::Separate
+    } else {
+        Stderr::Merged
+    })
     .build();
     let copier = match command_stdin(a.stdin) {
         Ok(c) => c,
@@ -437,6 +446,22 @@ pub(super) fn exec(a: ExecArgs) -> i32 {
     // waits for. Standard error is unbuffered; standard output is flushed first.
     let _ = std::io::stdout().flush();
     crate::sys::exit_now(code)
+}
+
+/// Whether this process's stdout and stderr are different files (`> out 2> err`, or one of
+/// them a pipe): then a command's stderr is kept apart from its stdout. The same terminal,
+/// file or pipe on both (`2>&1`) is one stream, as it would be without sidejob.
+pub(super) fn stderr_is_separate() -> bool {
+    use std::os::fd::AsFd;
+    let id = |fd: std::os::fd::BorrowedFd<'_>| {
+        crate::sys::dirfd::stat_fd(fd)
+            .ok()
+            .map(|st| (st.st_dev, st.st_ino))
+    };
+    match (id(std::io::stdout().as_fd()), id(std::io::stderr().as_fd())) {
+        (Some(out), Some(err)) => out != err,
+        _ => false,
+    }
 }
 
 /// The proxy of an `exec` run: its socket, bound before the run, and the process that serves

@@ -45,8 +45,8 @@ use crate::config::Config;
 use crate::ids;
 use crate::plugin_host::{PlanContext, ToolHost};
 use crate::protocol::{
-    CancelOutcome, CompletedCall, Delivery, FailReason, OnDisconnect, RunningCall, StdinMode,
-    TaskKind, TaskState, ToolCallResult, WakeMode,
+    CancelOutcome, CompletedCall, Delivery, FailReason, OnDisconnect, RunningCall, StderrMode,
+    StdinMode, TaskKind, TaskState, ToolCallResult, WakeMode,
 };
 use crate::registry::{Holding, Registry, RegistryError, SessionRow, TaskRow};
 use crate::run::cancel::{CancelRequest, StopReason};
@@ -119,6 +119,8 @@ pub(crate) struct CallRequest {
     pub occurrence_key: Option<String>,
     /// What the call becomes if its caller goes away while it is in the foreground.
     pub on_disconnect: OnDisconnect,
+    /// Whether the command's stderr gets a pipe of its own.
+    pub stderr: StderrMode,
 }
 
 struct StdinChunk {

@@ -6,6 +6,7 @@
 use super::*;
 use crate::plugin_host::ToolPlan;
 use crate::protocol::TaskMode;
+use crate::run::plan::Stderr;
 use crate::sandbox::call::CallSandbox;
 
 fn io(step: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> ExecError {
@@ -219,6 +220,10 @@ impl Executor {
             .kill_grace_ms(Some(grace))
             .max_output_bytes(Some(max_output))
             .bridge(extras.bridge_socket.clone())
+            .stderr(match req.stderr {
+                StderrMode::Merged => Stderr::Merged,
+                StderrMode::Separate => Stderr::Separate,
+            })
             .build();
         // Read by the supervisor only: compact is quicker to write and to read.
         let plan_bytes =

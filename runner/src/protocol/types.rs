@@ -261,6 +261,17 @@ pub(crate) enum StdinMode {
     Pipe,
 }
 
+/// Whether the command's stderr is kept apart from its stdout (`output.log` is one
+/// interleaved log either way).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum StderrMode {
+    #[default]
+    Merged,
+    /// Its own pipe: `task.output` with `streams: true` says which text came from which.
+    Separate,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ToolCallParams {
@@ -291,6 +302,9 @@ pub(crate) struct ToolCallParams {
     /// stops it (an MCP client that went away is not coming back for the result).
     #[serde(default)]
     pub on_disconnect: Option<OnDisconnect>,
+    /// `separate`: the command's stderr gets a pipe of its own (default `merged`).
+    #[serde(default)]
+    pub stderr: Option<StderrMode>,
 }
 
 /// What a foreground call becomes when its caller's connection goes away.
@@ -372,6 +386,9 @@ pub(crate) struct TaskOutputParams {
     pub max_bytes: Option<u64>,
     #[serde(default)]
     pub tail_bytes: Option<u64>,
+    /// Also answer `segments`: the page cut by the stream each part came from.
+    #[serde(default)]
+    pub streams: Option<bool>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -382,6 +399,24 @@ pub(crate) struct TaskOutputResult {
     pub size: u64,
     pub eof: bool,
     pub truncated: bool,
+    /// With `streams: true`: `data` in order, in parts of one stream each.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub segments: Option<Vec<OutputSegment>>,
+}
+
+/// The command's two output streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum OutputStream {
+    Stdout,
+    Stderr,
+}
+
+/// A part of a `task.output` page that came from one stream.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) struct OutputSegment {
+    pub stream: OutputStream,
+    pub text: String,
 }
 
 #[derive(Debug, Deserialize)]

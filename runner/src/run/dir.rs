@@ -5,7 +5,8 @@
 //!   requests, the supervisor's pid and log, a plan's stdin and files. The sandbox's root is
 //!   also staged there. Removed once the task has settled.
 //! - The **public** half, `<session_dir>/.background/<task_id>/`: what the host reads —
-//!   `output.log` and `result.json` (and a subagent's `handover.json`). It belongs to the
+//!   `output.log` and `result.json` (and a subagent's `handover.json`, and `output.streams`
+//!   for a run with a separate stderr). It belongs to the
 //!   session's owner (mode 0700), who may therefore swap things in it; so it is only ever
 //!   used through a descriptor, without following symlinks, and nothing read back from it
 //!   decides anything but what it describes.
@@ -20,6 +21,9 @@ use crate::sys::dirfd;
 
 /// The command's output, in the public half.
 pub(crate) const OUTPUT: &str = "output.log";
+/// Which ranges of `output.log` came from the command's stderr (`run::streams`), in the
+/// public half: only for a run whose plan asks for a separate stderr.
+pub(crate) const STREAMS: &str = "output.streams";
 /// The run's result, in the public half.
 pub(crate) const RESULT: &str = "result.json";
 /// What a subagent handed over to its parent session, in the public half.

@@ -9,7 +9,8 @@
 //!   it to the daemon;
 //! - [`cancel`]: `cancel.json`, why the daemon asked a run to stop;
 //! - [`report`]: init's report and the command's start failure, on their pipes;
-//! - [`fds`]: every inherited descriptor number, and the spawner's request and reply.
+//! - [`fds`]: every inherited descriptor number, and the spawner's request and reply;
+//! - [`streams`]: `output.streams`, which ranges of `output.log` a separate stderr wrote.
 //!
 //! It imports nothing above it (`layers.rs` checks): the supervisor, the sandbox's
 //! launcher, the executor and the registry depend on it.
@@ -20,3 +21,4 @@ pub(crate) mod fds;
 pub(crate) mod plan;
 pub(crate) mod report;
 pub(crate) mod result;
+pub(crate) mod streams;

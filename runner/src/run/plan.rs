@@ -18,10 +18,30 @@ pub(crate) const OUTPUT_TAIL_BYTES: u64 = 1024 * 1024;
 pub(crate) enum Tee {
     #[default]
     None,
-    /// The supervisor's stdout (`sidejob exec`).
+    /// The supervisor's stdout (`sidejob exec`); with [`Stderr::Separate`], the command's
+    /// stderr goes to the supervisor's stderr.
     Stdout,
     /// Its stderr (`sidejob exec --json`, whose stdout holds only the result).
     Stderr,
+}
+
+/// Whether the command's stderr shares its stdout's pipe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Stderr {
+    /// One pipe for both (the usual case, and the cheapest): `output.log` alone.
+    #[default]
+    Merged,
+    /// A pipe of its own: `output.log` is still the one interleaved log, and
+    /// `output.streams` beside it says which of its ranges came from stderr; a tee to the
+    /// supervisor's stdout sends those to its stderr.
+    Separate,
+}
+
+impl Stderr {
+    fn is_merged(&self) -> bool {
+        *self == Stderr::Merged
+    }
 }
 
 /// Everything the supervisor needs to start, watch and settle one run.
@@ -65,6 +85,10 @@ pub(crate) struct LaunchPlan {
     /// Also copy the output to the supervisor's stdout or stderr (`sidejob exec`).
     #[serde(default)]
     pub tee: Tee,
+    /// Whether the command's stderr has a pipe of its own. Left out of the plan when merged,
+    /// so a plan that does not ask is the same bytes as before the field existed.
+    #[serde(default, skip_serializing_if = "Stderr::is_merged")]
+    pub stderr: Stderr,
     /// The run's bridge (docs/plugins.md): a directory holding the socket `sock` that is exported as
     /// `SIDEJOB_BRIDGE`; the sandbox must make this path reachable inside the run's view. A
     /// directory, so a restarted daemon can bind the socket again where the run sees it.
@@ -113,6 +137,7 @@ impl LaunchPlan {
             kill_grace_ms: DEFAULT_KILL_GRACE_MS,
             max_output_bytes: DEFAULT_MAX_OUTPUT_BYTES,
             tee: Tee::None,
+            stderr: Stderr::Merged,
             bridge_socket: None,
             sandbox,
         })
@@ -175,6 +200,12 @@ impl PlanBuilder {
     /// Also copies the output to the supervisor's stdout or stderr (`sidejob exec`).
     pub(crate) fn tee(mut self, to: Tee) -> Self {
         self.0.tee = to;
+        self
+    }
+
+    /// Gives the command's stderr a pipe of its own (see [`Stderr`]).
+    pub(crate) fn stderr(mut self, stderr: Stderr) -> Self {
+        self.0.stderr = stderr;
         self
     }
 

@@ -20,7 +20,7 @@ use crate::executor::{CallRequest, ExecError, Executor};
 use crate::ids;
 use crate::protocol::{
     CancelOutcome, ScheduleAction, ScheduleCreateParams, ScheduleCreateResult, ScheduleInfo,
-    StdinMode, TaskKind,
+    StderrMode, StdinMode, TaskKind,
 };
 use crate::registry::{NotificationRow, Registry, RegistryError, ScheduleRow, SessionRow, TaskRow};
 use crate::wake::Hub;
@@ -450,6 +450,7 @@ impl Scheduler {
                         parent_task_id: Some(s.task_id.clone()),
                         occurrence_key: Some(key.clone()),
                         on_disconnect: Default::default(),
+                        stderr: StderrMode::Merged,
                     };
                     self.executor.submit(req, false)?;
                 }

@@ -273,5 +273,6 @@ fn call(
         parent_task_id,
         occurrence_key: None,
         on_disconnect: p.on_disconnect.unwrap_or_default(),
+        stderr: p.stderr.unwrap_or_default(),
     }
 }

@@ -11,8 +11,11 @@ use crate::sys::{self, SigSet, Signal};
 
 /// Descriptors the init and the command inherit from the supervisor.
 pub(super) struct Pipes {
-    /// Write end of the output pipe: the command's stdout and stderr.
+    /// Write end of the output pipe: the command's stdout, and its stderr unless it has a
+    /// pipe of its own.
     pub output: OwnedFd,
+    /// Write end of the command's own stderr pipe (a plan's `Stderr::Separate`).
+    pub stderr: Option<OwnedFd>,
     /// Write end of the exec-error pipe (close-on-exec: closes silently when exec works).
     pub exec_error: OwnedFd,
     /// Write end of the status pipe: init reports how the command ended.
@@ -53,6 +56,7 @@ pub(super) fn run(cmd: &Command, sandbox: &Prepared, pipes: Pipes) -> ! {
         sandbox,
         cmd,
         &pipes.output,
+        pipes.stderr.as_ref(),
         &pipes.exec_error,
         pipes.relay.as_ref(),
     ) {
@@ -65,12 +69,13 @@ pub(super) fn run(cmd: &Command, sandbox: &Prepared, pipes: Pipes) -> ! {
     };
     let Pipes {
         output,
+        stderr,
         exec_error,
         status,
         lifeline,
         relay,
     } = pipes;
-    drop((output, exec_error, lifeline, relay));
+    drop((output, stderr, exec_error, lifeline, relay));
 
     let waitset = SigSet::of(&[
         Signal::SIGCHLD,

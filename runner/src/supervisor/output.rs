@@ -6,7 +6,14 @@
 //! run's pipe into output.log (no copy through this process), and past the head the pipe is
 //! read straight into the ring that keeps the tail (one copy, no intermediate buffer). Only a
 //! run whose output is also shown on a terminal reads through a buffer.
+//!
+//! A run whose stderr has a pipe of its own (`Stderr::Separate`) is captured into the same
+//! log, each read appended as it comes; which stream each range came from is recorded in
+//! `output.streams` (`run::streams`), at once for the head and when the run ends for the
+//! tail. Order between the two pipes is the order the supervisor read them in: writes to
+//! both closer together than one of its wake-ups are recorded stdout first.
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::{AsFd, BorrowedFd};
@@ -15,6 +22,7 @@ use nix::errno::Errno;
 use nix::fcntl::{splice, SpliceFFlags};
 
 use crate::run::plan::Tee;
+use crate::run::streams::{self, Segment, Stream};
 use crate::sys;
 
 /// The most one splice moves; the pipe holds at most this much anyway (see [`PIPE_SIZE`]).
@@ -31,6 +39,14 @@ pub(crate) const PIPE_SIZE: i32 = 1 << 20;
 pub(crate) struct Capture {
     file: File,
     tee: Option<Box<dyn Write>>,
+    /// Where a separate stderr's bytes are copied (the supervisor's stderr, when teeing).
+    tee_err: Option<Box<dyn Write>>,
+    /// `output.streams`, for a run with a separate stderr (`None` once a write to it fails:
+    /// the rest is then attributed to stdout, and the log is untouched).
+    index: Option<File>,
+    /// The streams of the bytes past the head, as `(stream, offset in the whole output,
+    /// len)`: their place in `output.log` is known only when the tail is written.
+    tail_segments: VecDeque<Segment>,
     head: u64,
     written: u64,
     total: u64,
@@ -43,15 +59,32 @@ pub(crate) struct Capture {
 }
 
 impl Capture {
-    pub(crate) fn new(file: File, head: u64, tail_cap: u64, tee: Tee) -> Capture {
-        let tee: Option<Box<dyn Write>> = match tee {
-            Tee::None => None,
-            Tee::Stdout => Some(Box::new(io::stdout())),
-            Tee::Stderr => Some(Box::new(io::stderr())),
+    /// `index` is `output.streams`, for a run whose stderr has a pipe of its own.
+    pub(crate) fn new(
+        file: File,
+        head: u64,
+        tail_cap: u64,
+        tee: Tee,
+        index: Option<File>,
+    ) -> Capture {
+        let to = |tee: Tee| -> Option<Box<dyn Write>> {
+            match tee {
+                Tee::None => None,
+                Tee::Stdout => Some(Box::new(io::stdout())),
+                Tee::Stderr => Some(Box::new(io::stderr())),
+            }
+        };
+        // A separate stderr is shown on stderr, wherever stdout's bytes go.
+        let tee_err = match (tee, &index) {
+            (Tee::None, _) | (_, None) => None,
+            (Tee::Stdout | Tee::Stderr, Some(_)) => to(Tee::Stderr),
         };
         Capture {
             file,
-            tee,
+            tee: to(tee),
+            tee_err,
+            index,
+            tail_segments: VecDeque::new(),
             head,
             written: 0,
             total: 0,
@@ -69,14 +102,68 @@ impl Capture {
         }
     }
 
+    /// Records that `len` bytes of `stream` were just put at `at` of the whole output.
+    fn note(&mut self, stream: Stream, at: u64, len: u64) {
+        if len == 0 || self.index.is_none() {
+            return;
+        }
+        // The part in the head is in output.log already, at the same offset.
+        let in_head = self.head.saturating_sub(at).min(len);
+        if in_head > 0 {
+            self.record(stream, at, in_head);
+        }
+        if in_head < len {
+            let (start, len) = (at + in_head, len - in_head);
+            match self.tail_segments.back_mut() {
+                Some((s, o, l)) if *s == stream && *o + *l == start => *l += len,
+                _ => self.tail_segments.push_back((stream, start, len)),
+            }
+            // Only what the ring can still hold is worth keeping.
+            let kept_from = self.total.saturating_sub(self.tail.cap as u64);
+            while self
+                .tail_segments
+                .front()
+                .is_some_and(|(_, o, l)| o + l <= kept_from)
+            {
+                self.tail_segments.pop_front();
+            }
+        }
+    }
+
+    /// Appends one record to `output.streams` (records longer than a u32 are cut in parts).
+    fn record(&mut self, stream: Stream, mut offset: u64, mut len: u64) {
+        while len > 0 {
+            let part = len.min(u32::MAX as u64);
+            let Some(index) = self.index.as_mut() else {
+                return;
+            };
+            if index
+                .write_all(&streams::encode(stream, offset, part as u32))
+                .is_err()
+            {
+                self.index = None;
+                return;
+            }
+            offset += part;
+            len -= part;
+        }
+    }
+
     /// True once the head is full and bytes are being dropped from the middle.
     pub(crate) fn truncated(&self) -> bool {
         self.total > self.head + self.tail.len() as u64
     }
 
-    /// Moves what `pipe` (non-blocking) holds into the capture, in one system call: `Ok(0)`
-    /// at end of file, `WouldBlock` when the pipe is empty.
-    pub(crate) fn fill_from(&mut self, pipe: BorrowedFd<'_>) -> io::Result<usize> {
+    /// Moves what `pipe` (non-blocking, the command's `stream`) holds into the capture, in
+    /// one system call: `Ok(0)` at end of file, `WouldBlock` when the pipe is empty.
+    pub(crate) fn fill_from(&mut self, pipe: BorrowedFd<'_>, stream: Stream) -> io::Result<usize> {
+        let at = self.total;
+        let n = self.fill(pipe, stream)?;
+        self.note(stream, at, n as u64);
+        Ok(n)
+    }
+
+    fn fill(&mut self, pipe: BorrowedFd<'_>, stream: Stream) -> io::Result<usize> {
         if self.tee.is_none() && self.write_error.is_none() && self.written < self.head {
             let room = (self.head - self.written).min(SPLICE_CHUNK as u64) as usize;
             match splice(
@@ -115,7 +202,7 @@ impl Capture {
         let mut scratch = std::mem::take(&mut self.scratch);
         let read = sys::read_fd(pipe, &mut scratch);
         if let Ok(n) = read {
-            self.push(&scratch[..n]);
+            self.push_from(stream, &scratch[..n]);
             if n == scratch.len() && scratch.len() < SCRATCH_MAX {
                 scratch = vec![0; SCRATCH_MAX];
             }
@@ -124,9 +211,20 @@ impl Capture {
         read
     }
 
-    pub(crate) fn push(&mut self, mut data: &[u8]) {
+    /// Takes bytes of the command's stdout.
+    #[cfg(test)]
+    pub(crate) fn push(&mut self, data: &[u8]) {
+        self.push_from(Stream::Stdout, data);
+    }
+
+    /// Takes bytes the caller read (the note in `output.streams` is [`Capture::note`]'s).
+    fn push_from(&mut self, stream: Stream, mut data: &[u8]) {
         self.total += data.len() as u64;
-        if let Some(out) = self.tee.as_mut() {
+        let tee = match stream {
+            Stream::Stdout => self.tee.as_mut(),
+            Stream::Stderr => self.tee_err.as_mut().or(self.tee.as_mut()),
+        };
+        if let Some(out) = tee {
             // The terminal going away must not stop the run or its log.
             let _ = out.write_all(data).and_then(|_| out.flush());
         }
@@ -144,16 +242,25 @@ impl Capture {
     pub(crate) fn finish(mut self) -> Captured {
         let truncated = self.truncated();
         if self.tail.len() > 0 {
+            // Where the tail starts, in the whole output and in output.log.
+            let kept_from = self.total - self.tail.len() as u64;
+            let mut at = self.written;
             if truncated {
                 let omitted = self.total - self.head - self.tail.len() as u64;
-                self.write(
-                    format!("\n[sidejob: output truncated: {omitted} bytes omitted]\n").as_bytes(),
-                );
+                let marker = format!("\n[sidejob: output truncated: {omitted} bytes omitted]\n");
+                self.write(marker.as_bytes());
+                at += marker.len() as u64;
             }
             let tail = std::mem::replace(&mut self.tail, Ring::new(0));
             let (older, newer) = tail.parts();
             self.write(older);
             self.write(newer);
+            for (stream, o, l) in std::mem::take(&mut self.tail_segments) {
+                let start = o.max(kept_from);
+                if o + l > start {
+                    self.record(stream, at + (start - kept_from), o + l - start);
+                }
+            }
         }
         Captured {
             bytes: self.total,
@@ -261,7 +368,7 @@ mod tests {
     fn capture(head: u64, tail: u64, feed: impl FnOnce(&mut Capture)) -> (Vec<u8>, u64, bool) {
         let dir = crate::scratch::ScratchDir::new("capture");
         let path = dir.path().join("output.log");
-        let mut c = Capture::new(File::create(&path).unwrap(), head, tail, Tee::None);
+        let mut c = Capture::new(File::create(&path).unwrap(), head, tail, Tee::None, None);
         feed(&mut c);
         let Captured {
             bytes: total,
@@ -348,7 +455,7 @@ mod tests {
                 }
             });
             let (got, count, truncated) = capture(head, tail, |c| loop {
-                match c.fill_from(r.as_fd()) {
+                match c.fill_from(r.as_fd(), Stream::Stdout) {
                     Ok(0) => break,
                     Ok(_) => {}
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -379,5 +486,66 @@ mod tests {
                 "head {head} tail {tail} total {total}: layout differs"
             );
         }
+    }
+
+    /// With a separate stderr, `output.log` is the same interleaved log and the index says
+    /// which of its bytes were stderr's: in the head, and in the tail after the marker.
+    #[test]
+    fn a_separate_stderr_is_indexed_in_the_head_and_the_tail() {
+        let dir = crate::scratch::ScratchDir::new("capture-streams");
+        let (log, idx) = (
+            dir.path().join("output.log"),
+            dir.path().join("output.streams"),
+        );
+        let mut c = Capture::new(
+            File::create(&log).unwrap(),
+            6,
+            5,
+            Tee::None,
+            Some(File::create(&idx).unwrap()),
+        );
+        let chunks: [(Stream, &[u8]); 6] = [
+            (Stream::Stdout, b"out\n"),
+            (Stream::Stderr, b"E1"),
+            (Stream::Stderr, b"E2"),
+            (Stream::Stdout, b"xxxxxxxx"),
+            (Stream::Stderr, b"ee"),
+            (Stream::Stdout, b"o"),
+        ];
+        for (stream, data) in chunks {
+            let at = c.total;
+            c.push_from(stream, data);
+            c.note(stream, at, data.len() as u64);
+        }
+        assert!(c.finish().error.is_none());
+        let text = std::fs::read(&log).unwrap();
+        let marker = "\n[sidejob: output truncated: 8 bytes omitted]\n";
+        assert_eq!(
+            String::from_utf8_lossy(&text),
+            format!("out\nE1{marker}xxeeo")
+        );
+        let segments = streams::decode(&std::fs::read(&idx).unwrap());
+        let shown: Vec<(Stream, &str)> = streams::split(&segments, 0, text.len() as u64)
+            .into_iter()
+            .map(|(s, from, to)| {
+                (
+                    s,
+                    std::str::from_utf8(&text[from as usize..to as usize]).unwrap(),
+                )
+            })
+            .collect();
+        let tail_at = 6 + marker.len();
+        assert_eq!(streams::recorded_end(&segments), text.len() as u64);
+        assert_eq!(
+            shown,
+            [
+                (Stream::Stdout, "out\n"),
+                (Stream::Stderr, "E1"),
+                (Stream::Stdout, &*format!("{marker}xx")),
+                (Stream::Stderr, "ee"),
+                (Stream::Stdout, "o"),
+            ]
+        );
+        assert_eq!(&text[tail_at..tail_at + 2], b"xx");
     }
 }

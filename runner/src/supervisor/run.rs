@@ -11,9 +11,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::{init, outcome, output, say, stop_signals, SuperviseError};
 use crate::run::cancel::{CancelRequest, StopReason};
-use crate::run::plan::{LaunchPlan, OUTPUT_TAIL_BYTES};
+use crate::run::plan::{LaunchPlan, Stderr, OUTPUT_TAIL_BYTES};
 use crate::run::report;
 use crate::run::result::{RunResult, Violation};
+use crate::run::streams::Stream;
 use crate::sandbox::linux::{self, netns};
 use crate::sandbox::resolve_program;
 use crate::sys::{self, Exit, Fork};
@@ -31,8 +32,10 @@ pub(super) struct Run<'p> {
     sandbox: linux::Prepared,
     layers: Vec<String>,
     init_pid: i32,
-    /// Read ends: the command's output, the start-failure pipe, init's status pipe.
+    /// Read ends: the command's output, its own stderr (a plan's `Stderr::Separate`), the
+    /// start-failure pipe, init's status pipe.
     output: OwnedFd,
+    stderr: Option<OwnedFd>,
     start_failure: OwnedFd,
     status: OwnedFd,
     /// An allow-list run: where init sends the relay's listening sockets, and the proxy's
@@ -68,8 +71,24 @@ impl<'p> Run<'p> {
                     path: plan.output_path(),
                     source,
                 })?;
-        let capture =
-            output::Capture::new(file, plan.max_output_bytes, OUTPUT_TAIL_BYTES, plan.tee);
+        // A separate stderr's ranges are recorded beside the log (`run::streams`).
+        let index = match plan.stderr {
+            Stderr::Merged => None,
+            Stderr::Separate => Some(
+                crate::run::dir::create_file(out_dir, crate::run::dir::STREAMS, plan.public_owner)
+                    .map_err(|source| SuperviseError::Output {
+                        path: plan.public_dir.join(crate::run::dir::STREAMS),
+                        source,
+                    })?,
+            ),
+        };
+        let capture = output::Capture::new(
+            file,
+            plan.max_output_bytes,
+            OUTPUT_TAIL_BYTES,
+            plan.tee,
+            index,
+        );
 
         let cmd = prepare_command(plan)?;
         // Checks the plan against this host, creates the run's cgroup, compiles the filters:
@@ -78,6 +97,15 @@ impl<'p> Run<'p> {
         let (out_r, out_w) = sys::pipe().map_err(setup("output pipe"))?;
         // Best effort: a smaller pipe only means more wake-ups.
         let _ = sys::set_pipe_size(&out_r, output::PIPE_SIZE);
+        // Only a run that asks gets the second pipe: one pipe is the common, cheaper case.
+        let (stderr_r, stderr_w) = match plan.stderr {
+            Stderr::Merged => (None, None),
+            Stderr::Separate => {
+                let (r, w) = sys::pipe().map_err(setup("stderr pipe"))?;
+                let _ = sys::set_pipe_size(&r, output::PIPE_SIZE);
+                (Some(r), Some(w))
+            }
+        };
         let (err_r, err_w) = sys::pipe().map_err(setup("exec error pipe"))?;
         let (status_r, status_w) = sys::pipe().map_err(setup("status pipe"))?;
         let (lifeline_r, lifeline_w) = sys::pipe().map_err(setup("lifeline pipe"))?;
@@ -103,13 +131,14 @@ impl<'p> Run<'p> {
 
         let init_pid = match sys::spawn::lean_fork().map_err(setup("fork run init"))? {
             Fork::Child => {
-                drop((out_r, err_r, status_r, sigfd, lifeline_w, relay_r));
+                drop((out_r, stderr_r, err_r, status_r, sigfd, lifeline_w, relay_r));
                 drop(keep_from_init.take());
                 init::run(
                     &cmd,
                     &sandbox,
                     init::Pipes {
                         output: out_w,
+                        stderr: stderr_w,
                         exec_error: err_w,
                         status: status_w,
                         lifeline: lifeline_r,
@@ -119,8 +148,11 @@ impl<'p> Run<'p> {
             }
             Fork::Parent(pid) => pid,
         };
-        drop((out_w, err_w, status_w, lifeline_r, relay_w));
+        drop((out_w, stderr_w, err_w, status_w, lifeline_r, relay_w));
         sys::set_nonblocking(&out_r, true).map_err(setup("output pipe"))?;
+        if let Some(r) = &stderr_r {
+            sys::set_nonblocking(r, true).map_err(setup("stderr pipe"))?;
+        }
         sys::set_nonblocking(&status_r, true).map_err(setup("status pipe"))?;
         sys::set_nonblocking(&err_r, true).map_err(setup("exec error pipe"))?;
         Ok(Run {
@@ -132,6 +164,7 @@ impl<'p> Run<'p> {
             layers,
             init_pid,
             output: out_r,
+            stderr: stderr_r,
             start_failure: err_r,
             status: status_r,
             relay_channel: relay_r,
@@ -152,7 +185,7 @@ impl<'p> Run<'p> {
             .plan
             .timeout_ms
             .map(|ms| self.clock + Duration::from_millis(ms));
-        let mut w = Watch::new(deadline);
+        let mut w = Watch::new(deadline, self.plan.stderr);
         loop {
             let now = Instant::now();
             if w.over(now) {
@@ -173,6 +206,10 @@ impl<'p> Run<'p> {
                 relay_fds.map(|f| f[0]),
                 relay_fds.map(|f| f[1]),
                 relay_fds.map(|f| f[2]),
+                self.stderr
+                    .as_ref()
+                    .filter(|_| w.stderr_open)
+                    .map(|e| e.as_fd()),
             ];
             let ready = sys::poll_readable(&fds, w.poll_timeout(now)).map_err(loop_err("poll"))?;
             if ready[3] {
@@ -194,8 +231,17 @@ impl<'p> Run<'p> {
                 }
                 r.ready(ready);
             }
+            // Stdout first: of two writes that came between the same two wake-ups, the log
+            // cannot tell which was first (see `output`).
             if w.output_open && ready[2] {
-                w.output_open = self.copy_output().map_err(loop_err("read output"))?;
+                w.output_open = self
+                    .copy_output(Stream::Stdout)
+                    .map_err(loop_err("read output"))?;
+            }
+            if w.stderr_open && ready[7] {
+                w.stderr_open = self
+                    .copy_output(Stream::Stderr)
+                    .map_err(loop_err("read stderr"))?;
             }
             if ready[1] && read_available(&self.status, &mut w.status) {
                 w.status_open = false;
@@ -212,9 +258,13 @@ impl<'p> Run<'p> {
 
     /// Copies what the output pipe holds (bounded per wake-up, so signals are not starved by
     /// a flood); false once every writer is gone.
-    fn copy_output(&mut self) -> io::Result<bool> {
+    fn copy_output(&mut self, stream: Stream) -> io::Result<bool> {
+        let pipe = match (stream, &self.stderr) {
+            (Stream::Stderr, Some(e)) => e.as_fd(),
+            (Stream::Stderr, None) | (Stream::Stdout, _) => self.output.as_fd(),
+        };
         for _ in 0..64 {
-            match self.capture.fill_from(self.output.as_fd()) {
+            match self.capture.fill_from(pipe, stream) {
                 Ok(0) => return Ok(false),
                 // A write error (a full disk) is kept by the capture, which goes on reading:
                 // the command is never blocked, and the run still settles.
@@ -333,6 +383,8 @@ pub(super) struct Watch {
     /// How long output is still read once init is done.
     drain_until: Option<Instant>,
     output_open: bool,
+    /// The command's own stderr pipe (open only when it has one).
+    stderr_open: bool,
     status_open: bool,
     /// Init's report as read so far.
     status: Vec<u8>,
@@ -340,7 +392,7 @@ pub(super) struct Watch {
 }
 
 impl Watch {
-    fn new(deadline: Option<Instant>) -> Watch {
+    fn new(deadline: Option<Instant>, stderr: Stderr) -> Watch {
         Watch {
             deadline,
             stop: None,
@@ -349,6 +401,7 @@ impl Watch {
             init_exit: None,
             drain_until: None,
             output_open: true,
+            stderr_open: stderr == Stderr::Separate,
             status_open: true,
             status: Vec::new(),
             relay: None,
@@ -360,7 +413,8 @@ impl Watch {
     /// — tearing down the namespaces — need not delay the result), and the output is read.
     fn over(&self, now: Instant) -> bool {
         let init_done = self.init_exit.is_some() || (!self.status_open && !self.status.is_empty());
-        init_done && (!self.output_open || self.drain_until.is_some_and(|t| now >= t))
+        let read = !self.output_open && !self.stderr_open;
+        init_done && (read || self.drain_until.is_some_and(|t| now >= t))
     }
 
     /// The wall-clock cap, and SIGKILL once a stop's grace is over (SIGKILL to the

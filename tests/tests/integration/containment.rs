@@ -210,15 +210,20 @@ fn exec_started_with_its_standard_descriptors_closed_still_runs_the_command() {
             String::from_utf8_lossy(&o.stderr),
         );
         assert_eq!(o.status.code(), Some(3), "{closed}: {stdout}{stderr}");
-        // The run's output (stdout and stderr, one stream) goes to stdout if it is open;
-        // sidejob itself has nothing to say.
+        // The run's stdout goes to stdout and its stderr to stderr (two different files
+        // here), each if it is open; sidejob itself has nothing to say.
         let out_open = !closed.contains(" >&-") && !closed.starts_with(">&-");
+        let err_open = !closed.contains("2>&-");
         assert_eq!(
             stdout,
-            if out_open { "out\nerr\n" } else { "" },
+            if out_open { "out\n" } else { "" },
             "{closed}: {stderr}"
         );
-        assert_eq!(stderr, "", "{closed}: {stdout}");
+        assert_eq!(
+            stderr,
+            if err_open { "err\n" } else { "" },
+            "{closed}: {stdout}"
+        );
     }
 }
 

@@ -13,6 +13,7 @@ mod cancel;
 mod cli;
 mod cli_call;
 mod cli_more;
+mod cli_streams;
 mod cli_wakes;
 mod code;
 mod containment;

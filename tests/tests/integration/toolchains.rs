@@ -128,8 +128,8 @@ fn a_cargo_project_builds_offline_from_a_warm_cache_under_the_rust_profile() {
     // Control: with a cold cache, an offline build cannot find the dependency.
     let cold = exec_in(&ws, state.path(), &["--profile", "rust"], &build);
     assert_ne!(cold.code, 0, "{}\n{}", cold.stdout, cold.stderr);
-    // (The command's stderr is in exec's output, with its stdout.)
-    assert!(cold.stdout.contains("libc"), "{}", cold.stdout);
+    // (The command's stderr is exec's stderr: its stdout and stderr are two pipes here.)
+    assert!(cold.stderr.contains("libc"), "{}", cold.stderr);
     // Warm the cache as an earlier networked run would have: the index entry and the crate.
     let cache = cache_path(state.path(), "rust", ws.path(), "cargo").join("registry");
     let index_name = index.file_name().unwrap();
@@ -198,10 +198,11 @@ fn a_python_projects_tests_run_under_the_python_profile() {
         &["python3", "-m", "unittest", "-v"],
     );
     assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    // unittest reports on stderr, which stays exec's stderr.
     assert!(
-        out.stdout.contains("Ran 1 test") && out.stdout.contains("OK"),
+        out.stderr.contains("Ran 1 test") && out.stderr.contains("OK"),
         "{}",
-        out.stdout
+        out.stderr
     );
     // The caller's pyenv, when there is one, is the interpreter the profile finds first.
     if home().join(".pyenv/shims/python3").exists() {

@@ -658,6 +658,7 @@ pub(crate) fn launch(
     p: &Prepared,
     cmd: &Command,
     output: &OwnedFd,
+    stderr: Option<&OwnedFd>,
     exec_error: &OwnedFd,
     relay: Option<&OwnedFd>,
 ) -> Result<i32, LaunchError> {
@@ -754,13 +755,21 @@ pub(crate) fn launch(
     // 9. The command. Init stays here to reap and to stop what the command leaves behind.
     //    Its process shares init's memory until it execs (see `spawn_sharing_memory`): it
     //    only reads the plan, and init waits meanwhile.
-    sys::spawn::spawn_sharing_memory(&mut || confine_and_exec(p, cmd, output, exec_error))
-        .map_err(step("start the command"))
+    sys::spawn::spawn_sharing_memory(&mut || {
+        confine_and_exec(p, cmd, output, stderr.unwrap_or(output), exec_error)
+    })
+    .map_err(step("start the command"))
 }
 
 /// The command's side: confinement that applies to the process itself, then exec. Never
 /// returns; a failure is written to the exec-error pipe.
-fn confine_and_exec(p: &Prepared, cmd: &Command, output: &OwnedFd, exec_error: &OwnedFd) -> ! {
+fn confine_and_exec(
+    p: &Prepared,
+    cmd: &Command,
+    output: &OwnedFd,
+    stderr: &OwnedFd,
+    exec_error: &OwnedFd,
+) -> ! {
     let fail_with = |e: &dyn std::fmt::Display| -> ! {
         sys::write_all_fd(exec_error, &StartFailure::Sandbox(e.to_string()).encode());
         sys::exit_now(127)
@@ -769,14 +778,14 @@ fn confine_and_exec(p: &Prepared, cmd: &Command, output: &OwnedFd, exec_error: &
     // a. Every CPU the caller allowed (`sidejob exec` keeps itself and init on one, see
     //    `sys::cpu`), default signal handling (the dispositions first: init's handlers must
     //    never run here, in init's memory), its own session (no terminal to steal), output
-    //    to the pipe.
+    //    to the pipe (stderr to its own, when the run has one).
     sys::cpu::free_to_move();
     sys::reset_signal_dispositions();
     let _ = SigSet::all().unblock();
     if let Err(e) = sys::setsid() {
         fail("setsid", &e);
     }
-    if let Err(e) = sys::dup2(output, 1).and_then(|_| sys::dup2(output, 2)) {
+    if let Err(e) = sys::dup2(output, 1).and_then(|_| sys::dup2(stderr, 2)) {
         fail("redirect output", &e);
     }
     // b. The working directory, resolved inside the view.
