@@ -132,6 +132,27 @@ impl Drop for Spinner {
     }
 }
 
+/// A task's profile as `sidejob tasks` shows it: with what its call was granted, kind by
+/// kind, e.g. `workspace-write+read:/srv/data,/srv/more+allow:pypi.org:443`.
+pub(super) fn profile_with_grants(
+    profile: &str,
+    grants: Option<&crate::protocol::CallGrants>,
+) -> String {
+    let mut out = profile.to_owned();
+    if let Some(g) = grants {
+        for (kind, list) in [
+            ("read", &g.readable),
+            ("write", &g.writable),
+            ("allow", &g.allow),
+        ] {
+            if !list.is_empty() {
+                out.push_str(&format!("+{kind}:{}", list.join(",")));
+            }
+        }
+    }
+    out
+}
+
 /// What to do about a refused host, after `call` names it.
 pub(super) const NETWORK_HINT_PROFILE: &str = "a profile allows a host with [network] allow = [\"HOST\"] (docs/network.md); run under it with sidejob call --profile NAME";
 
@@ -155,6 +176,20 @@ mod tests {
         assert_eq!(format_duration(Duration::from_millis(350)), "350ms");
         assert_eq!(format_duration(Duration::from_millis(4200)), "4.2s");
         assert_eq!(format_duration(Duration::from_secs(125)), "2m05s");
+    }
+
+    #[test]
+    fn the_profile_column_names_each_grant_by_kind() {
+        let g = crate::protocol::CallGrants {
+            readable: vec!["/srv/data".into()],
+            writable: vec!["/srv/out".into(), "/srv/log".into()],
+            allow: vec![],
+        };
+        assert_eq!(
+            profile_with_grants("workspace-write", Some(&g)),
+            "workspace-write+read:/srv/data+write:/srv/out,/srv/log"
+        );
+        assert_eq!(profile_with_grants("ci", None), "ci");
     }
 
     #[test]

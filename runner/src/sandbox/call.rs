@@ -68,6 +68,25 @@ impl Grants {
     }
 }
 
+/// Marks the mounts of a caller's grants as the caller's: the run's init opens them with
+/// the caller's credentials (`sandbox::linux::caller_path`), never as root, even where a
+/// profile lists the same path.
+fn mark_as_caller(sandbox: &mut SandboxPlan, g: &Grants) {
+    let theirs = |src: &std::path::Path| {
+        g.readable
+            .iter()
+            .chain(&g.writable)
+            .any(|p| std::path::Path::new(p) == src)
+    };
+    // The workspace (the one required mount) is the caller's already, opened with no
+    // symlink on the way.
+    for m in &mut sandbox.mounts {
+        if !m.required && m.source.as_deref().is_some_and(theirs) {
+            m.as_caller = true;
+        }
+    }
+}
+
 /// Who a run runs as: the profile's fixed ids, else the session owner when the daemon is root
 /// (root runs other users' commands as those users), else the daemon's own ids (`None`).
 pub(crate) fn run_ids(run_as: RunAs, owner: (u32, u32)) -> (Option<u32>, Option<u32>) {
@@ -124,6 +143,9 @@ pub(crate) struct CallFor<'a> {
     /// The daemon's state directory (for the profile's caches).
     pub state_dir: &'a std::path::Path,
     pub grants: Option<&'a Grants>,
+    /// What the caller grants this call (`tool.call` `grants`): its paths are the caller's,
+    /// opened as the caller by the run's init, whatever profile entry they meet.
+    pub caller_grants: Option<&'a Grants>,
 }
 
 /// Resolves the session's profile, or the narrower one a call names, for a daemon run in a
@@ -154,6 +176,9 @@ pub(crate) fn for_call(
     if let Some(g) = run.grants {
         g.apply(&mut profile);
     }
+    if let Some(g) = run.caller_grants {
+        g.apply(&mut profile);
+    }
     let home = Home::of(owner_uid);
     let (uid, gid) = run_ids(profile.run_as, run.owner);
     let ids = (
@@ -178,9 +203,13 @@ pub(crate) fn for_call(
         },
     )
     .map_err(CallSandboxError::Invalid)?;
+    let mut sandbox = r.sandbox;
+    if let Some(g) = run.caller_grants {
+        mark_as_caller(&mut sandbox, g);
+    }
     Ok(CallSandbox {
         profile: profile.name.clone(),
-        sandbox: r.sandbox,
+        sandbox,
         env: r.env,
         run_as: profile.run_as,
         timeout_ms: r.timeout_ms,

@@ -450,6 +450,9 @@ impl Scheduler {
                         parent_task_id: Some(s.task_id.clone()),
                         occurrence_key: Some(key.clone()),
                         on_disconnect: Default::default(),
+                        // A stored call grants nothing: its paths would be checked long
+                        // after the caller named them.
+                        grants: None,
                     };
                     self.executor.submit(req, false)?;
                 }
