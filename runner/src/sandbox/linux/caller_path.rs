@@ -139,7 +139,23 @@ pub(crate) fn check_grant(
     let write = access == GrantAccess::Write;
     let what = if write { "write" } else { "read" };
     let refuse = |why: String| format!("cannot grant {what} access to {}: {why}", path.display());
-    let opened = dirfd::as_caller(Some(caller), || {
+    let explain = |e: io::Error| {
+        let why = match e.raw_os_error() {
+            Some(libc::EACCES) | Some(libc::EPERM) => format!(
+                "uid {} may not {what} it ({e}); a call may grant only what its caller can {what} on the host",
+                caller.uid
+            ),
+            Some(libc::ENOENT) => "no such file or directory".to_owned(),
+            Some(libc::ELOOP) => {
+                "it leads through a magic link such as /proc/<pid>/root (or too many symlinks)".into()
+            }
+            _ => e.to_string(),
+        };
+        refuse(why)
+    };
+    // As the caller: where the path leads, and whether they may use what is there (the
+    // second answer is given only once the first is known not to be off limits).
+    let (fd, access) = dirfd::as_caller(Some(caller), || {
         if write {
             let named = dirfd::open_path_no_magiclinks(path, OFlag::O_NOFOLLOW)?;
             if crate::sys::sandbox::fstat(&named)?.is_symlink() {
@@ -157,26 +173,14 @@ pub(crate) fn check_grant(
                 "not a regular file or a directory",
             ));
         }
-        crate::sys::access_fd(fd.as_fd(), write, info.is_dir())?;
-        Ok(fd)
-    });
-    let fd = opened.map_err(|e| {
-        let why = match e.raw_os_error() {
-            Some(libc::EACCES) | Some(libc::EPERM) => format!(
-                "uid {} may not {what} it ({e}); a call may grant only what its caller can {what} on the host",
-                caller.uid
-            ),
-            Some(libc::ENOENT) => "no such file or directory".to_owned(),
-            Some(libc::ELOOP) => {
-                "it leads through a magic link such as /proc/<pid>/root (or too many symlinks)".into()
-            }
-            _ => e.to_string(),
-        };
-        refuse(why)
-    })?;
+        let access = crate::sys::access_fd(fd.as_fd(), write, info.is_dir());
+        Ok((fd, access))
+    })
+    .map_err(explain)?;
     let reason = |e: LaunchError| refuse(e.source.to_string());
     refuse_kernel_fs(&fd, path).map_err(reason)?;
-    refuse_off_limits(&fd, path, off_limits).map_err(reason)
+    refuse_off_limits(&fd, path, off_limits).map_err(reason)?;
+    access.map_err(explain)
 }
 
 /// Looks at `src` as the caller sees it (run with their credentials).
