@@ -105,17 +105,21 @@ fn absolute_path(path: &str, access: GrantAccess) -> Result<String, ExecError> {
         GrantAccess::Read => "grants.readable",
         GrantAccess::Write => "grants.writable",
     };
-    let p = Path::new(path);
-    let plain = p
-        .components()
-        .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
-    if !p.is_absolute() || !plain || path.contains('\0') {
+    // `Path::components` would drop a `.` silently; a granted path names itself exactly.
+    let plain = !path.split('/').any(|seg| seg == "." || seg == "..");
+    if !path.starts_with('/') || !plain || path.contains('\0') {
         return Err(ExecError::InvalidParams(format!(
             "{key} {path:?}: name an absolute path without \".\" or \"..\""
         )));
     }
-    let trimmed = path.trim_end_matches('/');
-    Ok(if trimmed.is_empty() { "/" } else { trimmed }.to_owned())
+    // One spelling per path: no repeated or trailing slashes.
+    let mut out = PathBuf::from("/");
+    for c in Path::new(path).components() {
+        if let Component::Normal(n) = c {
+            out.push(n);
+        }
+    }
+    Ok(out.to_string_lossy().into_owned())
 }
 
 /// Is `want` no wider than `have` (a run's own grants, for what it starts through its
@@ -169,6 +173,7 @@ mod tests {
         let r = GrantAccess::Read;
         assert_eq!(absolute_path("/srv/data/", r).unwrap(), "/srv/data");
         assert_eq!(absolute_path("/", r).unwrap(), "/");
+        assert_eq!(absolute_path("//srv//data", r).unwrap(), "/srv/data");
         for bad in ["srv", "/srv/../etc", "/srv/./x", "", "./x"] {
             assert!(absolute_path(bad, r).is_err(), "{bad:?}");
         }
