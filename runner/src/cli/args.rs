@@ -99,7 +99,7 @@ pub(crate) enum Command {
                   T=$(sidejob call --background -- ./deploy.sh)   # the task id alone on stdout\n  \
                   sidejob call --yield-after 30s -- ./slow-tests.sh\n  \
                   sidejob call --read /srv/data --write out -- ./train.sh   # paths of yours, this run only\n  \
-                  sidejob call --allow pypi.org:443 -- pip download requests\n  \
+                  sidejob call --allow api.example.org:443 -- ./fetch-fixtures.sh\n  \
                   sidejob call --tool code --args '{\"language\": \"python\", \"code\": \"print(1)\"}'\n\n\
                   Ctrl+C cancels the run; a second Ctrl+C (within the cancel's grace) leaves it running and prints its id.\n\
                   Exit code: the command's; 128+N if signal N ended it; 124 on timeout; 130 if canceled; 75 if left running.")]

@@ -154,7 +154,7 @@ pub(super) fn profile_with_grants(
 }
 
 /// What to do about a refused host, after `call` names it.
-pub(super) const NETWORK_HINT_PROFILE: &str = "a profile allows a host with [network] allow = [\"HOST\"] (docs/network.md); run under it with sidejob call --profile NAME";
+pub(super) const NETWORK_HINT_PROFILE: &str = "a profile allows a host with [network] allow = [\"HOST\"] (docs/network.md); run under it with sidejob call --profile NAME, or allow it for one run with sidejob call --allow HOST if the daemon's [grants] allow lists it";
 
 /// What to do about a refused host, after `exec` names it.
 pub(super) const NETWORK_HINT_EXEC: &str = "--allow HOST allows a host for this run; a profile allows it with [network] allow = [\"HOST\"] (docs/network.md)";
