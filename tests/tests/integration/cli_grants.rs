@@ -261,6 +261,35 @@ fn tasks_shows_a_calls_grants_in_its_profile_column() {
     let json = as_user(&d, &ws, &["tasks", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
     assert_eq!(v["tasks"][0]["grants"]["readable"][0], path, "{v}");
+    // The grant is in the event log too: replaying it rebuilds the same row.
+    let replay = Command::new(sidejob_bin())
+        .args(["replay", "--check", "--state-dir"])
+        .arg(&d.state_dir)
+        .output()
+        .expect("run sidejob replay");
+    assert!(replay.status.success(), "{}", text(&replay));
+}
+
+#[test]
+fn root_may_allow_any_host_and_a_user_none_while_grants_allow_is_empty() {
+    let srv = HttpServer::start();
+    let Some((d, ws)) = setup("") else { return };
+    let port = srv.port;
+    let host = format!("127.0.0.1:{port}");
+    let curl = format!("env -u NO_PROXY -u no_proxy curl -sS -m 10 http://{host}/by-root");
+    let user = as_user(&d, &ws, &["call", "--allow", &host, "--", &curl]);
+    let said = text(&user);
+    assert!(
+        !user.status.success() && said.contains("[grants] allow (it lists none)"),
+        "{said}"
+    );
+    let root = d.cli(&["call", "--allow", &host, "--", &curl]);
+    assert!(root.status.success(), "{}", text(&root));
+    assert!(
+        String::from_utf8_lossy(&root.stdout).contains("hello /by-root"),
+        "{}",
+        text(&root)
+    );
 }
 
 #[test]
