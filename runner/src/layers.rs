@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 
 /// The modules, lowest first. A module may import only modules listed before it.
 const LAYERS: &[&str] = &[
+    "names",
     "sys",
     "ids",
     "protocol",

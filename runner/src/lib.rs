@@ -13,6 +13,7 @@ mod egress;
 mod executor;
 mod ids;
 mod metrics;
+mod names;
 mod plugin_host;
 mod protocol;
 mod registry;

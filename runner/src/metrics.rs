@@ -36,6 +36,28 @@ pub(crate) fn settled_counts() -> [(TaskState, u64); 3] {
     ]
 }
 
+/// `task.wait` calls waiting for a live run now.
+static WAITS: AtomicU64 = AtomicU64::new(0);
+
+/// One `task.wait` waiting for a live run, counted in [`waits`] while it is held.
+pub(crate) struct Waiting(());
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        WAITS.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Counts a `task.wait` as waiting until the returned guard drops.
+pub(crate) fn waiting() -> Waiting {
+    WAITS.fetch_add(1, Ordering::Relaxed);
+    Waiting(())
+}
+
+pub(crate) fn waits() -> u64 {
+    WAITS.load(Ordering::Relaxed)
+}
+
 pub(crate) fn wake_pushed() {
     WAKES_PUSHED.fetch_add(1, Ordering::Relaxed);
 }

@@ -310,13 +310,22 @@ impl Client {
     pub fn wait_then(&mut self, d: &Daemon, task_id: &str, release: impl FnOnce()) -> Value {
         let id = json!(format!("wait-{}", self.next_id));
         self.next_id += 1;
+        let mut status = d.client();
+        let mut waits = || {
+            status.ok("daemon.status", json!({}))["waits"]
+                .as_u64()
+                .unwrap()
+        };
+        let before = waits();
         self.send_value(&json!({"jsonrpc": "2.0", "id": id, "method": "task.wait",
             "params": {"task_id": task_id, "timeout_ms": 600_000}}));
+        // The daemon answers each request in a task of its own: `waits` says when this one
+        // is waiting on the run.
+        assert!(
+            wait_until(Duration::from_secs(30), || waits() > before),
+            "the daemon never counted the task.wait as waiting"
+        );
         assert_eq!(d.client().task(task_id)["state"], "running");
-        // The daemon answers each request in a task of its own, so nothing on the wire says
-        // when the wait has been registered; the round trip above usually covers it, but on a
-        // loaded machine (the whole suite at once) it did not once. Give it time.
-        std::thread::sleep(Duration::from_millis(200));
         release();
         self.reply_to(id).expect("task.wait")
     }

@@ -3,10 +3,10 @@
 //! a bridge acts in, the questions runs ask (`input.rs`) and subagents' child sessions
 //! (`subagent.rs`); it speaks no protocol itself. Each connection is handed to the daemon's
 //! one RPC core (`server/`), which serves it with the same handlers as the control socket,
-//! restricted to the scope: the run's session, `BRIDGE_METHODS`, and the run's profile as
+//! restricted to the scope: the run's session, the bridge's methods (`Method::for_bridges`), and the run's profile as
 //! the ceiling of everything started through it.
 //!
-//! The socket is `<bridge dir>/<task_id>/sock` (`run_dir::socket_dir`): the directory is named
+//! The socket is `<bridge dir>/<task_id>/sock` (`run::dir::socket_dir`): the directory is named
 //! in the launch plan (`bridge_socket`, for the sandbox to mount) and the socket is exported
 //! as `SIDEJOB_BRIDGE`. Mounting the directory, not the socket, lets a restarted daemon bind
 //! the socket again where the run sees it ([`Bridges::after_restart`]). Both are removed when
@@ -14,6 +14,8 @@
 
 mod input;
 mod subagent;
+#[cfg(test)]
+mod tests;
 
 pub(crate) use input::Questions;
 

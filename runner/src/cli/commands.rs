@@ -349,7 +349,7 @@ pub(super) fn status(socket: &Path, out: StatusOutput) -> Result<i32> {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(code);
     }
-    let n = |k: &str| s.tasks.get(k).copied().unwrap_or(0);
+    let n = |k: TaskState| s.tasks.get(k.as_str()).copied().unwrap_or(0);
     println!(
         "sidejob {} (pid {}), up {} since {}",
         s.version,
@@ -375,17 +375,17 @@ pub(super) fn status(socket: &Path, out: StatusOutput) -> Result<i32> {
     println!("sessions   {} open", s.sessions);
     println!(
         "tasks      {} running, {} queued, {} awaiting input, {} scheduled",
-        n("running"),
-        n("queued"),
-        n("awaiting_input"),
-        n("scheduled")
+        n(TaskState::Running),
+        n(TaskState::Queued),
+        n(TaskState::AwaitingInput),
+        n(TaskState::Scheduled)
     );
     if s.daemon_wide_counters {
         println!(
             "since start {} succeeded, {} failed, {} canceled; {} wakes pushed; {} limits hit",
-            n("succeeded"),
-            n("failed"),
-            n("canceled"),
+            n(TaskState::Succeeded),
+            n(TaskState::Failed),
+            n(TaskState::Canceled),
             s.wakes_pushed,
             s.violations
         );

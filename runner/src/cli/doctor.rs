@@ -7,9 +7,9 @@ use std::time::{Instant, SystemTime};
 use serde_json::json;
 
 use crate::protocol::TaskState;
-use crate::run::plan::LaunchPlan;
+use crate::sandbox::call::CallSandbox;
 use crate::sandbox::linux::Availability;
-use crate::sandbox::resolve::{self, Context};
+use crate::sandbox::resolve::Context;
 use crate::sandbox::Catalog;
 
 /// Runs `sidejob doctor`; returns 0 when every layer the default profile needs is here.
@@ -153,7 +153,7 @@ fn trial_run() -> serde_json::Value {
         let run_dir = base.join("run");
         std::fs::create_dir(&ws).map_err(|e| e.to_string())?;
         std::fs::create_dir(&run_dir).map_err(|e| e.to_string())?;
-        let r = resolve::resolve(
+        let plan = CallSandbox::resolve(
             &profile,
             &Context {
                 workspace: &ws,
@@ -162,15 +162,13 @@ fn trial_run() -> serde_json::Value {
                 caller_env: &[],
                 caches: None,
             },
-        )?;
-        let plan = LaunchPlan::builder(
+        )
+        .map_err(|e| e.to_string())?
+        .plan(
             "doctor",
-            &profile.name,
             vec!["/bin/true".into()],
-            r.env,
             ws.clone(),
             run_dir.clone(),
-            r.sandbox,
         )
         .timeout_ms(Some(10_000))
         .kill_grace_ms(Some(1_000))

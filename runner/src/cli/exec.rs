@@ -11,9 +11,10 @@ use std::time::SystemTime;
 
 use crate::egress::policy::{Policy, Rule};
 use crate::protocol::{FailReason, TaskState};
-use crate::run::plan::{LaunchPlan, Tee};
+use crate::run::plan::Tee;
 use crate::run::result::RunResult;
-use crate::sandbox::resolve::{self, Context};
+use crate::sandbox::call::CallSandbox;
+use crate::sandbox::resolve::Context;
 use crate::sandbox::{Catalog, Network, Profile, RunAs};
 use crate::supervisor;
 
@@ -274,7 +275,7 @@ pub(super) fn exec(a: ExecArgs) -> i32 {
             )
         }
     };
-    let resolved = match resolve::resolve(
+    let resolved = match CallSandbox::resolve(
         &profile,
         &Context {
             workspace: &workspace,
@@ -344,20 +345,15 @@ pub(super) fn exec(a: ExecArgs) -> i32 {
         .timeout
         .map(|d| d.as_millis() as u64)
         .or(resolved.timeout_ms);
-    let plan = LaunchPlan::builder(
-        "exec",
-        &profile.name,
-        a.command.clone(),
-        env,
-        cwd,
-        run_dir.clone(),
+    let plan = CallSandbox {
         sandbox,
-    )
+        env,
+        ..resolved
+    }
+    .plan("exec", a.command.clone(), cwd, run_dir.clone())
     .task(&task_id, "exec")
     .run_as(uid, gid)
     .timeout_ms(timeout_ms)
-    .kill_grace_ms(resolved.kill_grace_ms)
-    .max_output_bytes(profile.limits.output)
     // With --json, stdout holds the result alone: the command's output goes to stderr.
     .tee(if a.json { Tee::Stderr } else { Tee::Stdout })
     .build();

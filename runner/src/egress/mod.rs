@@ -38,8 +38,8 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info};
 
-pub(crate) use policy::Policy;
 use policy::Refusal;
+pub(crate) use policy::{Policy, PolicyWidening};
 use record::{NetworkViolation, Recorder, Via};
 
 /// The proxy's port on the run's loopback (HTTP `CONNECT`, absolute-form HTTP and SOCKS5).

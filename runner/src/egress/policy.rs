@@ -211,27 +211,50 @@ fn port_covers(session: Option<u16>, call: Option<u16>) -> bool {
     session.is_none() || session == call
 }
 
+/// Why an allow-list entry does not parse; says what is wrong, for `file:line: field:
+/// message`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RuleError {
+    #[error("an empty entry")]
+    Empty,
+    #[error("\"*\" would allow every host; use network = \"host\" for that")]
+    Everything,
+    #[error("{0:?}: a range is an address and a prefix length, like 10.0.0.0/8")]
+    Range(String),
+    #[error("{entry:?}: the prefix length must be 0 to {max}")]
+    Prefix { entry: String, max: u8 },
+    #[error("{entry:?}: {why}")]
+    Port { entry: String, why: String },
+    #[error("{0:?}: \"*.\" must be followed by a host name")]
+    BareWildcard(String),
+    #[error("{0:?}: a wildcard may only be a leading \"*.\", like *.example.org")]
+    Wildcard(String),
+    #[error("{0:?}: not a host name, *.suffix, address or range (non-ASCII names are written in their xn-- form)")]
+    NotAHost(String),
+}
+
 impl Rule {
-    /// Parses one entry; the error says what is wrong, for `file:line: field: message`.
-    pub fn parse(s: &str) -> Result<Rule, String> {
+    /// Parses one entry.
+    pub fn parse(s: &str) -> Result<Rule, RuleError> {
         let s = s.trim();
         if s.is_empty() {
-            return Err("an empty entry".into());
+            return Err(RuleError::Empty);
         }
         if s == "*" || s.starts_with("*:") {
-            return Err("\"*\" would allow every host; use network = \"host\" for that".into());
+            return Err(RuleError::Everything);
         }
         // Ranges: `10.0.0.0/8`, `fd00::/8` (no port).
         if let Some((addr, bits)) = s.split_once('/') {
-            let addr: IpAddr = addr.parse().map_err(|_| {
-                format!("{s:?}: a range is an address and a prefix length, like 10.0.0.0/8")
-            })?;
+            let addr: IpAddr = addr.parse().map_err(|_| RuleError::Range(s.into()))?;
             let max = if addr.is_ipv4() { 32 } else { 128 };
-            let prefix: u8 = bits
-                .parse()
-                .ok()
-                .filter(|p| *p <= max)
-                .ok_or_else(|| format!("{s:?}: the prefix length must be 0 to {max}"))?;
+            let prefix: u8 =
+                bits.parse()
+                    .ok()
+                    .filter(|p| *p <= max)
+                    .ok_or_else(|| RuleError::Prefix {
+                        entry: s.into(),
+                        max,
+                    })?;
             return Ok(Rule::Addr {
                 net: Net {
                     addr: canonical(addr),
@@ -240,17 +263,18 @@ impl Rule {
                 port: None,
             });
         }
-        let (host, port) = split_host_port(s).map_err(|m| format!("{s:?}: {m}"))?;
+        let (host, port) = split_host_port(s).map_err(|why| RuleError::Port {
+            entry: s.into(),
+            why,
+        })?;
         if let Some(suffix) = host.strip_prefix("*.") {
             return match normalize(suffix) {
                 Ok(Host::Name(suffix)) => Ok(Rule::Below { suffix, port }),
-                _ => Err(format!("{s:?}: \"*.\" must be followed by a host name")),
+                _ => Err(RuleError::BareWildcard(s.into())),
             };
         }
         if host.contains('*') {
-            return Err(format!(
-                "{s:?}: a wildcard may only be a leading \"*.\", like *.example.org"
-            ));
+            return Err(RuleError::Wildcard(s.into()));
         }
         match normalize(host) {
             Ok(Host::Name(name)) => Ok(Rule::Name { name, port }),
@@ -261,9 +285,7 @@ impl Rule {
                 },
                 port,
             }),
-            Err(_) => Err(format!(
-                "{s:?}: not a host name, *.suffix, address or range (non-ASCII names are written in their xn-- form)"
-            )),
+            Err(_) => Err(RuleError::NotAHost(s.into())),
         }
     }
 
@@ -338,8 +360,8 @@ impl fmt::Display for Rule {
 }
 
 impl TryFrom<String> for Rule {
-    type Error = String;
-    fn try_from(s: String) -> Result<Rule, String> {
+    type Error = RuleError;
+    fn try_from(s: String) -> Result<Rule, RuleError> {
         Rule::parse(&s)
     }
 }
@@ -622,24 +644,35 @@ impl Policy {
     /// Is this policy no wider than `session`'s? Every allowed name or address must be
     /// allowed there too, every deny rule there must be here, and a static name must map to
     /// the same address.
-    pub(crate) fn check_narrows(&self, session: &Policy) -> Result<(), String> {
+    pub(crate) fn check_narrows(&self, session: &Policy) -> Result<(), PolicyWidening> {
         for r in &self.allow {
             if !session.allow.iter().any(|s| r.covered_by(s)) {
-                return Err(format!("network.allow {r} is not allowed by the session"));
+                return Err(PolicyWidening::Allows(r.clone()));
             }
         }
         for r in &session.deny {
             if !self.deny.contains(r) {
-                return Err(format!("it does not deny {r}"));
+                return Err(PolicyWidening::DoesNotDeny(r.clone()));
             }
         }
         for (name, ip) in &self.hosts {
             if session.hosts.get(name) != Some(ip) {
-                return Err(format!("network.hosts maps {name} to {ip}"));
+                return Err(PolicyWidening::Maps(name.clone(), *ip));
             }
         }
         Ok(())
     }
+}
+
+/// How an allow-list is wider than the session's ([`Policy::check_narrows`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum PolicyWidening {
+    #[error("network.allow {0} is not allowed by the session")]
+    Allows(Rule),
+    #[error("it does not deny {0}")]
+    DoesNotDeny(Rule),
+    #[error("network.hosts maps {0} to {1}")]
+    Maps(String, IpAddr),
 }
 
 #[cfg(test)]

@@ -85,6 +85,7 @@ impl Executor {
                 })
             };
             if let Some(mut rx) = rx {
+                let _waiting = crate::metrics::waiting();
                 if let Ok(Ok(row)) = tokio::time::timeout(timeout, &mut rx).await {
                     return Ok(Some(row));
                 }

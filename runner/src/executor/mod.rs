@@ -53,7 +53,6 @@ use crate::protocol::{
 use crate::registry::{Holding, Registry, RegistryError, SessionRow, TaskRow};
 use crate::run::cancel::{CancelRequest, StopReason};
 use crate::run::dir::PrivateDir;
-use crate::run::plan::LaunchPlan;
 use crate::run::result::RunResult;
 use crate::sandbox;
 use crate::sys;

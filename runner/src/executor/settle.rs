@@ -370,7 +370,7 @@ pub(super) struct Watched {
     pub(super) pidfd: Arc<AsyncFd<OwnedFd>>,
     /// Its pid when this daemon started it (and so must reap it).
     pub(super) child: Option<i32>,
-    /// The read end of its report pipe (`run_dir::SUPERVISOR_REPORT_FD`), when this daemon
+    /// The read end of its report pipe (`run::fds::SUPERVISOR_REPORT_FD`), when this daemon
     /// started it.
     pub(super) report: Option<AsyncFd<OwnedFd>>,
 }

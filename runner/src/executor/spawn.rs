@@ -20,7 +20,7 @@
 
 use std::ffi::OsStr;
 use std::fs::File;
-use std::io;
+use std::io::{self, BufRead};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -132,8 +132,8 @@ impl Spawner {
         )
     }
 
-    /// `sidejob spawner <runs_dir>`, started with the rules above (its stderr is the
-    /// daemon's), holding its end of a socket pair at descriptor 3.
+    /// `sidejob spawner <runs_dir>`, started with the rules above (its stderr a pipe
+    /// whose lines the daemon logs), holding its end of a socket pair at descriptor 3.
     fn start_zygote(&self) -> io::Result<Zygote> {
         use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
         let (ours, theirs) = socketpair(
@@ -148,12 +148,25 @@ impl Spawner {
             &nix::sys::time::TimeVal::new(REPLY_TIMEOUT.as_secs() as i64, 0),
         )?;
         let null = File::options().read(true).write(true).open("/dev/null")?;
-        let stderr = std::io::stderr();
+        let (log_r, log_w) = sys::pipe()?;
         let pid = sys::spawn::spawn(
             &self.exe,
             &[OsStr::new("spawner"), self.runs_dir.as_os_str()],
-            &[null.as_fd(), null.as_fd(), stderr.as_fd(), theirs.as_fd()],
+            &[null.as_fd(), null.as_fd(), log_w.as_fd(), theirs.as_fd()],
         )?;
+        drop(log_w);
+        // The spawner's lines join the daemon's log (in its format, JSON or text) until the
+        // spawner exits.
+        std::thread::Builder::new()
+            .name("spawner-log".into())
+            .spawn(move || {
+                for line in std::io::BufReader::new(File::from(log_r)).lines() {
+                    match line {
+                        Ok(line) => warn!(spawner = pid, "{line}"),
+                        Err(_) => break,
+                    }
+                }
+            })?;
         Ok(Zygote { sock: ours, pid })
     }
 }

@@ -192,36 +192,36 @@ impl Executor {
                 plan: &tool_plan,
             },
         )?;
-        let mut env = sb.env;
-        env.push(("SIDEJOB_TASK_ID".into(), task_id.to_owned()));
-        env.push(("SIDEJOB_SESSION_ID".into(), req.session.session_id.clone()));
-        env.extend(tool_plan.env);
-        env.extend(extras.env.iter().cloned());
+        sb.env.push(("SIDEJOB_TASK_ID".into(), task_id.to_owned()));
+        sb.env
+            .push(("SIDEJOB_SESSION_ID".into(), req.session.session_id.clone()));
+        sb.env.extend(tool_plan.env);
+        sb.env.extend(extras.env.iter().cloned());
         let cap = sb.timeout_ms.map_or(self.cfg.detached_cap_ms, |t| {
             t.min(self.cfg.detached_cap_ms)
         });
-        let plan = LaunchPlan::builder(
-            &req.tool,
-            &sb.profile,
-            tool_plan.argv,
-            env,
-            tool_plan.cwd,
-            private.path().to_path_buf(),
-            plan_files::mount(files_dir, sb.sandbox),
-        )
-        .task(task_id, &req.session.session_id)
-        .public_dir(public_path.clone(), Some(owner))
-        .caller(req.owner.clone())
-        .run_as(run_as.0, run_as.1)
-        .timeout_ms(Some(req.timeout_ms.map_or(cap, |t| t.min(cap))))
-        .kill_grace_ms(Some(sb.kill_grace_ms.unwrap_or(self.cfg.cancel_grace_ms)))
-        .max_output_bytes(Some(
-            sb.max_output_bytes.map_or(self.cfg.max_output_bytes, |m| {
-                m.min(self.cfg.max_output_bytes)
-            }),
-        ))
-        .bridge(extras.bridge_socket.clone())
-        .build();
+        let grace = sb.kill_grace_ms.unwrap_or(self.cfg.cancel_grace_ms);
+        let max_output = sb.max_output_bytes.map_or(self.cfg.max_output_bytes, |m| {
+            m.min(self.cfg.max_output_bytes)
+        });
+        let profile = sb.profile.clone();
+        sb.sandbox = plan_files::mount(files_dir, sb.sandbox);
+        let plan = sb
+            .plan(
+                &req.tool,
+                tool_plan.argv,
+                tool_plan.cwd,
+                private.path().to_path_buf(),
+            )
+            .task(task_id, &req.session.session_id)
+            .public_dir(public_path.clone(), Some(owner))
+            .caller(req.owner.clone())
+            .run_as(run_as.0, run_as.1)
+            .timeout_ms(Some(req.timeout_ms.map_or(cap, |t| t.min(cap))))
+            .kill_grace_ms(Some(grace))
+            .max_output_bytes(Some(max_output))
+            .bridge(extras.bridge_socket.clone())
+            .build();
         // Read by the supervisor only: compact is quicker to write and to read.
         let plan_bytes =
             serde_json::to_vec(&plan).map_err(|e| ExecError::InvalidParams(e.to_string()))?;
@@ -230,7 +230,7 @@ impl Executor {
         Ok(Staged {
             public,
             public_path,
-            profile: sb.profile,
+            profile,
             run_as,
             egress,
             extras,

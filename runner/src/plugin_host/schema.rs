@@ -11,13 +11,17 @@
 //! in-process instead (and says so in its log), so a plugin is never refused for the
 //! helper's sake.
 
+use std::ffi::OsStr;
+use std::fs::File;
 use std::io::{self, Read, Write};
+use std::os::fd::AsFd;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
 use tracing::warn;
+
+use crate::sys;
 
 /// The helper's command (`sidejob check-schemas`, dispatched before the argument parser).
 pub const HELPER_COMMAND: &str = "check-schemas";
@@ -42,17 +46,19 @@ pub(super) fn problems(schemas: &[&Value], exe: Option<&Path>) -> Vec<Option<Str
 
 fn in_helper(exe: &Path, schemas: &[&Value]) -> io::Result<Vec<Option<String>>> {
     let input = serde_json::to_vec(schemas)?;
-    let mut child = Command::new(exe)
-        .arg(HELPER_COMMAND)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()?;
-    let (Some(mut stdin), Some(mut stdout)) = (child.stdin.take(), child.stdout.take()) else {
-        let _ = child.kill();
-        let _ = child.wait();
-        return Err(io::Error::other("its stdin or stdout is missing"));
-    };
+    // Started as every process the daemon starts is (`sys::spawn`): an empty environment and
+    // only the descriptors named here.
+    let (stdin_r, stdin_w) = sys::pipe()?;
+    let (stdout_r, stdout_w) = sys::pipe()?;
+    let null = File::options().write(true).open("/dev/null")?;
+    let pid = sys::spawn::spawn(
+        exe,
+        &[OsStr::new(HELPER_COMMAND)],
+        &[stdin_r.as_fd(), stdout_w.as_fd(), null.as_fd()],
+    )?;
+    drop((stdin_r, stdout_w, null));
+    let mut stdin = File::from(stdin_w);
+    let mut stdout = File::from(stdout_r);
     // Written and read on a thread, so that a helper that stops reading or writing holds up
     // nobody once it is killed.
     let (tx, rx) = std::sync::mpsc::channel();
@@ -65,17 +71,17 @@ fn in_helper(exe: &Path, schemas: &[&Value]) -> io::Result<Vec<Option<String>>> 
     });
     let answer = rx.recv_timeout(HELPER_TIMEOUT);
     if answer.is_err() {
-        let _ = child.kill();
+        let _ = sys::kill(pid, libc::SIGKILL);
     }
-    let status = child.wait()?;
+    let exit = sys::waitpid(pid, false)?.map(|(_, exit)| exit);
     let output = answer.map_err(|_| {
         io::Error::new(
             io::ErrorKind::TimedOut,
             format!("no answer in {} s", HELPER_TIMEOUT.as_secs()),
         )
     })??;
-    if !status.success() {
-        return Err(io::Error::other(format!("it ended with {status}")));
+    if exit != Some(sys::Exit::Code(0)) {
+        return Err(io::Error::other(format!("it ended with {exit:?}")));
     }
     let found: Vec<Option<String>> = serde_json::from_slice(&output)?;
     if found.len() != schemas.len() {

@@ -6,17 +6,6 @@ use serde_json::Value;
 
 use super::TaskState;
 
-/// The only methods a bridge serves, all scoped to the run's session.
-pub(crate) const BRIDGE_METHODS: &[&str] = &[
-    "tool.call",
-    "task.list",
-    "task.get",
-    "task.output",
-    "task.wait",
-    "task.cancel",
-    "task.request_input",
-];
-
 /// `task.request_input` (bridge only): puts the calling task in `awaiting_input` until the
 /// host answers with `task.answer`.
 #[derive(Debug, Serialize, Deserialize)]

@@ -16,31 +16,97 @@ pub(crate) const PROTOCOL_VERSION: u32 = 1;
 /// The longest line (request or reply) a peer may send, newline excluded.
 pub(crate) const MAX_LINE_BYTES: usize = 1024 * 1024;
 
-/// Every method a host may call, in the order `docs/protocol.md` documents them.
-pub(crate) const METHODS: &[&str] = &[
-    "initialize",
-    "session.open",
-    "session.close",
-    "session.status",
-    "session.list",
-    "tool.list",
-    "tool.call",
-    "task.list",
-    "task.get",
-    "task.output",
-    "task.wait",
-    "task.cancel",
-    "task.message",
-    "task.answer",
-    "task.background",
-    "events.subscribe",
-    "inbox.list",
-    "inbox.ack",
-    "schedule.create",
-    "schedule.list",
-    "schedule.cancel",
-    "daemon.status",
-];
+/// Declares [`Method`]: each method's variant, its wire name and who is served it.
+macro_rules! methods {
+    ($($variant:ident = $name:literal: $host:literal, $bridge:literal;)*) => {
+        /// A method of the protocol (docs/protocol.md) or the bridge (docs/plugins.md), in
+        /// the order docs/protocol.md documents them. Requests are routed on it, so a method
+        /// without a handler does not compile.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub(crate) enum Method {
+            $($variant,)*
+        }
+
+        impl Method {
+            pub(crate) const ALL: &'static [Method] = &[$(Method::$variant,)*];
+
+            /// Its name on the wire.
+            pub(crate) fn name(self) -> &'static str {
+                match self {
+                    $(Method::$variant => $name,)*
+                }
+            }
+
+            pub(crate) fn from_name(name: &str) -> Option<Method> {
+                match name {
+                    $($name => Some(Method::$variant),)*
+                    _ => None,
+                }
+            }
+
+            /// Served on the control socket.
+            pub(crate) fn for_hosts(self) -> bool {
+                match self {
+                    $(Method::$variant => $host,)*
+                }
+            }
+
+            /// Served on a run's bridge.
+            pub(crate) fn for_bridges(self) -> bool {
+                match self {
+                    $(Method::$variant => $bridge,)*
+                }
+            }
+        }
+    };
+}
+
+methods! {
+    // variant = name: hosts, bridges;
+    Initialize = "initialize": true, false;
+    SessionOpen = "session.open": true, false;
+    SessionClose = "session.close": true, false;
+    SessionStatus = "session.status": true, false;
+    SessionList = "session.list": true, false;
+    ToolList = "tool.list": true, false;
+    ToolCall = "tool.call": true, true;
+    TaskList = "task.list": true, true;
+    TaskGet = "task.get": true, true;
+    TaskOutput = "task.output": true, true;
+    TaskWait = "task.wait": true, true;
+    TaskCancel = "task.cancel": true, true;
+    TaskMessage = "task.message": true, false;
+    TaskAnswer = "task.answer": true, false;
+    TaskBackground = "task.background": true, false;
+    TaskRequestInput = "task.request_input": false, true;
+    EventsSubscribe = "events.subscribe": true, false;
+    InboxList = "inbox.list": true, false;
+    InboxAck = "inbox.ack": true, false;
+    ScheduleCreate = "schedule.create": true, false;
+    ScheduleList = "schedule.list": true, false;
+    ScheduleCancel = "schedule.cancel": true, false;
+    DaemonStatus = "daemon.status": true, false;
+}
+
+impl Method {
+    /// The names of the methods hosts are served, in documented order.
+    pub(crate) fn host_names() -> Vec<&'static str> {
+        Method::ALL
+            .iter()
+            .filter(|m| m.for_hosts())
+            .map(|m| m.name())
+            .collect()
+    }
+
+    /// The names of the methods a bridge serves.
+    pub(crate) fn bridge_names() -> Vec<&'static str> {
+        Method::ALL
+            .iter()
+            .filter(|m| m.for_bridges())
+            .map(|m| m.name())
+            .collect()
+    }
+}
 
 /// An incoming request. `id` is absent for notifications, which get no reply.
 #[derive(Debug, Deserialize)]

@@ -4,47 +4,29 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// Session states (docs/protocol.md).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum SessionState {
-    Open,
-    Closed,
-    /// Closed, and its directory removed (`session.close {delete: true}`).
-    Deleted,
-}
+use crate::names::named;
 
-impl SessionState {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            SessionState::Open => "open",
-            SessionState::Closed => "closed",
-            SessionState::Deleted => "deleted",
-        }
-    }
-
-    pub(crate) fn parse(s: &str) -> Option<SessionState> {
-        [
-            SessionState::Open,
-            SessionState::Closed,
-            SessionState::Deleted,
-        ]
-        .into_iter()
-        .find(|st| st.as_str() == s)
+named! {
+    /// Session states (docs/protocol.md).
+    pub(crate) enum SessionState {
+        Open = "open",
+        Closed = "closed",
+        /// Closed, and its directory removed (`session.close {delete: true}`).
+        Deleted = "deleted",
     }
 }
 
-/// Task states (docs/protocol.md).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TaskState {
-    Queued,
-    Running,
-    AwaitingInput,
-    Scheduled,
-    Succeeded,
-    Failed,
-    Canceled,
+named! {
+    /// Task states (docs/protocol.md).
+    pub enum TaskState {
+        Queued = "queued",
+        Running = "running",
+        AwaitingInput = "awaiting_input",
+        Scheduled = "scheduled",
+        Succeeded = "succeeded",
+        Failed = "failed",
+        Canceled = "canceled",
+    }
 }
 
 impl TaskState {
@@ -57,83 +39,35 @@ impl TaskState {
             | TaskState::Scheduled => false,
         }
     }
+}
 
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TaskState::Queued => "queued",
-            TaskState::Running => "running",
-            TaskState::AwaitingInput => "awaiting_input",
-            TaskState::Scheduled => "scheduled",
-            TaskState::Succeeded => "succeeded",
-            TaskState::Failed => "failed",
-            TaskState::Canceled => "canceled",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<TaskState> {
-        serde_json::from_value(Value::String(s.to_owned())).ok()
+named! {
+    /// Why a task failed (docs/protocol.md).
+    pub enum FailReason {
+        ExitCode = "exit_code",
+        Signal = "signal",
+        Timeout = "timeout",
+        Lost = "lost",
+        SpawnError = "spawn_error",
+        SandboxError = "sandbox_error",
     }
 }
 
-/// Why a task failed (docs/protocol.md).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FailReason {
-    ExitCode,
-    Signal,
-    Timeout,
-    Lost,
-    SpawnError,
-    SandboxError,
-}
-
-impl FailReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FailReason::ExitCode => "exit_code",
-            FailReason::Signal => "signal",
-            FailReason::Timeout => "timeout",
-            FailReason::Lost => "lost",
-            FailReason::SpawnError => "spawn_error",
-            FailReason::SandboxError => "sandbox_error",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<FailReason> {
-        serde_json::from_value(Value::String(s.to_owned())).ok()
+named! {
+    /// Who received a terminal result (docs/protocol.md): `pending` until someone does.
+    pub enum Delivery {
+        Inline = "inline",
+        Wait = "wait",
+        Wake = "wake",
+        Pending = "pending",
     }
 }
 
-/// Who received a terminal result (docs/protocol.md): `pending` until someone does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Delivery {
-    Inline,
-    Wait,
-    Wake,
-    Pending,
-}
-
-impl Delivery {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Delivery::Inline => "inline",
-            Delivery::Wait => "wait",
-            Delivery::Wake => "wake",
-            Delivery::Pending => "pending",
-        }
+named! {
+    pub enum TaskKind {
+        Call = "call",
+        Monitor = "monitor",
     }
-
-    pub fn parse(s: &str) -> Option<Delivery> {
-        serde_json::from_value(Value::String(s.to_owned())).ok()
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TaskKind {
-    Call,
-    Monitor,
 }
 
 /// Extra access a `tool.call` asks for, for its own run only (`grants`): paths the caller
@@ -797,7 +731,10 @@ pub(crate) struct DaemonStatusResult {
     pub wakes_pushed: u64,
     /// Resource limits runs hit (`timeout`, `output_cap`, `memory`, …) since the daemon started.
     pub violations: u64,
-    /// Whether the daemon-wide counters (terminal states, `wakes_pushed`, `violations`) were
+    /// `task.wait` calls waiting for a live run to settle, now.
+    #[serde(default)]
+    pub waits: u64,
+    /// Whether the daemon-wide counters (terminal states, `wakes_pushed`, `violations`, `waits`) were
     /// given: to root, and to the user an unprivileged daemon serves; zeros to anyone else.
     #[serde(default)]
     pub daemon_wide_counters: bool,

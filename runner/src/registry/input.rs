@@ -2,6 +2,7 @@
 //! (`awaiting_input`), and tasks a subagent hands over to its parent session.
 
 use super::{obj, Entity, Event, Op, Registry, Result};
+use crate::protocol::TaskState;
 use crate::registry::NotificationRow;
 
 impl Registry {
@@ -22,10 +23,10 @@ impl Registry {
                     |r| r.get(0),
                 )
                 .ok();
-            if state.as_deref() != Some("running") {
+            if state.as_deref() != Some(TaskState::Running.as_str()) {
                 return Ok(false);
             }
-            let patch = obj([("state", "awaiting_input".into())]);
+            let patch = obj([("state", TaskState::AwaitingInput.as_str().into())]);
             Self::apply(
                 tx,
                 Event::TaskInputRequested,
@@ -63,10 +64,10 @@ impl Registry {
                     |r| r.get(0),
                 )
                 .ok();
-            if state.as_deref() != Some("awaiting_input") {
+            if state.as_deref() != Some(TaskState::AwaitingInput.as_str()) {
                 return Ok(false);
             }
-            let patch = obj([("state", "running".into())]);
+            let patch = obj([("state", TaskState::Running.as_str().into())]);
             Self::apply(
                 tx,
                 event,

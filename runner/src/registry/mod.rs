@@ -4,12 +4,16 @@
 //! appends its event (the same column patch) in one transaction. The event log is therefore
 //! authoritative, and [`replay`] rebuilds identical rows from it.
 
+#[cfg(test)]
+pub(crate) mod fixtures;
 mod inbox;
 mod input;
 mod replay;
 mod rows;
 mod schedules;
 mod schema;
+#[cfg(test)]
+mod tests;
 
 pub(crate) mod health;
 
@@ -24,6 +28,7 @@ use std::sync::{Mutex, MutexGuard};
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
 use serde_json::{Map, Value};
 
+use crate::names::named;
 use crate::protocol::{Delivery, SessionState, TaskState};
 
 #[derive(Debug, thiserror::Error)]
@@ -59,13 +64,14 @@ pub enum RegistryError {
 
 pub(crate) type Result<T> = std::result::Result<T, RegistryError>;
 
-/// Which table an event changes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Entity {
-    Session,
-    Task,
-    Notification,
-    Schedule,
+named! {
+    /// Which table an event changes (its `entity` column).
+    pub(crate) enum Entity {
+        Session = "session",
+        Task = "task",
+        Notification = "notification",
+        Schedule = "schedule",
+    }
 }
 
 impl Entity {
@@ -86,109 +92,34 @@ impl Entity {
             Entity::Schedule => "schedule_id",
         }
     }
-
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Entity::Session => "session",
-            Entity::Task => "task",
-            Entity::Notification => "notification",
-            Entity::Schedule => "schedule",
-        }
-    }
-
-    pub(crate) fn parse(s: &str) -> Option<Entity> {
-        match s {
-            "session" => Some(Entity::Session),
-            "task" => Some(Entity::Task),
-            "notification" => Some(Entity::Notification),
-            "schedule" => Some(Entity::Schedule),
-            _ => None,
-        }
-    }
 }
 
-/// What an event in the log records (its `kind` column): one variant per change the
-/// registry makes, named once here.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Event {
-    NotificationAcked,
-    NotificationCreated,
-    ScheduleClaimed,
-    ScheduleCreated,
-    ScheduleDisabled,
-    ScheduleFired,
-    ScheduleRenewed,
-    ScheduleSkipped,
-    SessionClosed,
-    SessionDeleted,
-    SessionOpened,
-    SessionReopened,
-    TaskDelivered,
-    TaskHandedOver,
-    TaskInputAbandoned,
-    TaskInputAnswered,
-    TaskInputRequested,
-    TaskOutputDeleted,
-    TaskSettled,
-    TaskStarted,
-    TaskSubmitted,
-    TaskYielded,
-}
-
-impl Event {
-    /// Every event, for the tests and for readers of the log.
-    #[cfg(test)]
-    pub(crate) const ALL: &'static [Event] = &[
-        Event::NotificationAcked,
-        Event::NotificationCreated,
-        Event::ScheduleClaimed,
-        Event::ScheduleCreated,
-        Event::ScheduleDisabled,
-        Event::ScheduleFired,
-        Event::ScheduleRenewed,
-        Event::ScheduleSkipped,
-        Event::SessionClosed,
-        Event::SessionDeleted,
-        Event::SessionOpened,
-        Event::SessionReopened,
-        Event::TaskDelivered,
-        Event::TaskHandedOver,
-        Event::TaskInputAbandoned,
-        Event::TaskInputAnswered,
-        Event::TaskInputRequested,
-        Event::TaskOutputDeleted,
-        Event::TaskSettled,
-        Event::TaskStarted,
-        Event::TaskSubmitted,
-        Event::TaskYielded,
-    ];
-
-    /// The name stored in `events.kind`.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Event::NotificationAcked => "notification.acked",
-            Event::NotificationCreated => "notification.created",
-            Event::ScheduleClaimed => "schedule.claimed",
-            Event::ScheduleCreated => "schedule.created",
-            Event::ScheduleDisabled => "schedule.disabled",
-            Event::ScheduleFired => "schedule.fired",
-            Event::ScheduleRenewed => "schedule.renewed",
-            Event::ScheduleSkipped => "schedule.skipped",
-            Event::SessionClosed => "session.closed",
-            Event::SessionDeleted => "session.deleted",
-            Event::SessionOpened => "session.opened",
-            Event::SessionReopened => "session.reopened",
-            Event::TaskDelivered => "task.delivered",
-            Event::TaskHandedOver => "task.handed_over",
-            Event::TaskInputAbandoned => "task.input_abandoned",
-            Event::TaskInputAnswered => "task.input_answered",
-            Event::TaskInputRequested => "task.input_requested",
-            Event::TaskOutputDeleted => "task.output_deleted",
-            Event::TaskSettled => "task.settled",
-            Event::TaskStarted => "task.started",
-            Event::TaskSubmitted => "task.submitted",
-            Event::TaskYielded => "task.yielded",
-        }
+named! {
+    /// What an event in the log records (its `kind` column): one variant per change the
+    /// registry makes, named once here.
+    pub(crate) enum Event {
+        NotificationAcked = "notification.acked",
+        NotificationCreated = "notification.created",
+        ScheduleClaimed = "schedule.claimed",
+        ScheduleCreated = "schedule.created",
+        ScheduleDisabled = "schedule.disabled",
+        ScheduleFired = "schedule.fired",
+        ScheduleRenewed = "schedule.renewed",
+        ScheduleSkipped = "schedule.skipped",
+        SessionClosed = "session.closed",
+        SessionDeleted = "session.deleted",
+        SessionOpened = "session.opened",
+        SessionReopened = "session.reopened",
+        TaskDelivered = "task.delivered",
+        TaskHandedOver = "task.handed_over",
+        TaskInputAbandoned = "task.input_abandoned",
+        TaskInputAnswered = "task.input_answered",
+        TaskInputRequested = "task.input_requested",
+        TaskOutputDeleted = "task.output_deleted",
+        TaskSettled = "task.settled",
+        TaskStarted = "task.started",
+        TaskSubmitted = "task.submitted",
+        TaskYielded = "task.yielded",
     }
 }
 
@@ -210,19 +141,11 @@ fn every_event_is_named_once_after_the_entity_it_changes() {
     }
 }
 
-/// Whether an event creates its row or updates it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Op {
-    Insert,
-    Update,
-}
-
-impl Op {
-    fn name(self) -> &'static str {
-        match self {
-            Op::Insert => "insert",
-            Op::Update => "update",
-        }
+named! {
+    /// Whether an event creates its row or updates it (its `op` column).
+    pub(crate) enum Op {
+        Insert = "insert",
+        Update = "update",
     }
 }
 
@@ -411,9 +334,9 @@ impl Registry {
         insert.execute(params![
             crate::ids::now_rfc3339(),
             kind.as_str(),
-            entity.name(),
+            entity.as_str(),
             id,
-            op.name(),
+            op.as_str(),
             session_id,
             serde_json::to_string(patch).map_err(|e| RegistryError::Corrupt(e.to_string()))?
         ])?;
@@ -747,23 +670,30 @@ impl Registry {
     /// [`Holding::RunningCalls`] reads each such row for its kind: ask for it only when
     /// needed.
     pub(crate) fn count_of(&self, uid: u32, what: Holding) -> Result<u64> {
-        let sql = match what {
-            Holding::QueuedCalls => {
-                "SELECT COUNT(*) FROM tasks WHERE owner_uid = ?1 AND state = 'queued' AND kind = 'call'"
-            }
-            Holding::RunningCalls => {
-                "SELECT COUNT(*) FROM tasks WHERE owner_uid = ?1 AND state IN ('running','awaiting_input') AND kind = 'call'"
-            }
-            Holding::OpenSessions => {
-                "SELECT COUNT(*) FROM sessions WHERE owner_uid = ?1 AND state = 'open' AND parent_session_id IS NULL"
-            }
-            Holding::ArmedSchedules => {
-                "SELECT COUNT(*) FROM schedules WHERE owner_uid = ?1 AND enabled = 1"
-            }
+        // The states are bound, not spelled in the SQL: their names live in the state enums.
+        let (sql, states): (&str, &[&str]) = match what {
+            Holding::QueuedCalls => (
+                "SELECT COUNT(*) FROM tasks WHERE owner_uid = ?1 AND state = ?2 AND kind = 'call'",
+                &[TaskState::Queued.as_str()],
+            ),
+            Holding::RunningCalls => (
+                "SELECT COUNT(*) FROM tasks WHERE owner_uid = ?1 AND state IN (?2, ?3) AND kind = 'call'",
+                &[TaskState::Running.as_str(), TaskState::AwaitingInput.as_str()],
+            ),
+            Holding::OpenSessions => (
+                "SELECT COUNT(*) FROM sessions WHERE owner_uid = ?1 AND state = ?2 AND parent_session_id IS NULL",
+                &[SessionState::Open.as_str()],
+            ),
+            Holding::ArmedSchedules => (
+                "SELECT COUNT(*) FROM schedules WHERE owner_uid = ?1 AND enabled = 1",
+                &[],
+            ),
         };
         let conn = self.lock();
         let mut stmt = conn.prepare_cached(sql)?;
-        Ok(stmt.query_row([uid], |r| r.get(0))?)
+        let mut bound: Vec<&dyn rusqlite::ToSql> = vec![&uid];
+        bound.extend(states.iter().map(|s| s as &dyn rusqlite::ToSql));
+        Ok(stmt.query_row(bound.as_slice(), |r| r.get(0))?)
     }
 
     /// The bytes of output a uid's runs keep under `sessions_dir` (their output not deleted).
@@ -874,7 +804,7 @@ fn apply_patch(
     if changed != 1 {
         return Err(RegistryError::Corrupt(format!(
             "{} {id} matched {changed} rows",
-            entity.name()
+            entity.as_str()
         )));
     }
     Ok(())

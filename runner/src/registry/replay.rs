@@ -51,11 +51,8 @@ pub(crate) fn replay_check(db_path: &Path) -> Result<ReplayReport> {
             let patch: String = row.get(4)?;
             let entity = Entity::parse(&entity)
                 .ok_or_else(|| RegistryError::Corrupt(format!("event {seq}: entity {entity:?}")))?;
-            let op = match op.as_str() {
-                "insert" => Op::Insert,
-                "update" => Op::Update,
-                other => return Err(RegistryError::Corrupt(format!("event {seq}: op {other:?}"))),
-            };
+            let op = Op::parse(&op)
+                .ok_or_else(|| RegistryError::Corrupt(format!("event {seq}: op {op:?}")))?;
             let patch: Map<String, Value> = serde_json::from_str(&patch)
                 .map_err(|e| RegistryError::Corrupt(format!("event {seq}: patch: {e}")))?;
             if let Err(e) = apply_patch(&tx, entity, &id, op, &patch) {

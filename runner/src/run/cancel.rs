@@ -14,7 +14,7 @@ pub(crate) enum StopReason {
     Timeout,
 }
 
-/// The contents of `cancel.json` (`run_dir::PrivateDir::cancel`).
+/// The contents of `cancel.json` (`run::dir::PrivateDir::cancel`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct CancelRequest {
     pub reason: StopReason,

@@ -5,6 +5,7 @@
 
 use super::profile::{Network, Profile, RunAs};
 use super::{caches, linux, resolve, Catalog, Home, SandboxPlan};
+use crate::run::plan::{LaunchPlan, PlanBuilder};
 
 /// Why a call's sandbox cannot be built.
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +29,50 @@ pub(crate) struct CallSandbox {
     pub timeout_ms: Option<u64>,
     pub kill_grace_ms: Option<u64>,
     pub max_output_bytes: Option<u64>,
+}
+
+impl CallSandbox {
+    /// `profile` resolved for one run in `ctx`. With [`CallSandbox::plan`], the one way a
+    /// profile and a command become a launch plan: for the daemon's calls, `sidejob exec` and
+    /// `sidejob doctor`'s trial run alike.
+    pub(crate) fn resolve(
+        profile: &Profile,
+        ctx: &resolve::Context,
+    ) -> Result<CallSandbox, resolve::ResolveError> {
+        let r = resolve::resolve(profile, ctx)?;
+        Ok(CallSandbox {
+            profile: profile.name.clone(),
+            sandbox: r.sandbox,
+            env: r.env,
+            run_as: profile.run_as,
+            timeout_ms: r.timeout_ms,
+            kill_grace_ms: r.kill_grace_ms,
+            max_output_bytes: profile.limits.output,
+        })
+    }
+
+    /// The launch plan of `tool` running `argv` in `cwd` under this sandbox, with the
+    /// profile's limits; the caller adds what its kind of run has of its own.
+    pub(crate) fn plan(
+        self,
+        tool: &str,
+        argv: Vec<String>,
+        cwd: std::path::PathBuf,
+        private_dir: std::path::PathBuf,
+    ) -> PlanBuilder {
+        LaunchPlan::builder(
+            tool,
+            &self.profile,
+            argv,
+            self.env,
+            cwd,
+            private_dir,
+            self.sandbox,
+        )
+        .timeout_ms(self.timeout_ms)
+        .kill_grace_ms(self.kill_grace_ms)
+        .max_output_bytes(self.max_output_bytes)
+    }
 }
 
 /// What the administrator grants one kind of run beyond its profile (`[subagent]`: the
@@ -111,7 +156,7 @@ pub(crate) fn check_profile(
         .map_err(|e| CallSandboxError::Invalid(e.to_string()))?;
     profile
         .check_run_as_for(owner_uid)
-        .map_err(CallSandboxError::Invalid)?;
+        .map_err(|e| CallSandboxError::Invalid(e.to_string()))?;
     let missing = linux::Availability::cached().missing(profile.network, &profile.limits);
     if !missing.is_empty() && !profile.best_effort {
         return Err(CallSandboxError::Unavailable(format!(
@@ -192,7 +237,7 @@ pub(crate) fn for_call(
                 profile.name
             ))
         })?;
-    let r = resolve::resolve(
+    let mut sb = CallSandbox::resolve(
         &profile,
         &resolve::Context {
             workspace: run.workspace,
@@ -202,18 +247,9 @@ pub(crate) fn for_call(
             caches: caches.as_deref(),
         },
     )
-    .map_err(CallSandboxError::Invalid)?;
-    let mut sandbox = r.sandbox;
+    .map_err(|e| CallSandboxError::Invalid(e.to_string()))?;
     if let Some(g) = run.caller_grants {
-        mark_as_caller(&mut sandbox, g);
+        mark_as_caller(&mut sb.sandbox, g);
     }
-    Ok(CallSandbox {
-        profile: profile.name.clone(),
-        sandbox,
-        env: r.env,
-        run_as: profile.run_as,
-        timeout_ms: r.timeout_ms,
-        kill_grace_ms: r.kill_grace_ms,
-        max_output_bytes: profile.limits.output,
-    })
+    Ok(sb)
 }

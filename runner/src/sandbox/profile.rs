@@ -702,15 +702,84 @@ fn covered(path: &str, roots: &[String]) -> bool {
     roots.iter().any(|r| within(path, r))
 }
 
-fn limit_narrows(what: &str, call: Option<u64>, session: Option<u64>) -> Result<(), String> {
+fn limit_narrows(
+    what: &'static str,
+    call: Option<u64>,
+    session: Option<u64>,
+) -> Result<(), Widening> {
     match (call, session) {
         (_, None) => Ok(()),
         (Some(c), Some(s)) if c <= s => Ok(()),
-        (Some(c), Some(s)) => Err(format!("limits.{what} {c} is above the session's {s}")),
-        (None, Some(s)) => Err(format!(
-            "limits.{what} is unlimited but the session's is {s}"
-        )),
+        (Some(call), Some(session)) => Err(Widening::Limit {
+            what,
+            call,
+            session,
+        }),
+        (None, Some(session)) => Err(Widening::Unlimited { what, session }),
     }
+}
+
+/// Why a session owned by a uid may not use a profile ([`Profile::check_run_as_for`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum RunAsRefused {
+    #[error(
+        "profile {profile:?} runs as {uid}:{gid} (run_as), which only root's sessions may use; \
+         ask an administrator for a profile that runs as \"caller\" or an unprivileged id"
+    )]
+    RootIds { profile: String, uid: u32, gid: u32 },
+    #[error(
+        "profile {profile:?} runs as {uid}:{gid} (run_as), a uid the daemon would share between \
+         callers: any process of uid {uid} (another caller's runs, or that user on the \
+         host) could read this run's environment, memory and files through /proc and \
+         ptrace, and its caches; use a profile with run_as = \"caller\" (each caller's \
+         runs then run as that caller)"
+    )]
+    SharedIds { profile: String, uid: u32, gid: u32 },
+}
+
+/// A profile wider than the session's ([`Profile::check_narrows`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("profile {profile:?} is wider than the session's {session:?}: {how}")]
+pub(crate) struct Wider {
+    pub profile: String,
+    pub session: String,
+    pub how: Widening,
+}
+
+/// The first way a profile is wider than another.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum Widening {
+    #[error("it can read {0}")]
+    Reads(String),
+    #[error("it can execute {0}")]
+    Executes(String),
+    #[error("it can write {0}")]
+    Writes(String),
+    #[error("it does not protect {0}")]
+    Unprotected(String),
+    #[error("network {call} is wider than {session}")]
+    Network {
+        call: &'static str,
+        session: &'static str,
+    },
+    #[error(transparent)]
+    Egress(#[from] crate::egress::PolicyWidening),
+    #[error("it keeps a cache {name} at {at}")]
+    Cache { name: String, at: String },
+    #[error("it is best-effort")]
+    BestEffort,
+    #[error("it runs as another user")]
+    RunAs,
+    #[error("limits.{what} {call} is above the session's {session}")]
+    Limit {
+        what: &'static str,
+        call: u64,
+        session: u64,
+    },
+    #[error("limits.{what} is unlimited but the session's is {session}")]
+    Unlimited { what: &'static str, session: u64 },
+    #[error("it passes {0} through")]
+    Env(String),
 }
 
 impl Profile {
@@ -721,21 +790,21 @@ impl Profile {
     /// `mem` and `root`, and their runs would write each other's caches. The daemon cannot
     /// know who else holds a uid, so it shares none: fixed ids are the owner's own or refused.
     /// `sidejob exec` has one caller, who chose its `run_as`, and does not ask this.
-    pub(crate) fn check_run_as_for(&self, owner_uid: u32) -> Result<(), String> {
+    pub(crate) fn check_run_as_for(&self, owner_uid: u32) -> Result<(), RunAsRefused> {
+        let profile = || self.name.clone();
         match self.run_as {
-            RunAs::Ids { uid, gid } if owner_uid != 0 && (uid == 0 || gid == 0) => Err(format!(
-                "profile {:?} runs as {uid}:{gid} (run_as), which only root's sessions may use; \
-                 ask an administrator for a profile that runs as \"caller\" or an unprivileged id",
-                self.name
-            )),
-            RunAs::Ids { uid, gid } if uid != owner_uid => Err(format!(
-                "profile {:?} runs as {uid}:{gid} (run_as), a uid the daemon would share between \
-                 callers: any process of uid {uid} (another caller's runs, or that user on the \
-                 host) could read this run's environment, memory and files through /proc and \
-                 ptrace, and its caches; use a profile with run_as = \"caller\" (each caller's \
-                 runs then run as that caller)",
-                self.name
-            )),
+            RunAs::Ids { uid, gid } if owner_uid != 0 && (uid == 0 || gid == 0) => {
+                Err(RunAsRefused::RootIds {
+                    profile: profile(),
+                    uid,
+                    gid,
+                })
+            }
+            RunAs::Ids { uid, gid } if uid != owner_uid => Err(RunAsRefused::SharedIds {
+                profile: profile(),
+                uid,
+                gid,
+            }),
             RunAs::Ids { .. } | RunAs::Caller => Ok(()),
         }
     }
@@ -743,65 +812,64 @@ impl Profile {
     /// A call may run under a profile only if it is no wider than its session's: it sees no
     /// path the session does not, has no more network, no higher limits, no fewer protected
     /// paths, passes no more of the environment and is not best-effort unless the session is.
-    pub(crate) fn check_narrows(&self, session: &Profile) -> Result<(), String> {
+    pub(crate) fn check_narrows(&self, session: &Profile) -> Result<(), Wider> {
         if self.name == session.name {
             return Ok(());
         }
-        let widen = |m: String| {
-            Err(format!(
-                "profile {:?} is wider than the session's {:?}: {m}",
-                self.name, session.name
-            ))
-        };
+        self.widening(session).map_err(|how| Wider {
+            profile: self.name.clone(),
+            session: session.name.clone(),
+            how,
+        })
+    }
+
+    fn widening(&self, session: &Profile) -> Result<(), Widening> {
         for p in &self.readable {
             if !covered(p, &session.readable) {
-                return widen(format!("it can read {p}"));
+                return Err(Widening::Reads(p.clone()));
             }
         }
         for p in &self.executable {
             if !covered(p, &session.executable) {
-                return widen(format!("it can execute {p}"));
+                return Err(Widening::Executes(p.clone()));
             }
         }
         for p in &self.writable {
             if !covered(p, &session.writable) {
-                return widen(format!("it can write {p}"));
+                return Err(Widening::Writes(p.clone()));
             }
         }
         for p in &session.protected {
             if !self.protected.contains(p) {
-                return widen(format!("it does not protect {p}"));
+                return Err(Widening::Unprotected(p.clone()));
             }
         }
         if self.network_reach() > session.network_reach() {
-            return widen(format!(
-                "network {} is wider than {}",
-                self.network_name(),
-                session.network_name()
-            ));
+            return Err(Widening::Network {
+                call: self.network_name(),
+                session: session.network_name(),
+            });
         }
         if let (Some(call), Some(sess)) = (&self.egress, &session.egress) {
             if self.network_reach() == session.network_reach() {
-                call.check_narrows(sess).map_err(|m| {
-                    format!(
-                        "profile {:?} is wider than the session's {:?}: {m}",
-                        self.name, session.name
-                    )
-                })?;
+                call.check_narrows(sess)?;
             }
         }
         for (name, at) in &self.caches {
             let kept = session.caches.iter().any(|(n, a)| n == name && a == at)
                 || covered(at, &session.writable);
             if !kept {
-                return widen(format!("it keeps a cache {name} at {at}"));
+                return Err(Widening::Cache {
+                    name: name.clone(),
+                    at: at.clone(),
+                });
             }
         }
         if self.best_effort && !session.best_effort {
-            return widen("it is best-effort".into());
+            return Err(Widening::BestEffort);
         }
         if self.run_as != session.run_as {
-            return widen("it runs as another user".into());
+            return Err(Widening::RunAs);
         }
         let (a, b) = (&self.limits, &session.limits);
         for (what, c, s) in [
@@ -814,9 +882,7 @@ impl Profile {
             ("output", a.output, b.output),
             ("deadlines.timeout", self.timeout_ms, session.timeout_ms),
         ] {
-            if let Err(m) = limit_narrows(what, c, s) {
-                return widen(m);
-            }
+            limit_narrows(what, c, s)?;
         }
         for v in &self.env_allow {
             let ok = session.env_allow.iter().any(|s| match s.strip_suffix('*') {
@@ -824,7 +890,7 @@ impl Profile {
                 None => s == v,
             });
             if !ok {
-                return widen(format!("it passes {v} through"));
+                return Err(Widening::Env(v.clone()));
             }
         }
         Ok(())
@@ -871,7 +937,7 @@ timeout = "1h"
         for run_as in ["0:0", "0:100", "100:0"] {
             let p = load("rootish", "r.toml", &format!("run_as = \"{run_as}\"\n")).unwrap();
             let e = p.check_run_as_for(65534).unwrap_err();
-            assert!(e.contains("only root's sessions"), "{e}");
+            assert!(e.to_string().contains("only root's sessions"), "{e}");
         }
         for run_as in ["0:0", "0:100"] {
             let p = load("rootish", "r.toml", &format!("run_as = \"{run_as}\"\n")).unwrap();
@@ -892,7 +958,7 @@ timeout = "1h"
             let p = load("shared", "s.toml", &format!("run_as = \"{run_as}\"\n")).unwrap();
             let e = p.check_run_as_for(owner).unwrap_err();
             assert!(
-                e.contains("share between callers"),
+                e.to_string().contains("share between callers"),
                 "{run_as} for {owner}: {e}"
             );
         }
@@ -1012,11 +1078,13 @@ timeout = "1h"
         assert!(wider_net
             .check_narrows(&session)
             .unwrap_err()
+            .to_string()
             .contains("network"));
         let wider_path = load("w", "w.toml", "[paths]\nreadable=[\"/etc\"]\n").unwrap();
         assert!(wider_path
             .check_narrows(&session)
             .unwrap_err()
+            .to_string()
             .contains("/etc"));
         let no_limit = load(
             "w",
@@ -1027,6 +1095,7 @@ timeout = "1h"
         assert!(no_limit
             .check_narrows(&session)
             .unwrap_err()
+            .to_string()
             .contains("memory"));
     }
 }

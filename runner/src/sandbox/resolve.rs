@@ -77,7 +77,15 @@ enum Target {
     Skip,
 }
 
-fn substitute(path: &str, ctx: &Context) -> Result<Target, String> {
+/// A profile that cannot be resolved for a run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum ResolveError {
+    /// A path starts with a placeholder the profile format does not have.
+    #[error("unknown placeholder {0}")]
+    UnknownPlaceholder(String),
+}
+
+fn substitute(path: &str, ctx: &Context) -> Result<Target, ResolveError> {
     let (base, rest) = match path.find('}') {
         Some(end) if path.starts_with('{') => {
             (&path[..=end], path[end + 1..].trim_start_matches('/'))
@@ -103,7 +111,7 @@ fn substitute(path: &str, ctx: &Context) -> Result<Target, String> {
         },
         // The private tmp is one fresh tmpfs; paths below it need no mount of their own.
         "{tmp}" => Target::Tmp,
-        other => return Err(format!("unknown placeholder {other}")),
+        other => return Err(ResolveError::UnknownPlaceholder(other.into())),
     })
 }
 
@@ -151,7 +159,7 @@ fn env_allowed(name: &str, allow: &[String]) -> bool {
     })
 }
 
-pub(crate) fn resolve(profile: &Profile, ctx: &Context) -> Result<Resolved, String> {
+pub(crate) fn resolve(profile: &Profile, ctx: &Context) -> Result<Resolved, ResolveError> {
     Ok(Resolved {
         sandbox: SandboxPlan {
             mounts: mounts_of(profile, ctx)?,
@@ -181,9 +189,9 @@ pub(crate) fn resolve(profile: &Profile, ctx: &Context) -> Result<Resolved, Stri
 
 /// The view's mounts: what the profile makes readable, executable and writable, and its
 /// caches, parents before children.
-fn mounts_of(profile: &Profile, ctx: &Context) -> Result<Vec<MountSpec>, String> {
+fn mounts_of(profile: &Profile, ctx: &Context) -> Result<Vec<MountSpec>, ResolveError> {
     let mut mounts: Vec<MountSpec> = Vec::new();
-    let mut add = |path: &str, exec: bool, write: bool| -> Result<(), String> {
+    let mut add = |path: &str, exec: bool, write: bool| -> Result<(), ResolveError> {
         let (source, target, required) = match substitute(path, ctx)? {
             Target::Skip => return Ok(()),
             Target::Tmp => (None, PathBuf::from(VIEW_TMP), false),

@@ -22,11 +22,36 @@ const MONTHS: [&str; 12] = [
 ];
 const DAYS: [&str; 7] = ["sun", "mon", "tue", "wed", "thu", "fri", "sat"];
 
-fn parse_value(s: &str, names: &[&str], base: u32) -> Result<u32, String> {
+/// Why a cron expression does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum CronError {
+    #[error("cron needs 5 fields (minute hour day-of-month month day-of-week), got {0}")]
+    Fields(usize),
+    #[error("{field}: {why}")]
+    Field {
+        field: &'static str,
+        why: FieldError,
+    },
+}
+
+/// What is wrong in one field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum FieldError {
+    #[error("{0:?} is not a number")]
+    NotANumber(String),
+    #[error("step {0:?} is not a number")]
+    Step(String),
+    #[error("a step of 0 never matches")]
+    ZeroStep,
+    #[error("{item:?} is outside {min}-{max}")]
+    OutOfRange { item: String, min: u32, max: u32 },
+}
+
+fn parse_value(s: &str, names: &[&str], base: u32) -> Result<u32, FieldError> {
     if let Some(i) = names.iter().position(|n| n.eq_ignore_ascii_case(s)) {
         return Ok(i as u32 + base);
     }
-    s.parse().map_err(|_| format!("{s:?} is not a number"))
+    s.parse().map_err(|_| FieldError::NotANumber(s.into()))
 }
 
 /// Parses one field into a bit set of the allowed values in `min..=max`.
@@ -36,19 +61,15 @@ fn parse_field(
     max: u32,
     names: &[&str],
     name_base: u32,
-) -> Result<u64, String> {
+) -> Result<u64, FieldError> {
     let mut bits = 0u64;
     for item in field.split(',') {
         let (range, step) = match item.split_once('/') {
-            Some((r, s)) => (
-                r,
-                s.parse::<u32>()
-                    .map_err(|_| format!("step {s:?} is not a number"))?,
-            ),
+            Some((r, s)) => (r, s.parse::<u32>().map_err(|_| FieldError::Step(s.into()))?),
             None => (item, 1),
         };
         if step == 0 {
-            return Err("a step of 0 never matches".into());
+            return Err(FieldError::ZeroStep);
         }
         let (lo, hi) = if range == "*" {
             (min, max)
@@ -62,7 +83,11 @@ fn parse_field(
             (v, if item.contains('/') { max } else { v })
         };
         if lo < min || hi > max || lo > hi {
-            return Err(format!("{item:?} is outside {min}-{max}"));
+            return Err(FieldError::OutOfRange {
+                item: item.into(),
+                min,
+                max,
+            });
         }
         let mut v = lo;
         while v <= hi {
@@ -74,24 +99,21 @@ fn parse_field(
 }
 
 impl Cron {
-    pub(crate) fn parse(expr: &str) -> Result<Cron, String> {
+    pub(crate) fn parse(expr: &str) -> Result<Cron, CronError> {
         let fields: Vec<&str> = expr.split_whitespace().collect();
         let [m, h, dom, mon, dow] = fields.as_slice() else {
-            return Err(format!(
-                "cron needs 5 fields (minute hour day-of-month month day-of-week), got {}",
-                fields.len()
-            ));
+            return Err(CronError::Fields(fields.len()));
         };
-        let mut weekdays =
-            parse_field(dow, 0, 7, &DAYS, 0).map_err(|e| format!("day-of-week: {e}"))?;
+        let field = |field| move |why| CronError::Field { field, why };
+        let mut weekdays = parse_field(dow, 0, 7, &DAYS, 0).map_err(field("day-of-week"))?;
         if weekdays & (1 << 7) != 0 {
             weekdays |= 1; // 7 is Sunday too
         }
         Ok(Cron {
-            minutes: parse_field(m, 0, 59, &[], 0).map_err(|e| format!("minute: {e}"))?,
-            hours: parse_field(h, 0, 23, &[], 0).map_err(|e| format!("hour: {e}"))?,
-            days: parse_field(dom, 1, 31, &[], 0).map_err(|e| format!("day-of-month: {e}"))?,
-            months: parse_field(mon, 1, 12, &MONTHS, 1).map_err(|e| format!("month: {e}"))?,
+            minutes: parse_field(m, 0, 59, &[], 0).map_err(field("minute"))?,
+            hours: parse_field(h, 0, 23, &[], 0).map_err(field("hour"))?,
+            days: parse_field(dom, 1, 31, &[], 0).map_err(field("day-of-month"))?,
+            months: parse_field(mon, 1, 12, &MONTHS, 1).map_err(field("month"))?,
             weekdays,
             days_any: *dom == "*",
             weekdays_any: *dow == "*",
@@ -219,7 +241,7 @@ mod tests {
             ("*/0 * * * *", "step"),
         ] {
             let err = Cron::parse(expr).unwrap_err();
-            assert!(err.contains(field), "{expr}: {err}");
+            assert!(err.to_string().contains(field), "{expr}: {err}");
         }
     }
 }

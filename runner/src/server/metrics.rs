@@ -11,7 +11,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info};
 
 use super::{Daemon, ServeError};
-use crate::protocol::DaemonStatusResult;
+use crate::protocol::{DaemonStatusResult, TaskState};
 
 /// Binds the endpoint (before the control socket, so the address is logged by the time a
 /// client can connect). Only loopback: the counters cover every user's runs.
@@ -88,15 +88,15 @@ pub(super) fn render(s: &DaemonStatusResult) -> String {
         }
     };
     let state = |st: &str| format!("{{state=\"{st}\"}}");
-    let live: Vec<(String, f64)> = ["queued", "running", "awaiting_input", "scheduled"]
-        .iter()
-        .map(|st| (state(st), s.tasks.get(*st).copied().unwrap_or(0) as f64))
-        .collect();
+    let count = |st: &TaskState| {
+        let n = s.tasks.get(st.as_str()).copied().unwrap_or(0);
+        (state(st.as_str()), n as f64)
+    };
+    let (settled, live): (Vec<&TaskState>, Vec<&TaskState>) =
+        TaskState::ALL.iter().partition(|st| st.is_terminal());
+    let live: Vec<(String, f64)> = live.into_iter().map(count).collect();
     metric("sidejob_tasks", "gauge", "Live tasks by state.", &live);
-    let settled: Vec<(String, f64)> = ["succeeded", "failed", "canceled"]
-        .iter()
-        .map(|st| (state(st), s.tasks.get(*st).copied().unwrap_or(0) as f64))
-        .collect();
+    let settled: Vec<(String, f64)> = settled.into_iter().map(count).collect();
     metric(
         "sidejob_runs_settled_total",
         "counter",
@@ -104,7 +104,7 @@ pub(super) fn render(s: &DaemonStatusResult) -> String {
         &settled,
     );
     // One sample each, no labels.
-    let single: [(&str, &str, &str, f64); 7] = [
+    let single: [(&str, &str, &str, f64); 8] = [
         (
             "sidejob_queue_depth",
             "gauge",
@@ -122,6 +122,12 @@ pub(super) fn render(s: &DaemonStatusResult) -> String {
             "counter",
             "Notifications pushed to at least one subscribed host.",
             s.wakes_pushed as f64,
+        ),
+        (
+            "sidejob_waits",
+            "gauge",
+            "task.wait calls waiting for a live run.",
+            s.waits as f64,
         ),
         (
             "sidejob_violations_total",

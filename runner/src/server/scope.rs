@@ -3,7 +3,7 @@
 //!
 //! - a **host** is a uid on the control socket: its own sessions and their tasks (root:
 //!   every one, and another user's session to work in only with `adopt`), every method;
-//! - a **bridge** is a run calling back (docs/plugins.md, "The bridge"): only `BRIDGE_METHODS`,
+//! - a **bridge** is a run calling back (docs/plugins.md, "The bridge"): only the methods `Method::for_bridges` names,
 //!   only its scope's session (another session's task is `not_found`, as if it did not
 //!   exist; another `session_id` is `permission_denied`), never a profile wider than the
 //!   run's own, and never a schedule.
@@ -16,7 +16,7 @@ use super::Peer;
 use crate::bridge::Scope;
 use crate::executor::CallRequest;
 use crate::ids;
-use crate::protocol::{ErrorKind, RpcError, ToolCallParams, WakeMode, BRIDGE_METHODS, METHODS};
+use crate::protocol::{ErrorKind, Method, RpcError, ToolCallParams, WakeMode};
 use crate::registry::{Registry, SessionRow, TaskRow};
 use crate::session;
 
@@ -49,10 +49,10 @@ impl Caller {
     }
 
     /// The caller's methods: the protocol's, or the bridge's allow-list.
-    pub(super) fn serves(&self, method: &str) -> bool {
+    pub(super) fn serves(&self, method: Method) -> bool {
         match self {
-            Caller::Host(_) => METHODS.contains(&method),
-            Caller::Bridge(_) => BRIDGE_METHODS.contains(&method),
+            Caller::Host(_) => method.for_hosts(),
+            Caller::Bridge(_) => method.for_bridges(),
         }
     }
 
@@ -62,12 +62,15 @@ impl Caller {
                 ErrorKind::MethodNotFound,
                 format!("unknown method {method:?}"),
             )
-            .with_hint(format!("methods: {}", METHODS.join(", "))),
+            .with_hint(format!("methods: {}", Method::host_names().join(", "))),
             Caller::Bridge(_) => RpcError::new(
                 ErrorKind::MethodNotFound,
                 format!("method {method:?} is not served on the bridge"),
             )
-            .with_hint(format!("the bridge serves: {}", BRIDGE_METHODS.join(", "))),
+            .with_hint(format!(
+                "the bridge serves: {}",
+                Method::bridge_names().join(", ")
+            )),
         }
     }
 
@@ -95,11 +98,11 @@ impl Caller {
 
     /// The params as the caller's scope reads them: on a bridge, the `session_id` of a call
     /// or a task list may be left out (it is the bridge's) and may not name another.
-    pub(super) fn scoped_params(&self, method: &str, mut p: Value) -> Result<Value, RpcError> {
+    pub(super) fn scoped_params(&self, method: Method, mut p: Value) -> Result<Value, RpcError> {
         let Caller::Bridge(scope) = self else {
             return Ok(p);
         };
-        if !matches!(method, "tool.call" | "task.list") {
+        if !matches!(method, Method::ToolCall | Method::TaskList) {
             return Ok(p);
         }
         let Some(obj) = p.as_object_mut() else {

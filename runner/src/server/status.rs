@@ -82,7 +82,7 @@ pub(super) fn collect(d: &Daemon, uid: u32) -> Result<DaemonStatusResult, RpcErr
             tasks.insert(state.as_str().to_owned(), n as u32);
         }
     }
-    let queue_depth = tasks.get("queued").copied().unwrap_or(0);
+    let queue_depth = tasks.get(TaskState::Queued.as_str()).copied().unwrap_or(0);
     Ok(DaemonStatusResult {
         version: env!("CARGO_PKG_VERSION").into(),
         pid: std::process::id(),
@@ -104,6 +104,11 @@ pub(super) fn collect(d: &Daemon, uid: u32) -> Result<DaemonStatusResult, RpcErr
         },
         violations: if daemon_wide {
             crate::metrics::violations()
+        } else {
+            0
+        },
+        waits: if daemon_wide {
+            crate::metrics::waits()
         } else {
             0
         },

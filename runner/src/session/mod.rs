@@ -6,6 +6,8 @@
 //! when it asks to (`adopt: true`), and then as that user, never as root.
 
 pub(crate) mod dirs;
+#[cfg(test)]
+mod tests;
 mod tree;
 
 pub(crate) use tree::{child_session_id, depth_of, open_child, root_session, with_descendants};

@@ -103,7 +103,7 @@ impl SharedNets {
                     self.nets.insert(key.to_vec(), (fd, now));
                 }
                 Err(e) => {
-                    eprintln!("sidejob spawner: cannot make a shared network namespace: {e}");
+                    say(format_args!("cannot make a shared network namespace: {e}"));
                     return None;
                 }
             }
@@ -119,11 +119,18 @@ impl SharedNets {
         let made = std::fs::File::open("/proc/thread-self/ns/net");
         // Back home whatever happened: every later fork would inherit the new one.
         if let Err(e) = nix::sched::setns(&self.home, nix::sched::CloneFlags::CLONE_NEWNET) {
-            eprintln!("sidejob spawner: cannot return to its network namespace: {e}");
+            say(format_args!("cannot return to its network namespace: {e}"));
             std::process::exit(1);
         }
         Ok(made?.into())
     }
+}
+
+/// A line to the spawner's stderr, which the daemon reads into its own log (see
+/// `executor::spawn`). Never panics, unlike `eprintln`.
+fn say(msg: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{msg}");
 }
 
 /// Entry point of `sidejob spawner <runs_dir>`; returns the process exit code.
@@ -134,7 +141,7 @@ pub fn main(runs_dir: &Path) -> i32 {
     // supervisor before it could settle the run. (This process itself stops when the daemon
     // closes its socket.)
     if let Err(e) = super::stop_signals().block() {
-        eprintln!("sidejob spawner: cannot block the stop signals: {e}");
+        say(format_args!("cannot block the stop signals: {e}"));
         return 2;
     }
     let _ = sys::close_from(fds::SPAWNER_SOCKET_FD as u32 + 1);
@@ -144,7 +151,7 @@ pub fn main(runs_dir: &Path) -> i32 {
     {
         Ok(fd) => fd,
         Err(e) => {
-            eprintln!("sidejob spawner: the daemon's socket (descriptor 3): {e}");
+            say(format_args!("the daemon's socket (descriptor 3): {e}"));
             return 2;
         }
     };
@@ -216,7 +223,7 @@ fn fork_supervisor(
             // the daemon settles the run failed with its message.
             match super::write_pid_file(&crate::run::dir::PrivateDir::at(private_dir), pid) {
                 Ok(()) => sys::write_all_fd(&go, b"g"),
-                Err(e) => eprintln!("sidejob spawner: cannot record supervisor {pid}: {e}"),
+                Err(e) => say(format_args!("cannot record supervisor {pid}: {e}")),
             }
             Ok(pid)
         }
@@ -235,7 +242,7 @@ fn fork_supervisor(
                         super::forked_main(&private_dir, shared_netns)
                     }
                     Err(e) => {
-                        eprintln!("sidejob spawner: cannot set up a supervisor: {e}");
+                        say(format_args!("cannot set up a supervisor: {e}"));
                         2
                     }
                 };

@@ -7,6 +7,8 @@
 //! reading gets one `events.gap {from_seq}` and nothing more until it subscribes again, so it
 //! never stalls the daemon, the runs or the other subscribers.
 
+#[cfg(test)]
+mod tests;
 pub(crate) mod text;
 
 use std::collections::{HashMap, HashSet};

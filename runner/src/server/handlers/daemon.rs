@@ -3,8 +3,8 @@
 use super::super::rpc::{to_value, Reply};
 use super::super::{status, Daemon, Peer};
 use crate::protocol::{
-    DaemonStatusParams, ErrorKind, InitializeParams, InitializeResult, RpcError, ServerInfo,
-    METHODS, PROTOCOL_VERSION,
+    DaemonStatusParams, ErrorKind, InitializeParams, InitializeResult, Method, RpcError,
+    ServerInfo, PROTOCOL_VERSION,
 };
 
 pub(super) fn initialize(peer: &Peer, p: InitializeParams) -> Result<Reply, RpcError> {
@@ -23,7 +23,7 @@ pub(super) fn initialize(peer: &Peer, p: InitializeParams) -> Result<Reply, RpcE
             version: env!("CARGO_PKG_VERSION").into(),
         },
         uid: peer.uid,
-        methods: METHODS.iter().map(|m| m.to_string()).collect(),
+        methods: Method::host_names().into_iter().map(String::from).collect(),
     })
 }
 

@@ -18,7 +18,7 @@ use serde_json::Value;
 use super::rpc::{parse, Reply};
 use super::scope::Caller;
 use super::Daemon;
-use crate::protocol::RpcError;
+use crate::protocol::{Method, RpcError};
 
 /// Answers `method` for `caller`: refused unless the caller's scope serves it, its params
 /// read as the scope reads them, then handed to the method's handler.
@@ -30,49 +30,53 @@ pub(super) async fn route(
     closed: impl Future<Output = ()>,
 ) -> Result<Reply, RpcError> {
     caller.admitted()?;
-    if !caller.serves(method) {
-        return Err(caller.method_not_found(method));
-    }
-    let p = caller.scoped_params(method, p)?;
-    match method {
-        "initialize" => daemon::initialize(caller.host()?, parse(method, p)?),
-        "session.open" => session::open(d, caller.host()?, parse(method, p)?),
-        "session.close" => session::close(d, caller.host()?, parse(method, p)?).await,
-        "session.status" => session::status(d, caller.host()?, parse(method, p)?),
-        "session.list" => session::list(d, caller.host()?),
-        "tool.list" => task::tools(d),
-        "tool.call" => task::call(d, caller, parse(method, p)?, closed).await,
-        "task.list" => task::list(d, caller, parse(method, p)?),
-        "task.get" => task::get(d, caller, parse(method, p)?),
-        "task.output" => task::output(d, caller, parse(method, p)?),
-        "task.wait" => task::wait(d, caller, parse(method, p)?, closed).await,
-        "task.cancel" => task::cancel(d, caller, parse(method, p)?).await,
-        "task.message" => task::message(d, caller.host()?, parse(method, p)?),
-        "task.answer" => task::answer(d, caller.host()?, parse(method, p)?),
-        "task.background" => task::background(d, caller.host()?, parse(method, p)?),
-        "task.request_input" => task::request_input(d, caller, parse(method, p)?, closed).await,
-        "events.subscribe" => events::subscribe(d, caller.host()?, parse(method, p)?).await,
-        "inbox.list" => events::inbox_list(d, caller.host()?, parse(method, p)?),
-        "inbox.ack" => events::inbox_ack(d, caller.host()?, parse(method, p)?),
-        "schedule.create" => schedule::create(d, caller.host()?, parse(method, p)?),
-        "schedule.list" => schedule::list(d, caller.host()?, parse(method, p)?),
-        "schedule.cancel" => schedule::cancel(d, caller.host()?, parse(method, p)?).await,
-        "daemon.status" => daemon::status(d, caller.host()?, parse(method, p)?),
-        other => Err(caller.method_not_found(other)),
+    let m = Method::from_name(method)
+        .filter(|m| caller.serves(*m))
+        .ok_or_else(|| caller.method_not_found(method))?;
+    let p = caller.scoped_params(m, p)?;
+    let name = m.name();
+    match m {
+        Method::Initialize => daemon::initialize(caller.host()?, parse(name, p)?),
+        Method::SessionOpen => session::open(d, caller.host()?, parse(name, p)?),
+        Method::SessionClose => session::close(d, caller.host()?, parse(name, p)?).await,
+        Method::SessionStatus => session::status(d, caller.host()?, parse(name, p)?),
+        Method::SessionList => session::list(d, caller.host()?),
+        Method::ToolList => task::tools(d),
+        Method::ToolCall => task::call(d, caller, parse(name, p)?, closed).await,
+        Method::TaskList => task::list(d, caller, parse(name, p)?),
+        Method::TaskGet => task::get(d, caller, parse(name, p)?),
+        Method::TaskOutput => task::output(d, caller, parse(name, p)?),
+        Method::TaskWait => task::wait(d, caller, parse(name, p)?, closed).await,
+        Method::TaskCancel => task::cancel(d, caller, parse(name, p)?).await,
+        Method::TaskMessage => task::message(d, caller.host()?, parse(name, p)?),
+        Method::TaskAnswer => task::answer(d, caller.host()?, parse(name, p)?),
+        Method::TaskBackground => task::background(d, caller.host()?, parse(name, p)?),
+        Method::TaskRequestInput => task::request_input(d, caller, parse(name, p)?, closed).await,
+        Method::EventsSubscribe => events::subscribe(d, caller.host()?, parse(name, p)?).await,
+        Method::InboxList => events::inbox_list(d, caller.host()?, parse(name, p)?),
+        Method::InboxAck => events::inbox_ack(d, caller.host()?, parse(name, p)?),
+        Method::ScheduleCreate => schedule::create(d, caller.host()?, parse(name, p)?),
+        Method::ScheduleList => schedule::list(d, caller.host()?, parse(name, p)?),
+        Method::ScheduleCancel => schedule::cancel(d, caller.host()?, parse(name, p)?).await,
+        Method::DaemonStatus => daemon::status(d, caller.host()?, parse(name, p)?),
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use crate::protocol::{BRIDGE_METHODS, METHODS};
+    use crate::protocol::Method;
 
-    /// Every method a caller may be served has a route (the match above).
+    /// Every method has one name, and the name leads back to it.
     #[test]
-    fn every_method_has_a_route() {
-        let src = include_str!("mod.rs");
-        for m in METHODS.iter().chain(BRIDGE_METHODS) {
-            assert!(src.contains(&format!("\"{m}\" =>")), "{m} has no route");
+    fn names_round_trip() {
+        for m in Method::ALL {
+            assert_eq!(Method::from_name(m.name()), Some(*m));
+            assert!(
+                m.for_hosts() || m.for_bridges(),
+                "{m:?} is served to no one"
+            );
         }
+        assert_eq!(Method::from_name("task.nope"), None);
     }
 
     /// The bridge's allow-list is the one docs/plugins.md documents ("The bridge").
@@ -84,17 +88,19 @@ mod tests {
             .expect("docs/plugins.md has The bridge");
         let section = &doc[start..];
         let section = &section[..section[3..].find("\n## ").map_or(section.len(), |e| e + 3)];
-        for m in BRIDGE_METHODS {
+        for m in Method::ALL.iter().filter(|m| m.for_bridges()) {
+            let m = m.name();
             let named = [format!("`{m}`"), format!("`{m} ")];
             assert!(
                 named.iter().any(|n| section.contains(n.as_str())),
                 "{m} is not documented"
             );
         }
-        for m in METHODS.iter().filter(|m| !BRIDGE_METHODS.contains(m)) {
+        for m in Method::ALL.iter().filter(|m| !m.for_bridges()) {
             assert!(
-                !section.contains(&format!("| `{m}`")),
-                "{m} is documented as served on the bridge"
+                !section.contains(&format!("| `{}`", m.name())),
+                "{} is documented as served on the bridge",
+                m.name()
             );
         }
     }

@@ -1,0 +1,158 @@
+//! The registry on a real SQLite file in a scratch directory: states move only the ways the
+//! protocol allows, a result is delivered once, the counts follow the rows, and the event
+//! log rebuilds every row.
+
+use std::os::unix::fs::PermissionsExt;
+
+use super::fixtures::{call as task, ended as settlement};
+use super::*;
+use crate::protocol::FailReason;
+use crate::scratch::ScratchDir;
+
+/// A registry with one open session `s1` of uid 1000 holding task `t1`, queued.
+fn with_a_task() -> (ScratchDir, Registry, SessionRow) {
+    let dir = ScratchDir::new("registry");
+    let r = Registry::open(dir.path()).unwrap();
+    let s = super::fixtures::session("s1", 1000, None);
+    r.insert_session(&s).unwrap();
+    r.insert_task(&task("t1", &s)).unwrap();
+    (dir, r, s)
+}
+
+#[test]
+fn the_file_is_its_owners_alone() {
+    let (_dir, r, _) = with_a_task();
+    let mode = std::fs::metadata(r.path()).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "{:o}", mode);
+}
+
+#[test]
+fn a_task_goes_queued_running_settled_and_keeps_its_result() {
+    let (_dir, r, _) = with_a_task();
+    assert_eq!(r.get_task("t1").unwrap().unwrap().state, TaskState::Queued);
+    r.mark_started("t1", "s1", 4242, 77, &crate::ids::now_rfc3339())
+        .unwrap();
+    let t = r.get_task("t1").unwrap().unwrap();
+    assert_eq!(
+        (t.state, t.supervisor_pid),
+        (TaskState::Running, Some(4242))
+    );
+    let settled = r
+        .settle("t1", "s1", &settlement(TaskState::Failed, 3), None)
+        .unwrap()
+        .unwrap();
+    assert_eq!(settled.state, TaskState::Failed);
+    assert_eq!(settled.reason, Some(FailReason::ExitCode));
+    assert_eq!(settled.exit_code, Some(3));
+    assert_eq!(settled.delivery, Some(Delivery::Pending));
+    assert_eq!(r.get_task("t1").unwrap().unwrap(), settled);
+    assert!(r.get_task("t2").unwrap().is_none());
+}
+
+#[test]
+fn a_result_is_delivered_once() {
+    let (_dir, r, _) = with_a_task();
+    // Nothing to claim before it settles.
+    assert!(!r
+        .claim_delivery("t1", Delivery::Pending, Delivery::Wait)
+        .unwrap());
+    r.settle("t1", "s1", &settlement(TaskState::Succeeded, 0), None)
+        .unwrap();
+    assert!(r
+        .claim_delivery("t1", Delivery::Pending, Delivery::Wait)
+        .unwrap());
+    // The wake that comes second finds it taken.
+    assert!(!r
+        .claim_delivery("t1", Delivery::Pending, Delivery::Wake)
+        .unwrap());
+    assert_eq!(
+        r.get_task("t1").unwrap().unwrap().delivery,
+        Some(Delivery::Wait)
+    );
+    assert!(!r
+        .claim_delivery("nope", Delivery::Pending, Delivery::Wait)
+        .unwrap());
+}
+
+#[test]
+fn the_counts_follow_the_states() {
+    let (_dir, r, s) = with_a_task();
+    let count = |what| r.count_of(1000, what).unwrap();
+    assert_eq!(count(Holding::QueuedCalls), 1);
+    assert_eq!(count(Holding::RunningCalls), 0);
+    assert_eq!(count(Holding::OpenSessions), 1);
+    r.mark_started("t1", "s1", 1, 1, &crate::ids::now_rfc3339())
+        .unwrap();
+    assert_eq!(count(Holding::QueuedCalls), 0);
+    assert_eq!(count(Holding::RunningCalls), 1);
+    // Waiting for an answer still holds a run slot.
+    assert!(r.mark_awaiting_input("t1", "s1", None).unwrap());
+    assert_eq!(count(Holding::RunningCalls), 1);
+    r.insert_task(&task("t2", &s)).unwrap();
+    assert_eq!(count(Holding::QueuedCalls), 1);
+    // Another uid's rows are not counted.
+    assert_eq!(r.count_of(1001, Holding::QueuedCalls).unwrap(), 0);
+    r.close_session("s1").unwrap();
+    assert_eq!(count(Holding::OpenSessions), 0);
+    let states: std::collections::HashMap<_, _> =
+        r.count_states("s1").unwrap().into_iter().collect();
+    assert_eq!(states.get(&TaskState::AwaitingInput), Some(&1));
+    assert_eq!(states.get(&TaskState::Queued), Some(&1));
+}
+
+#[test]
+fn a_question_is_asked_only_by_a_running_task_and_answered_once() {
+    let (_dir, r, _) = with_a_task();
+    assert!(!r.mark_awaiting_input("t1", "s1", None).unwrap(), "queued");
+    r.mark_started("t1", "s1", 1, 1, &crate::ids::now_rfc3339())
+        .unwrap();
+    assert!(r.mark_awaiting_input("t1", "s1", None).unwrap());
+    assert!(!r.mark_awaiting_input("t1", "s1", None).unwrap(), "twice");
+    assert!(r.mark_input_answered("t1", "s1").unwrap());
+    assert_eq!(r.get_task("t1").unwrap().unwrap().state, TaskState::Running);
+    assert!(
+        !r.mark_input_answered("t1", "s1").unwrap(),
+        "answered twice"
+    );
+    assert!(!r.abandon_input("t1", "s1").unwrap());
+}
+
+#[test]
+fn the_event_log_rebuilds_every_row() {
+    let (dir, r, s) = with_a_task();
+    let before = r.newest_seq();
+    r.mark_started("t1", "s1", 1, 1, &crate::ids::now_rfc3339())
+        .unwrap();
+    r.mark_yielded("t1", "s1").unwrap();
+    r.settle("t1", "s1", &settlement(TaskState::Succeeded, 0), None)
+        .unwrap();
+    r.claim_delivery("t1", Delivery::Pending, Delivery::Wake)
+        .unwrap();
+    r.insert_task(&task("t2", &s)).unwrap();
+    r.hand_over_task("t2", "s2").unwrap();
+    r.close_session("s1").unwrap();
+    // Every change wrote one event, and seq grew with each.
+    assert_eq!(r.newest_seq(), before + 7);
+    let events = r.events_after(0, 100).unwrap();
+    assert_eq!(events.len(), 9, "two inserts first, then seven changes");
+    let report = replay::replay_check(&dir.path().join("sidejob.db")).unwrap();
+    assert!(report.ok(), "{:?}", report.differences);
+    assert!(report.rows_checked >= 3);
+}
+
+#[test]
+fn a_row_changed_behind_the_log_is_found() {
+    let (dir, r, _) = with_a_task();
+    r.write(|tx| {
+        tx.execute("UPDATE tasks SET exit_code = 9 WHERE task_id = 't1'", [])?;
+        Ok(())
+    })
+    .unwrap();
+    let report = replay::replay_check(&dir.path().join("sidejob.db")).unwrap();
+    assert!(!report.ok());
+    assert!(
+        report.differences.iter().any(|d| d.contains("exit_code")),
+        "{:?}",
+        report.differences
+    );
+}
