@@ -144,40 +144,13 @@ fn tool_and_args(a: &CallArgs) -> Result<(String, Value)> {
 }
 
 /// `--read`, `--write` and `--allow` as a call's `grants`; `None` when none was given.
-/// Relative paths are taken from `cwd` (the physical working directory): leading `..`
-/// climb it, and a `..` after a name is refused, since only the kernel knows where it
-/// leads when that name is a symlink.
+/// Relative paths are taken from `cwd`, as `exec` takes them.
 fn grants(a: &CallArgs, cwd: &Path) -> Result<Option<Value>> {
     if a.read.is_empty() && a.write.is_empty() && a.allow.is_empty() {
         return Ok(None);
     }
-    let absolute = |flag: &str, p: &Path| -> Result<String> {
-        use std::path::Component;
-        let mut out = if p.is_absolute() {
-            std::path::PathBuf::from("/")
-        } else {
-            cwd.to_path_buf()
-        };
-        let mut named = p.is_absolute();
-        for c in p.components() {
-            match c {
-                Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
-                Component::ParentDir if !named => {
-                    out.pop();
-                }
-                Component::ParentDir => bail!(
-                    "{flag} {}: a \"..\" after a name may lead anywhere; name the path without it",
-                    p.display()
-                ),
-                Component::Normal(n) => {
-                    named = true;
-                    out.push(n);
-                }
-            }
-        }
-        out.to_str()
-            .map(str::to_owned)
-            .with_context(|| format!("{flag} {}: not UTF-8", p.display()))
+    let absolute = |flag: &str, p: &Path| {
+        super::format::absolute_path(flag, cwd, p).map_err(anyhow::Error::msg)
     };
     let read = a
         .read
