@@ -171,7 +171,8 @@ pub(super) fn absolute_path(flag: &str, cwd: &Path, p: &Path) -> Result<String, 
 }
 
 /// A task's profile as `sidejob tasks` shows it: with what its call was granted, kind by
-/// kind, e.g. `workspace-write+read:/srv/data,/srv/more+allow:pypi.org:443`.
+/// kind, the first of each and how many more (`--json` has them all), e.g.
+/// `workspace-write+read:/srv/data,+1+allow:pypi.org:443`.
 pub(super) fn profile_with_grants(
     profile: &str,
     grants: Option<&crate::protocol::CallGrants>,
@@ -183,8 +184,10 @@ pub(super) fn profile_with_grants(
             ("write", &g.writable),
             ("allow", &g.allow),
         ] {
-            if !list.is_empty() {
-                out.push_str(&format!("+{kind}:{}", list.join(",")));
+            match list.as_slice() {
+                [] => {}
+                [one] => out.push_str(&format!("+{kind}:{one}")),
+                [first, rest @ ..] => out.push_str(&format!("+{kind}:{first},+{}", rest.len())),
             }
         }
     }
@@ -237,7 +240,7 @@ mod tests {
         };
         assert_eq!(
             profile_with_grants("workspace-write", Some(&g)),
-            "workspace-write+read:/srv/data+write:/srv/out,/srv/log"
+            "workspace-write+read:/srv/data+write:/srv/out,+1"
         );
         assert_eq!(profile_with_grants("ci", None), "ci");
     }
