@@ -67,6 +67,8 @@ pub(crate) struct Config {
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// The egress proxy of allow-list runs (`[egress]`).
     pub egress: EgressConfig,
+    /// What a caller may grant one call beyond its profile (`[grants]`, `tool.call` `grants`).
+    pub grants: GrantsConfig,
 }
 
 /// `[per_user]`: what one uid may hold of the daemon at once. A request past a limit is
@@ -143,7 +145,37 @@ impl Default for Config {
             session_idle_ms: 7 * 24 * 3600 * 1000,
             metrics_addr: None,
             egress: EgressConfig::default(),
+            grants: GrantsConfig::default(),
         }
+    }
+}
+
+/// `[grants]`: what a `tool.call`'s `grants` may add for a non-root caller. Paths need no
+/// entry here (each is checked with the caller's own credentials); hosts do, since the
+/// proxy reaches them with the daemon's network.
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct GrantsConfig {
+    /// Hosts a non-root caller may allow for one call, as in a profile's `[network] allow`
+    /// (`*.example.org`, `pypi.org:443`, an address or a range). Empty: none. Root callers
+    /// may allow any host.
+    pub allow: Vec<String>,
+}
+
+impl GrantsConfig {
+    /// The allow-list as a policy, each entry checked.
+    pub(crate) fn policy(&self) -> Result<crate::egress::Policy, String> {
+        let mut allow = Vec::with_capacity(self.allow.len());
+        for entry in &self.allow {
+            allow.push(
+                crate::egress::policy::Rule::parse(entry)
+                    .map_err(|m| format!("[grants] allow: {m}"))?,
+            );
+        }
+        Ok(crate::egress::Policy {
+            allow,
+            ..Default::default()
+        })
     }
 }
 
@@ -299,6 +331,7 @@ impl Config {
         cfg.subagent
             .grants()
             .and_then(|_| cfg.check_subagent_profile())
+            .and_then(|()| cfg.grants.policy().map(drop))
             .map_err(|message| ConfigError::Parse {
                 path: path.into(),
                 message,

@@ -98,6 +98,8 @@ pub(crate) enum Command {
                   sidejob call -- 'cd src && cargo build 2>&1 | tail'\n  \
                   T=$(sidejob call --background -- ./deploy.sh)   # the task id alone on stdout\n  \
                   sidejob call --yield-after 30s -- ./slow-tests.sh\n  \
+                  sidejob call --read /srv/data --write out -- ./train.sh   # paths of yours, this run only\n  \
+                  sidejob call --allow api.example.org:443 -- ./fetch-fixtures.sh\n  \
                   sidejob call --tool code --args '{\"language\": \"python\", \"code\": \"print(1)\"}'\n\n\
                   Ctrl+C cancels the run; a second Ctrl+C (within the cancel's grace) leaves it running and prints its id.\n\
                   Exit code: the command's; 128+N if signal N ended it; 124 on timeout; 130 if canceled; 75 if left running.")]
@@ -384,6 +386,20 @@ pub(crate) struct CallArgs {
     /// environment, NAME=VALUE sets it
     #[arg(long = "env", value_name = "NAME[=VALUE]")]
     pub env: Vec<String>,
+    /// Also let this run read PATH, a file or directory you can read yourself (repeatable;
+    /// relative to the current directory; this run only). The daemon checks it with your
+    /// credentials before it starts anything, e.g. --read ~/datasets/train
+    #[arg(long = "read", value_name = "PATH")]
+    pub read: Vec<PathBuf>,
+    /// Also let this run write PATH, a file or directory you can write yourself (repeatable;
+    /// relative to the current directory; this run only), e.g. --write ../build-cache
+    #[arg(long = "write", value_name = "PATH")]
+    pub write: Vec<PathBuf>,
+    /// Also let this run reach HOST through the egress proxy, e.g. pypi.org:443 or
+    /// *.example.org (repeatable; this run only). Root may allow any host; other users
+    /// only hosts the daemon's [grants] allow lists
+    #[arg(long = "allow", value_name = "HOST[:PORT]")]
+    pub allow: Vec<String>,
     /// Forward this terminal's stdin to the command (it gets /dev/null otherwise)
     #[arg(long)]
     pub stdin: bool,

@@ -147,6 +147,30 @@ fn tool_and_args(a: &CallArgs) -> Result<(String, Value)> {
     }
 }
 
+/// `--read`, `--write` and `--allow` as a call's `grants`; `None` when none was given.
+/// Relative paths are taken from `cwd`, as `exec` takes them.
+fn grants(a: &CallArgs, cwd: &Path) -> Result<Option<Value>> {
+    if a.read.is_empty() && a.write.is_empty() && a.allow.is_empty() {
+        return Ok(None);
+    }
+    let absolute = |flag: &str, p: &Path| {
+        super::format::absolute_path(flag, cwd, p).map_err(anyhow::Error::msg)
+    };
+    let read = a
+        .read
+        .iter()
+        .map(|p| absolute("--read", p))
+        .collect::<Result<Vec<_>>>()?;
+    let write = a
+        .write
+        .iter()
+        .map(|p| absolute("--write", p))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Some(
+        json!({"readable": read, "writable": write, "allow": a.allow}),
+    ))
+}
+
 enum Event {
     /// The waiting connection's answer: the task settled, or the wait ran out.
     Waited(Box<Result<Task, String>>),
@@ -156,6 +180,7 @@ enum Event {
 pub(super) fn call(socket: &Path, a: CallArgs) -> Result<i32> {
     let (tool, args) = tool_and_args(&a)?;
     let cwd = std::env::current_dir().context("cannot read the current directory")?;
+    let grants = grants(&a, &cwd)?;
     // `--profile` without `--session`: this directory's session of that profile (a call may
     // only narrow its session's profile, and most profiles widen the default one).
     let session = match (&a.session, &a.profile) {
@@ -184,6 +209,9 @@ pub(super) fn call(socket: &Path, a: CallArgs) -> Result<i32> {
     }
     if a.stdin {
         params["stdin"] = json!("pipe");
+    }
+    if let Some(g) = grants {
+        params["grants"] = g;
     }
     // Ctrl+C is ours from before the run starts, so it never kills this command while the
     // run goes on unseen.

@@ -131,7 +131,7 @@ pub(super) fn tasks(socket: &Path, a: TasksArgs) -> Result<i32> {
                     .or(t.signal.map(|s| format!("sig {s}")))
                     .unwrap_or_else(|| "-".into()),
                 t.duration_ms.map(format_ms).unwrap_or_else(|| "-".into()),
-                t.profile.clone(),
+                super::format::profile_with_grants(&t.profile, t.grants.as_ref()),
                 t.summary.clone(),
             ]
         })

@@ -97,32 +97,16 @@ fn sweep(base: &Path) {
 /// run (the daemon's calls may only narrow their session's). Returns the paths it added.
 fn add_to_profile(p: &mut Profile, a: &ExecArgs) -> Result<Vec<PathBuf>, String> {
     let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
-    let absolute = |path: &PathBuf| -> Result<String, String> {
-        let abs = cwd.join(path);
-        let s = abs.to_string_lossy().trim_end_matches('/').to_owned();
-        if s.is_empty()
-            || s.contains('\0')
-            || abs
-                .components()
-                .any(|c| c == std::path::Component::ParentDir)
-        {
-            return Err(format!(
-                "{}: name the directory itself (no \"..\")",
-                path.display()
-            ));
-        }
-        Ok(s)
-    };
     let mut added = Vec::new();
     for path in &a.read {
-        let s = absolute(path)?;
+        let s = super::format::absolute_path("--read", &cwd, path)?;
         added.push(PathBuf::from(&s));
         if !p.readable.contains(&s) {
             p.readable.push(s);
         }
     }
     for path in &a.write {
-        let s = absolute(path)?;
+        let s = super::format::absolute_path("--write", &cwd, path)?;
         added.push(PathBuf::from(&s));
         for list in [&mut p.readable, &mut p.writable] {
             if !list.contains(&s) {

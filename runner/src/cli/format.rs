@@ -2,6 +2,7 @@
 //! waiting spinner.
 
 use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// A human duration: `500ms`, `90s`, `10m`, `1h30m`, `2d`. A bare number is refused rather
@@ -132,8 +133,69 @@ impl Drop for Spinner {
     }
 }
 
+/// A path named on the command line (`--read`, `--write` of `exec` and `call`) as the
+/// absolute path a sandbox takes: a relative one from `cwd` (the physical working
+/// directory), where leading `..` climb it; a `..` after a name is refused, since only the
+/// kernel knows where it leads when that name is a symlink. `.`, repeated and trailing
+/// slashes are dropped.
+pub(super) fn absolute_path(flag: &str, cwd: &Path, p: &Path) -> Result<String, String> {
+    use std::path::Component;
+    let mut out = if p.is_absolute() {
+        PathBuf::from("/")
+    } else {
+        cwd.to_path_buf()
+    };
+    let mut named = p.is_absolute();
+    for c in p.components() {
+        match c {
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+            Component::ParentDir if !named => {
+                out.pop();
+            }
+            Component::ParentDir => {
+                return Err(format!(
+                    "{flag} {}: a \"..\" after a name may lead anywhere; name the path without it",
+                    p.display()
+                ))
+            }
+            Component::Normal(n) => {
+                named = true;
+                out.push(n);
+            }
+        }
+    }
+    match out.to_str() {
+        Some(s) if !s.contains('\0') => Ok(s.to_owned()),
+        _ => Err(format!("{flag} {}: not a UTF-8 path", p.display())),
+    }
+}
+
+/// A task's profile as `sidejob tasks` shows it: with what its call was granted, kind by
+/// kind, the first of each and how many more (`--json` has them all), e.g.
+/// `workspace-write+read:/srv/data,+1+allow:pypi.org:443`.
+pub(super) fn profile_with_grants(
+    profile: &str,
+    grants: Option<&crate::protocol::CallGrants>,
+) -> String {
+    let mut out = profile.to_owned();
+    if let Some(g) = grants {
+        for (kind, list) in [
+            ("read", &g.readable),
+            ("write", &g.writable),
+            ("allow", &g.allow),
+        ] {
+            match list.as_slice() {
+                [] => {}
+                [one] => out.push_str(&format!("+{kind}:{one}")),
+                [first, rest @ ..] => out.push_str(&format!("+{kind}:{first},+{}", rest.len())),
+            }
+        }
+    }
+    out
+}
+
 /// What to do about a refused host, after `call` names it.
-pub(super) const NETWORK_HINT_PROFILE: &str = "a profile allows a host with [network] allow = [\"HOST\"] (docs/network.md); run under it with sidejob call --profile NAME";
+pub(super) const NETWORK_HINT_PROFILE: &str = "a profile allows a host with [network] allow = [\"HOST\"] (docs/network.md); run under it with sidejob call --profile NAME, or allow it for one run with sidejob call --allow HOST if the daemon's [grants] allow lists it";
 
 /// What to do about a refused host, after `exec` names it.
 pub(super) const NETWORK_HINT_EXEC: &str = "--allow HOST allows a host for this run; a profile allows it with [network] allow = [\"HOST\"] (docs/network.md)";
@@ -155,6 +217,32 @@ mod tests {
         assert_eq!(format_duration(Duration::from_millis(350)), "350ms");
         assert_eq!(format_duration(Duration::from_millis(4200)), "4.2s");
         assert_eq!(format_duration(Duration::from_secs(125)), "2m05s");
+    }
+
+    #[test]
+    fn command_line_paths_are_made_absolute_from_the_working_directory() {
+        let cwd = Path::new("/home/u/proj");
+        let abs = |p: &str| absolute_path("--read", cwd, Path::new(p));
+        assert_eq!(abs(".").unwrap(), "/home/u/proj");
+        assert_eq!(abs("out/").unwrap(), "/home/u/proj/out");
+        assert_eq!(abs("../cache").unwrap(), "/home/u/cache");
+        assert_eq!(abs("/srv//data/.").unwrap(), "/srv/data");
+        assert_eq!(abs("/").unwrap(), "/");
+        assert!(abs("link/../x").unwrap_err().contains("link/../x"));
+    }
+
+    #[test]
+    fn the_profile_column_names_each_grant_by_kind() {
+        let g = crate::protocol::CallGrants {
+            readable: vec!["/srv/data".into()],
+            writable: vec!["/srv/out".into(), "/srv/log".into()],
+            allow: vec![],
+        };
+        assert_eq!(
+            profile_with_grants("workspace-write", Some(&g)),
+            "workspace-write+read:/srv/data+write:/srv/out,+1"
+        );
+        assert_eq!(profile_with_grants("ci", None), "ci");
     }
 
     #[test]

@@ -9,6 +9,7 @@
 mod call;
 mod control;
 mod egress;
+mod grants;
 mod hints;
 mod hooks;
 mod lanes;
@@ -22,6 +23,7 @@ mod submit;
 mod tests;
 
 use control::stdin_writer;
+pub(crate) use grants::within as grants_within;
 use hints::{with_hint, Polling};
 use lanes::Lane;
 use settle::{lost_settlement, settlement_from_result, Watched};
@@ -67,6 +69,10 @@ pub enum ExecError {
     InvalidState(String),
     #[error("{0}")]
     LimitExceeded(String),
+    /// Something the caller may not grant (a path they cannot use, a host outside
+    /// `[grants] allow`).
+    #[error("{0}")]
+    PermissionDenied(String),
     /// The profile needs a sandbox layer this host lacks.
     #[error("{0}")]
     SandboxUnavailable(String),
@@ -121,6 +127,9 @@ pub(crate) struct CallRequest {
     pub on_disconnect: OnDisconnect,
     /// Whether the command's stderr gets a pipe of its own.
     pub stderr: StderrMode,
+    /// What the caller grants this run beyond its profile (`tool.call` `grants`), already
+    /// bounded by its scope (a bridge's: its run's own grants).
+    pub grants: Option<crate::protocol::CallGrants>,
 }
 
 struct StdinChunk {

@@ -90,6 +90,7 @@ impl Executor {
             .plan(&req.args, &ctx)
             .map_err(|e| ExecError::InvalidParams(e.0))?;
         let (grants, plan_profile) = self.agent_grants(req, &tool_plan, &ceiling)?;
+        let caller_grants = self.caller_grants(req)?;
         let sb = sandbox::call::for_call(
             &self.catalog,
             &ceiling,
@@ -100,6 +101,7 @@ impl Executor {
                 owner: (req.session.owner_uid, req.session.owner_gid),
                 state_dir: &self.cfg.state_dir,
                 grants: grants.as_ref(),
+                caller_grants: caller_grants.as_ref(),
             },
         )
         .map_err(|e| match e {
@@ -282,6 +284,7 @@ impl Executor {
             run_uid: run_as.0,
             run_gid: run_as.1,
             bridge_session_id: extras.bridge_session_id.clone(),
+            grants: req.grants.clone().filter(|g| !g.is_empty()),
             ..TaskRow::new(
                 task_id.clone(),
                 &req.session,

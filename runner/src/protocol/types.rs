@@ -70,6 +70,28 @@ named! {
     }
 }
 
+/// Extra access a `tool.call` asks for, for its own run only (`grants`): paths the caller
+/// may read or write on the host, checked with the caller's credentials before anything is
+/// started, and hosts within the daemon's `[grants] allow`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CallGrants {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub readable: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub writable: Vec<String>,
+    /// `host`, `host:port`, `*.suffix`, an address or a range, as a profile's
+    /// `[network] allow`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow: Vec<String>,
+}
+
+impl CallGrants {
+    pub fn is_empty(&self) -> bool {
+        self.readable.is_empty() && self.writable.is_empty() && self.allow.is_empty()
+    }
+}
+
 /// The Task shape returned by `task.get`, `task.wait` and `task.list`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Task {
@@ -109,6 +131,9 @@ pub struct Task {
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub error: Option<String>,
     pub profile: String,
+    /// What the call was granted beyond its profile (`tool.call` `grants`), when anything.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub grants: Option<CallGrants>,
     /// What the run ran into, in one line: limits it hit and network connections or lookups
     /// its allow-list refused (the details are in `result.json` `violations`).
     #[serde(skip_serializing_if = "Option::is_none", default)]
@@ -305,6 +330,9 @@ pub(crate) struct ToolCallParams {
     /// `separate`: the command's stderr gets a pipe of its own (default `merged`).
     #[serde(default)]
     pub stderr: Option<StderrMode>,
+    /// Extra paths and hosts for this run only (see [`CallGrants`]).
+    #[serde(default)]
+    pub grants: Option<CallGrants>,
 }
 
 /// What a foreground call becomes when its caller's connection goes away.

@@ -5,8 +5,8 @@ use serde_json::{Map, Value};
 
 use super::{obj, RegistryError};
 use crate::protocol::{
-    Delivery, FailReason, SessionInfo, SessionState, StdinMode, Task, TaskKind, TaskMode,
-    TaskState, WakeMode,
+    CallGrants, Delivery, FailReason, SessionInfo, SessionState, StdinMode, Task, TaskKind,
+    TaskMode, TaskState, WakeMode,
 };
 
 #[derive(Debug, Clone, PartialEq)]
@@ -136,6 +136,8 @@ pub(crate) struct TaskRow {
     pub output_deleted: bool,
     /// What the run ran into, in one line (`supervisor::result::summary`).
     pub violations: Option<String>,
+    /// What the call was granted beyond its profile (stored as JSON).
+    pub grants: Option<CallGrants>,
 }
 
 /// Raw text of the enum columns, checked after the row is read.
@@ -153,6 +155,7 @@ impl TaskRow {
             stdin: r.get("stdin")?,
             mode: r.get("mode")?,
             wake: r.get("wake")?,
+            grants: r.get("grants")?,
             row: TaskRow {
                 task_id: r.get("task_id")?,
                 session_id: r.get("session_id")?,
@@ -191,6 +194,7 @@ impl TaskRow {
                 bridge_session_id: r.get("bridge_session_id")?,
                 output_deleted: r.get("output_deleted")?,
                 violations: r.get("violations")?,
+                grants: None,
             },
         })
     }
@@ -212,6 +216,14 @@ impl TaskRow {
         row.stdin = parse_enum("stdin", &raw.stdin, serde_enum)?;
         row.mode = parse_enum("mode", &raw.mode, serde_enum)?;
         row.wake = parse_enum("wake", &raw.wake, serde_enum)?;
+        row.grants = raw
+            .grants
+            .as_deref()
+            .map(|s| {
+                serde_json::from_str(s)
+                    .map_err(|e| RegistryError::Corrupt(format!("grants {s:?}: {e}")))
+            })
+            .transpose()?;
         Ok(row)
     }
 
@@ -254,6 +266,13 @@ impl TaskRow {
             ("bridge_session_id", self.bridge_session_id.clone().into()),
             ("output_deleted", self.output_deleted.into()),
             ("violations", self.violations.clone().into()),
+            (
+                "grants",
+                self.grants
+                    .as_ref()
+                    .and_then(|g| serde_json::to_string(g).ok())
+                    .into(),
+            ),
         ])
     }
 
@@ -309,6 +328,7 @@ impl TaskRow {
             bridge_session_id: None,
             output_deleted: false,
             violations: None,
+            grants: None,
         }
     }
 
@@ -346,6 +366,7 @@ impl TaskRow {
             error: self.error.clone(),
             profile: self.profile.clone(),
             violations: self.violations.clone(),
+            grants: self.grants.clone(),
         }
     }
 }
@@ -360,6 +381,7 @@ pub(crate) struct RawTask {
     stdin: String,
     mode: String,
     wake: String,
+    grants: Option<String>,
 }
 
 /// A small serde enum from its JSON string.

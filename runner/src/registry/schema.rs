@@ -122,6 +122,11 @@ pub(super) const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE tasks ADD COLUMN violations TEXT;
     "#,
+    // 5: what a call was granted beyond its profile (`tool.call` `grants`, as JSON), so
+    // `task.get` and `sidejob tasks` can show it and a run's bridge can bound what it starts.
+    r#"
+    ALTER TABLE tasks ADD COLUMN grants TEXT;
+    "#,
 ];
 
 /// The tables the event log rebuilds, with their key column, in replay-check order.

@@ -113,6 +113,25 @@ impl Grants {
     }
 }
 
+/// Marks the mounts of a caller's grants as the caller's: the run's init opens them with
+/// the caller's credentials (`sandbox::linux::caller_path`), never as root, even where a
+/// profile lists the same path.
+fn mark_as_caller(sandbox: &mut SandboxPlan, g: &Grants) {
+    let theirs = |src: &std::path::Path| {
+        g.readable
+            .iter()
+            .chain(&g.writable)
+            .any(|p| std::path::Path::new(p) == src)
+    };
+    // The workspace (the one required mount) is the caller's already, opened with no
+    // symlink on the way.
+    for m in &mut sandbox.mounts {
+        if !m.required && m.source.as_deref().is_some_and(theirs) {
+            m.as_caller = true;
+        }
+    }
+}
+
 /// Who a run runs as: the profile's fixed ids, else the session owner when the daemon is root
 /// (root runs other users' commands as those users), else the daemon's own ids (`None`).
 pub(crate) fn run_ids(run_as: RunAs, owner: (u32, u32)) -> (Option<u32>, Option<u32>) {
@@ -169,6 +188,9 @@ pub(crate) struct CallFor<'a> {
     /// The daemon's state directory (for the profile's caches).
     pub state_dir: &'a std::path::Path,
     pub grants: Option<&'a Grants>,
+    /// What the caller grants this call (`tool.call` `grants`): its paths are the caller's,
+    /// opened as the caller by the run's init, whatever profile entry they meet.
+    pub caller_grants: Option<&'a Grants>,
 }
 
 /// Resolves the session's profile, or the narrower one a call names, for a daemon run in a
@@ -199,6 +221,9 @@ pub(crate) fn for_call(
     if let Some(g) = run.grants {
         g.apply(&mut profile);
     }
+    if let Some(g) = run.caller_grants {
+        g.apply(&mut profile);
+    }
     let home = Home::of(owner_uid);
     let (uid, gid) = run_ids(profile.run_as, run.owner);
     let ids = (
@@ -212,7 +237,7 @@ pub(crate) fn for_call(
                 profile.name
             ))
         })?;
-    CallSandbox::resolve(
+    let mut sb = CallSandbox::resolve(
         &profile,
         &resolve::Context {
             workspace: run.workspace,
@@ -222,5 +247,9 @@ pub(crate) fn for_call(
             caches: caches.as_deref(),
         },
     )
-    .map_err(|e| CallSandboxError::Invalid(e.to_string()))
+    .map_err(|e| CallSandboxError::Invalid(e.to_string()))?;
+    if let Some(g) = run.caller_grants {
+        mark_as_caller(&mut sb.sandbox, g);
+    }
+    Ok(sb)
 }

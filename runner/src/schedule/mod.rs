@@ -451,6 +451,9 @@ impl Scheduler {
                         occurrence_key: Some(key.clone()),
                         on_disconnect: Default::default(),
                         stderr: StderrMode::Merged,
+                        // A stored call grants nothing: its paths would be checked long
+                        // after the caller named them.
+                        grants: None,
                     };
                     self.executor.submit(req, false)?;
                 }

@@ -196,6 +196,7 @@ impl From<ExecError> for RpcError {
             ExecError::InvalidParams(_) => ErrorKind::InvalidParams,
             ExecError::InvalidState(_) => ErrorKind::InvalidState,
             ExecError::LimitExceeded(_) => ErrorKind::LimitExceeded,
+            ExecError::PermissionDenied(_) => ErrorKind::PermissionDenied,
             ExecError::SandboxUnavailable(_) => ErrorKind::SandboxUnavailable,
             ExecError::Io { .. } | ExecError::Registry(_) => ErrorKind::Internal,
         };

@@ -211,7 +211,19 @@ impl Caller {
                     WakeMode::OnTerminal
                 });
                 let owner = session::owner_creds(&sess, None);
-                // Nothing started through the bridge is wider than the run that holds it.
+                // Nothing started through the bridge is wider than the run that holds it:
+                // not its profile, and not the paths and hosts its call was granted.
+                if let Some(want) = p.grants.as_ref().filter(|g| !g.is_empty()) {
+                    let have = registry
+                        .get_task(&scope.caller_task_id)?
+                        .and_then(|row| row.grants)
+                        .unwrap_or_default();
+                    crate::executor::grants_within(want, &have).map_err(|m| {
+                        RpcError::new(ErrorKind::PermissionDenied, m).with_hint(
+                            "a call through a run's bridge may grant only what that run was granted",
+                        )
+                    })?;
+                }
                 let ceiling = Some(scope.ceiling.clone());
                 let parent = Some(scope.caller_task_id.clone());
                 Ok(call(sess, owner, p, ceiling, wake, parent))
@@ -274,5 +286,6 @@ fn call(
         occurrence_key: None,
         on_disconnect: p.on_disconnect.unwrap_or_default(),
         stderr: p.stderr.unwrap_or_default(),
+        grants: p.grants,
     }
 }

@@ -230,6 +230,33 @@ pub(crate) fn set_thread_fs_creds(uid: u32, gid: u32, groups: &[u32]) -> io::Res
     Ok(())
 }
 
+/// May this thread's filesystem credentials read (`write: false`) or write what `fd` (an
+/// `O_PATH` descriptor) is? A directory needs search permission too. `faccessat2` with
+/// `AT_EACCESS | AT_EMPTY_PATH`, so the check is the fsuid's, fsgid's and groups' (those
+/// [`set_thread_fs_creds`] set), on the file itself: no path is resolved again.
+///
+/// Raw: libc's `faccessat` falls back to its own emulation, with the effective uid, on a
+/// kernel without `faccessat2`; here that kernel is an error (`ENOSYS`), never a yes.
+pub(crate) fn access_fd(fd: std::os::fd::BorrowedFd<'_>, write: bool, dir: bool) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let mut mode = if write { libc::W_OK } else { libc::R_OK };
+    if dir {
+        mode |= libc::X_OK;
+    }
+    // SAFETY: the path is a NUL-terminated empty string that lives across the call; the
+    // other arguments are integers; the kernel only reads them.
+    cvt_long(unsafe {
+        libc::syscall(
+            libc::SYS_faccessat2,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            mode,
+            libc::AT_EACCESS | libc::AT_EMPTY_PATH,
+        )
+    })
+    .map(drop)
+}
+
 /// `setfsuid(2)` or `setfsgid(2)` (by `nr`) for this thread; returns the previous id.
 fn set_fs_id(nr: libc::c_long, id: u32) -> u32 {
     // SAFETY: both calls take one integer, touch no memory and cannot fail (they report the

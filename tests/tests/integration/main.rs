@@ -12,6 +12,7 @@ mod bridge;
 mod cancel;
 mod cli;
 mod cli_call;
+mod cli_grants;
 mod cli_more;
 mod cli_streams;
 mod cli_wakes;

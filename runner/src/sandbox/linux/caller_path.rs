@@ -114,6 +114,75 @@ pub(super) fn open(
     }))
 }
 
+/// How a caller grants a path to one call (`tool.call` `grants`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GrantAccess {
+    Read,
+    Write,
+}
+
+/// Checks a path a caller grants one call, before anything of the call is made, so a path
+/// they may not use is refused up front, naming it. The path is the caller's authority:
+/// it is resolved as the caller (their filesystem credentials, on a thread of its own),
+/// never through a magic link, and the file it leads to must be readable (writable) by
+/// them, a directory searchable too. It may not lead to a kernel filesystem nor into,
+/// onto or above one of `off_limits` (the daemon's state directory, its sockets'). A
+/// writable path may not be a symlink: the view would recreate it, leading nowhere. The
+/// run's init resolves the path again as the caller ([`open`]), so what was checked here
+/// is what the run gets, or less.
+pub(crate) fn check_grant(
+    path: &Path,
+    access: GrantAccess,
+    caller: &Creds,
+    off_limits: &[PathBuf],
+) -> Result<(), String> {
+    let write = access == GrantAccess::Write;
+    let what = if write { "write" } else { "read" };
+    let refuse = |why: String| format!("cannot grant {what} access to {}: {why}", path.display());
+    let explain = |e: io::Error| {
+        let why = match e.raw_os_error() {
+            Some(libc::EACCES) | Some(libc::EPERM) => format!(
+                "uid {} may not {what} it ({e}); a call may grant only what its caller can {what} on the host",
+                caller.uid
+            ),
+            Some(libc::ENOENT) => "no such file or directory".to_owned(),
+            Some(libc::ELOOP) => {
+                "it leads through a magic link such as /proc/<pid>/root (or too many symlinks)".into()
+            }
+            _ => e.to_string(),
+        };
+        refuse(why)
+    };
+    // As the caller: where the path leads, and whether they may use what is there (the
+    // second answer is given only once the first is known not to be off limits).
+    let (fd, access) = dirfd::as_caller(Some(caller), || {
+        if write {
+            let named = dirfd::open_path_no_magiclinks(path, OFlag::O_NOFOLLOW)?;
+            if crate::sys::sandbox::fstat(&named)?.is_symlink() {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "it is a symlink; name the directory it points to",
+                ));
+            }
+        }
+        let fd = dirfd::open_path_no_magiclinks(path, OFlag::empty())?;
+        let info = crate::sys::sandbox::fstat(&fd)?;
+        if !(info.is_dir() || info.is_file()) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a regular file or a directory",
+            ));
+        }
+        let access = crate::sys::access_fd(fd.as_fd(), write, info.is_dir());
+        Ok((fd, access))
+    })
+    .map_err(explain)?;
+    let reason = |e: LaunchError| refuse(e.source.to_string());
+    refuse_kernel_fs(&fd, path).map_err(reason)?;
+    refuse_off_limits(&fd, path, off_limits).map_err(reason)?;
+    access.map_err(explain)
+}
+
 /// Looks at `src` as the caller sees it (run with their credentials).
 fn find(src: &Path) -> io::Result<Found> {
     let named = match dirfd::open_path_no_magiclinks(src, OFlag::O_NOFOLLOW) {
@@ -174,7 +243,7 @@ fn refuse_off_limits(fd: &OwnedFd, src: &Path, off_limits: &[PathBuf]) -> Result
             io::Error::new(
                 io::ErrorKind::PermissionDenied,
                 format!(
-                    "a caller's path may not lead to sidejob's own sockets ({} holds or lies in {})",
+                    "a caller's path may not lead to sidejob's own sockets or state ({} holds or lies in {})",
                     real.display(),
                     d.display()
                 ),

@@ -3,7 +3,7 @@
 //! may allocate or fail early) and the run's init calls [`launch`], the one linear function
 //! that builds the sandbox and starts the command in it.
 
-mod caller_path;
+pub(crate) mod caller_path;
 pub(crate) mod cgroup;
 pub(crate) mod git;
 pub(crate) mod landlock;
