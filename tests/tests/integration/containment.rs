@@ -253,6 +253,59 @@ fn exec_whose_output_reader_goes_away_still_reports_the_commands_exit() {
 
 // ---- filesystem ------------------------------------------------------------------------------
 
+/// A file a profile lists that is replaced (renamed over, as `useradd` does to /etc/passwd)
+/// while runs start: each run sees the file as it is, none fails to bind the old one.
+#[test]
+fn a_listed_file_renamed_over_while_runs_start_is_bound_as_it_is_now() {
+    let Some(ws) = Ws::new() else { return };
+    let listed = ws.outside.path().join("listed.txt");
+    std::fs::write(&listed, "v0\n").expect("write");
+    let body = profile_with("", "").replacen(
+        "\"/etc/group\"]",
+        &format!("\"/etc/group\", \"{}\"]", listed.display()),
+        1,
+    );
+    let profile = ws.profile("listed", &body);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let renamer = {
+        let (stop, listed) = (stop.clone(), listed.clone());
+        let fresh = ws.outside.path().join("fresh.txt");
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                n += 1;
+                std::fs::write(&fresh, format!("v{n}\n")).expect("write");
+                std::fs::rename(&fresh, &listed).expect("rename");
+                // Often, as files on a busy host go, but not back to back.
+                std::thread::sleep(std::time::Duration::from_micros(500));
+            }
+            n
+        })
+    };
+    let mut failures = Vec::new();
+    for _ in 0..40 {
+        let out = exec(
+            &ws,
+            &["--profile", &profile],
+            &["/bin/cat", listed.to_str().unwrap()],
+        );
+        if out.code != 0 || !out.stdout.starts_with('v') {
+            failures.push(format!("{} {:?} {:?}", out.code, out.stdout, out.stderr));
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let renames = renamer.join().expect("renamer");
+    assert!(
+        renames > 100,
+        "the file was renamed over only {renames} times"
+    );
+    assert!(
+        failures.is_empty(),
+        "{} of 40 runs failed: {failures:?}",
+        failures.len()
+    );
+}
+
 #[test]
 fn a_file_outside_the_allowed_roots_is_not_readable() {
     let Some(ws) = Ws::new() else { return };

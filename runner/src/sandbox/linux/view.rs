@@ -234,6 +234,40 @@ fn bind_source(fd: &OwnedFd, dst: &Path, submounts: Submounts) -> Result<(), Lau
     .map_err(err("bind", dst))
 }
 
+/// Binds a read-only source. A file the profile lists that was replaced after it was opened
+/// (renamed over, as `useradd` replaces `/etc/passwd`) cannot be mounted any more (`ENOENT`:
+/// the opened copy is unlinked), so the file now at that path is bound instead (a few times,
+/// should it be replaced again meanwhile). Only the files a profile lists itself: a caller's
+/// path, the workspace and directories are never opened again as the daemon.
+fn bind_listed(
+    fd: &OwnedFd,
+    target: &Path,
+    dst: &Path,
+    submounts: Submounts,
+    file: bool,
+) -> Result<(), LaunchError> {
+    let mut bound = bind_source(fd, dst, submounts);
+    let again = file && submounts == Submounts::Kept;
+    for _ in 0..REBIND_TRIES {
+        match bound {
+            Err(e) if again && e.source.kind() == io::ErrorKind::NotFound => {
+                let Some(fresh) = sys::open_path(target, true)
+                    .ok()
+                    .filter(|fd| sys::fstat(fd).is_ok_and(|i| !i.is_symlink()))
+                else {
+                    return Err(e);
+                };
+                bound = bind_source(&fresh, dst, submounts);
+            }
+            done => return done,
+        }
+    }
+    bound
+}
+
+/// How often [`bind_listed`] opens a replaced file again.
+const REBIND_TRIES: usize = 3;
+
 /// The new root: an empty tmpfs (made read-only with the read-only binds, below).
 pub(crate) fn mount_root(staging: &Path) -> Result<(), LaunchError> {
     tmpfs(staging, NOSUID | NODEV, c"mode=0755,size=1m,nr_inodes=4096")
@@ -295,6 +329,7 @@ pub(crate) fn mount_sources(
         if let Source::Bind {
             fd,
             target,
+            dir,
             write: false,
             submounts,
             ..
@@ -304,7 +339,7 @@ pub(crate) fn mount_sources(
                 continue;
             }
             let dst = in_view(staging, target);
-            bind_source(fd, &dst, *submounts)?;
+            bind_listed(fd, target, &dst, *submounts, !*dir)?;
         }
     }
     sys::mount_setattr_path(
@@ -335,7 +370,7 @@ pub(crate) fn mount_sources(
                 if !write {
                     set |= MOUNT_ATTR_RDONLY;
                 }
-                bind_source(fd, &dst, *submounts)?;
+                bind_listed(fd, target, &dst, *submounts, !*dir && !*write)?;
                 sys::mount_setattr_path(&dst, set, 0).map_err(err("set mount attributes", &dst))?;
             }
             Source::Tmpfs { target, exec } => {
