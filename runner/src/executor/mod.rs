@@ -379,6 +379,11 @@ impl Executor {
         self.kept_map().remove(&uid);
     }
 
+    /// Stops the process that forks supervisors (see `spawn.rs`); the next run starts it again.
+    pub(crate) fn stop_spawner(&self) {
+        self.spawner.stop();
+    }
+
     /// Re-attaches to the runs of a previous daemon (see `recover.rs`).
     pub(crate) fn recover(self: &Arc<Self>) -> Result<recover::Recovered, ExecError> {
         recover::recover(self)

@@ -2,7 +2,8 @@
 //!
 //! For every task a previous daemon left live: a `result.json` settles it; a supervisor that
 //! is still the same process (pidfd opened first, then its start time compared, so a reused pid
-//! is never mistaken for it) is watched again; a task that never started is started now; and
+//! is never mistaken for it) is watched again (and reaped, if it is still this process's child
+//! after an in-place upgrade); a task that never started is started now; and
 //! anything else is settled `failed/lost`.
 
 use std::os::fd::AsFd;
@@ -147,9 +148,11 @@ fn reattach(
     // A re-attached run counts against the concurrency bounds like any other.
     let permits = ex.try_slots(&row.session_id, row.owner_uid);
     tokio::spawn(async move {
+        // After an in-place upgrade (`server/upgrade/`) the supervisor is still this
+        // process's child, and it is reaped as one; after a crash it is someone else's.
         let watched = super::Watched {
             pidfd,
-            child: None,
+            child: sys::is_child(pid).then_some(pid),
             report: None,
         };
         ex2.watch(live, watched).await;
@@ -185,8 +188,13 @@ fn attach(pid: i32, start: u64) -> Option<Arc<AsyncFd<std::os::fd::OwnedFd>>> {
     if sys::process_start_time(pid).ok()? != start {
         return None;
     }
-    // Already exited (a zombie nobody reaped yet): there is nothing to watch.
+    // Already exited (a zombie nobody reaped yet): there is nothing to watch. A zombie of
+    // this process's own (one that ended during an in-place upgrade) is reaped here: the
+    // pidfd pins it, so the pid is still that supervisor's.
     if sys::poll_readable(&[Some(fd.as_fd())], 0).ok()?.first() == Some(&true) {
+        if sys::is_child(pid) {
+            let _ = sys::waitpid(pid, false);
+        }
         return None;
     }
     sys::async_fd(fd).ok().map(Arc::new)
