@@ -226,7 +226,8 @@ fn wait_for(socket: &Path, task_id: &str, yield_after: Option<Duration>) -> Resu
     let timeout = yield_after.unwrap_or(MAX_WAIT).min(MAX_WAIT).as_millis() as u64;
     loop {
         let t: Task = c
-            .call(
+            .call_again_if_lost(
+                socket,
                 "task.wait",
                 json!({"task_id": task_id, "timeout_ms": timeout}),
             )
@@ -327,7 +328,8 @@ fn stream(
     let mut settled: Option<Task> = None;
     let mut output = String::new();
     loop {
-        let page = client.call(
+        let page = client.call_again_if_lost(
+            socket,
             "task.output",
             json!({"task_id": task_id, "offset": offset, "max_bytes": 256 * 1024}),
         )?;
@@ -415,9 +417,11 @@ fn stream(
                     }
                 }
                 Ok(Event::Waited(_)) | Err(_) => {
-                    break serde_json::from_value(
-                        client.call("task.get", json!({ "task_id": task_id }))?,
-                    )?
+                    break serde_json::from_value(client.call_again_if_lost(
+                        socket,
+                        "task.get",
+                        json!({ "task_id": task_id }),
+                    )?)?
                 }
                 Ok(Event::Interrupt) => {}
             }

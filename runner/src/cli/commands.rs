@@ -175,7 +175,8 @@ pub(super) fn logs(socket: &Path, task: &str, follow: bool, tail: Option<usize>)
         }
     }
     loop {
-        let page = client.call(
+        let page = client.call_again_if_lost(
+            socket,
             "task.output",
             json!({"task_id": task, "offset": offset, "max_bytes": 512 * 1024}),
         )?;
@@ -190,7 +191,11 @@ pub(super) fn logs(socket: &Path, task: &str, follow: bool, tail: Option<usize>)
         }
         if next == offset {
             // Nothing new: block until the task settles or a moment passes.
-            client.call("task.wait", json!({"task_id": task, "timeout_ms": 200}))?;
+            client.call_again_if_lost(
+                socket,
+                "task.wait",
+                json!({"task_id": task, "timeout_ms": 200}),
+            )?;
         }
         offset = next;
     }
@@ -211,9 +216,11 @@ pub(super) fn wait(
             .map(|l| l.saturating_sub(started.elapsed()).as_millis() as u64)
             .unwrap_or(u64::MAX)
             .min(1_000);
-        let t: Task = serde_json::from_value(
-            client.call("task.wait", json!({"task_id": task, "timeout_ms": slice}))?,
-        )
+        let t: Task = serde_json::from_value(client.call_again_if_lost(
+            socket,
+            "task.wait",
+            json!({"task_id": task, "timeout_ms": slice}),
+        )?)
         .context("unexpected task.wait result")?;
         if t.state.is_terminal() || timeout.is_some_and(|l| started.elapsed() >= l) {
             break t;
