@@ -59,5 +59,6 @@ mod subagent;
 mod subagent_claude;
 mod subagent_net;
 mod toolchains;
+mod upgrade;
 mod wakes;
 mod yielding;
