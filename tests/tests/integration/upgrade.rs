@@ -261,3 +261,65 @@ fn a_staged_binary_that_does_not_run_is_reported_and_refused() {
     assert_eq!(exe_of(pid), before);
     assert_eq!(status_pid(&d), json!(pid));
 }
+
+/// `systemctl reload` as the unit defines it (`ExecReload=/bin/kill -HUP $MAINPID`) on a
+/// socket-activated `Type=notify` daemon: RELOADING=1, then READY=1 from the new image, the
+/// socket the service manager passed still served (and still there after a stop), the run
+/// settled with its own exit code.
+#[test]
+fn a_socket_activated_daemon_reloads_in_place_as_systemd_expects() {
+    let unit = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/systemd/sidejob.service"),
+    )
+    .expect("the unit");
+    assert!(
+        unit.lines()
+            .any(|l| l.trim() == "ExecReload=/bin/kill -HUP $MAINPID"),
+        "the unit's reload is not a SIGHUP to the daemon"
+    );
+    let root = sidejob_tests::TempDir::new("reload");
+    std::fs::create_dir_all(root.path().join("run")).expect("run dir");
+    let path = root.path().join("run/given.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&path).expect("bind");
+    let notify = super::deploy::Notify::new(root.path());
+    let mut child = super::deploy::serve_activated(&listener, &root.path().join("state"), &notify);
+    assert_eq!(notify.next(), "READY=1");
+    drop(listener);
+    let ws = root.path().join("workspace");
+    std::fs::create_dir(&ws).expect("workspace");
+    let mut c = sidejob_tests::Client::connect(&path);
+    let s = c.open_session_in(&ws);
+    let gate = Gate::new(&ws, "release");
+    let id = c.bash(
+        &s,
+        &format!("{}; echo reloaded; exit 3", gate.wait_cmd()),
+        json!({"background": true}),
+    )["task_id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    sidejob_tests::supervisor_pid(&root.path().join("state/runs").join(&id));
+    sidejob_tests::signal(child.0.id() as i32, libc::SIGHUP);
+    let reloading = notify.next();
+    assert!(
+        reloading.starts_with("RELOADING=1") && reloading.contains("MONOTONIC_USEC="),
+        "{reloading}"
+    );
+    assert_eq!(notify.next(), "READY=1");
+    let mut c = sidejob_tests::Client::connect(&path);
+    let st = c.ok("daemon.status", json!({}));
+    assert_eq!(st["socket_activated"], true, "{st}");
+    assert_eq!(st["pid"], json!(child.0.id()), "{st}");
+    gate.open();
+    let t = c.wait_settled_quietly(&id);
+    assert_eq!(
+        (&t["state"], &t["exit_code"]),
+        (&json!("failed"), &json!(3)),
+        "{t}"
+    );
+    assert_eq!(c.output(&id), "reloaded\n");
+    sidejob_tests::signal(child.0.id() as i32, libc::SIGTERM);
+    assert_eq!(notify.next(), "STOPPING=1");
+    assert!(child.0.wait().expect("wait").success());
+    assert!(path.exists(), "the service manager's socket was removed");
+}
