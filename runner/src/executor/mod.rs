@@ -11,6 +11,7 @@ mod control;
 mod egress;
 mod hints;
 mod hooks;
+mod instance;
 mod lanes;
 mod output;
 mod plan_files;

@@ -35,10 +35,25 @@ pub(super) fn recover(ex: &Arc<Executor>) -> Result<Recovered, ExecError> {
         TaskState::Running,
         TaskState::AwaitingInput,
     ])?;
+    // A reboot or a container restart since the previous daemon started ends every run: a
+    // run lost that way says so.
+    let state_dir = &ex.cfg.state_dir;
+    let here = super::instance::Instance::current();
+    let moved = here
+        .as_ref()
+        .zip(super::instance::Instance::recorded(state_dir))
+        .and_then(|(now, before)| now.ended_runs_of(&before));
+    if let Some(e) = here
+        .as_ref()
+        .map(|h| h.record(state_dir))
+        .and_then(Result::err)
+    {
+        warn!("cannot record where this daemon's runs live: {e}");
+    }
     // Queued tasks start after every re-attached run holds its slot again.
     let mut to_start = Vec::new();
     for row in rows {
-        match recover_one(ex, &row) {
+        match recover_one(ex, &row, moved) {
             Outcome::Reattached => out.reattached += 1,
             Outcome::Settled { from_result: true } => out.settled_from_result += 1,
             Outcome::Settled { from_result: false } => out.lost += 1,
@@ -66,7 +81,12 @@ enum Outcome {
     Restart(Arc<Live>),
 }
 
-fn recover_one(ex: &Arc<Executor>, row: &crate::registry::TaskRow) -> Outcome {
+/// `moved`: why no run of the previous daemon can be alive any more, if none can.
+fn recover_one(
+    ex: &Arc<Executor>,
+    row: &crate::registry::TaskRow,
+    moved: Option<&'static str>,
+) -> Outcome {
     let private = PrivateDir::new(&ex.cfg.runs_dir(), &row.task_id);
     let public = Path::new(&row.public_dir)
         .parent()
@@ -90,7 +110,10 @@ fn recover_one(ex: &Arc<Executor>, row: &crate::registry::TaskRow) -> Outcome {
             None => settle_from_result_or_lost(
                 ex,
                 &live,
-                format!("supervisor (pid {pid}) ended without writing result.json while sidejob was down"),
+                match moved {
+                    Some(why) => format!("its supervisor (pid {pid}) is gone: {why}"),
+                    None => format!("supervisor (pid {pid}) ended without writing result.json while sidejob was down"),
+                },
             ),
         },
         None if row.state == TaskState::Queued => {
