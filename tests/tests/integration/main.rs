@@ -23,6 +23,7 @@ mod containment_process;
 mod delivery;
 mod deploy;
 mod deploy_health;
+mod deploy_image;
 mod deploy_toolchain;
 mod failures;
 mod faults;
