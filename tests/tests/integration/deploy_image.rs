@@ -5,9 +5,9 @@
 //! a call, an in-place upgrade (`kill -HUP 1`) with a run in flight that settles with its own
 //! exit code, and a container restart that ends a run and says so.
 //!
-//! Slow the first time (debootstrap, about a minute, then apt-get in the image's build, about
-//! a minute); the base tarball is kept in /var/tmp/sidejob-test-image and podman keeps the
-//! image's layers, so later runs take seconds. Skipped, saying why, only where podman cannot
+//! Slow the first time: about 2.5 minutes here (debootstrap, then apt-get in the image's build);
+//! the base tarball is kept in /var/tmp/sidejob-test-image and podman keeps the image's
+//! layers, so later runs take about 15 s. Skipped, saying why, only where podman cannot
 //! run a container.
 
 use std::path::{Path, PathBuf};
