@@ -1,7 +1,7 @@
 //! The container image as an operator builds and runs it, here where no registry is reachable:
 //! a Debian base made with debootstrap from the machine's own apt mirror (`podman import`),
 //! the repository's Dockerfile built from this build (`BINARIES=prebuilt`: no Rust image, no
-//! cargo), run with the pod manifest's capabilities and a read-only root. Inside it: `status`,
+//! cargo), run with the pod manifest's capabilities, its seccomp profile and a read-only root. Inside it: `status`,
 //! a call, an in-place upgrade (`kill -HUP 1`) with a run in flight that settles with its own
 //! exit code, and a container restart that ends a run and says so.
 //!
@@ -134,8 +134,8 @@ struct Container {
 }
 
 impl Container {
-    /// Runs the image as the pod manifest does: root, its capabilities only, seccomp and
-    /// AppArmor unconfined, a read-only root with the socket, tmp and workspace on tmpfs and
+    /// Runs the image as the pod manifest does: root, its capabilities only, its seccomp
+    /// profile (sidejob-seccomp.json), AppArmor unconfined, a read-only root with the socket, tmp and workspace on tmpfs and
     /// the state on a volume. (podman here needs runc and the descriptor and process limits.)
     fn start() -> Container {
         let name = format!("sidejob-image-test-{}", std::process::id());
@@ -148,7 +148,13 @@ impl Container {
             .args(["--ulimit", &format!("nofile={hard}:{hard}")])
             .args(["--ulimit", "nproc=4096:4096"])
             .args(["--cap-drop", "ALL", "--cap-add", &caps])
-            .args(["--security-opt", "seccomp=unconfined"])
+            .args(["--security-opt"])
+            .arg(format!(
+                "seccomp={}",
+                workspace()
+                    .join("deploy/kubernetes/sidejob-seccomp.json")
+                    .display()
+            ))
             .args(["--security-opt", "apparmor=unconfined"])
             .args(["--read-only", "--tmpfs", "/run/sidejob"])
             .args(["--tmpfs", "/tmp:rw,exec", "--tmpfs", "/workspace:rw,exec"])
@@ -278,6 +284,14 @@ fn the_image_builds_here_serves_and_upgrades_in_place_with_a_run_in_flight() {
     );
     assert_eq!(hi.status.code(), Some(0));
 
+    // The seccomp profile is in force: swapoff(2) is refused before the kernel would look
+    // for the file (ENOENT with CAP_SYS_ADMIN and no filter).
+    let errno = c.sh(
+        "python3 -c 'import ctypes; l = ctypes.CDLL(None, use_errno=True); \
+         l.swapoff(b\"/nonexistent\"); print(ctypes.get_errno())'",
+    );
+    assert_eq!(errno.trim(), "1", "swapoff was not refused with EPERM");
+
     // In place, a run in flight: the new binary staged on the state volume (the image's own
     // files are read-only), checked, then SIGHUP to tini, which passes it to the daemon.
     c.sh("mkfifo /workspace/gate");
@@ -324,5 +338,54 @@ fn the_image_builds_here_serves_and_upgrades_in_place_with_a_run_in_flight() {
             .as_str()
             .is_some_and(|e| e.contains("container (or pod) it ran in was restarted")),
         "{t}"
+    );
+}
+
+/// The pod's seccomp profile (policy as data): every rule says why, the manifest uses it, and
+/// nothing a run's sandbox is built with is refused (the image test shows the daemon works
+/// under it; this keeps a later edit from refusing one of them).
+#[test]
+fn the_seccomp_profile_gives_a_reason_per_rule_and_keeps_what_the_sandbox_needs() {
+    let path = workspace().join("deploy/kubernetes/sidejob-seccomp.json");
+    let profile: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("profile")).expect("JSON");
+    assert_eq!(profile["defaultAction"], "SCMP_ACT_ALLOW", "{profile}");
+    let rules = profile["syscalls"].as_array().expect("syscalls");
+    let mut refused = Vec::new();
+    for rule in rules {
+        assert!(
+            rule["comment"].as_str().is_some_and(|c| !c.is_empty()),
+            "a rule without its reason: {rule}"
+        );
+        assert_eq!(rule["action"], "SCMP_ACT_ERRNO", "{rule}");
+        for n in rule["names"].as_array().expect("names") {
+            refused.push(n.as_str().expect("name").to_owned());
+        }
+    }
+    for needed in [
+        "unshare",
+        "setns",
+        "mount",
+        "umount2",
+        "pivot_root",
+        "clone",
+        "clone3",
+        "seccomp",
+        "landlock_create_ruleset",
+        "landlock_add_rule",
+        "landlock_restrict_self",
+        "prctl",
+        "capset",
+        "pidfd_open",
+        "execveat",
+        "sethostname",
+    ] {
+        assert!(!refused.iter().any(|r| r == needed), "{needed} is refused");
+    }
+    let manifest = std::fs::read_to_string(workspace().join("deploy/kubernetes/sidejob-pod.yaml"))
+        .expect("manifest");
+    assert!(
+        manifest.contains("localhostProfile: profiles/sidejob-seccomp.json"),
+        "the pod does not use the profile"
     );
 }
