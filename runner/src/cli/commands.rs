@@ -594,7 +594,7 @@ pub(super) fn man(dir: Option<PathBuf>) -> Result<i32> {
 
 /// `sidejob upgrade-check`: what the daemon would run on SIGHUP, and whether it would.
 pub(super) fn upgrade_check(binary: Option<PathBuf>, state_dir: Option<PathBuf>) -> Result<i32> {
-    use crate::server::upgrade::binary::{self, Candidate, Origin, UpgradeError};
+    use crate::server::upgrade::binary::{self, Candidate, Origin, Plugins, UpgradeError};
     let state_dir = state_dir_or_default(state_dir);
     let named = binary.is_some();
     let checked = match binary {
@@ -609,7 +609,7 @@ pub(super) fn upgrade_check(binary: Option<PathBuf>, state_dir: Option<PathBuf>)
         }),
         None => binary::choose(&state_dir),
     }
-    .and_then(|c| binary::verify(&c, true).map(|version| (c, version)));
+    .and_then(|c| binary::verify(&c, Plugins::Required).map(|version| (c, version)));
     match checked {
         Ok((c, version)) => {
             let what = match c.origin {

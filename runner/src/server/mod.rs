@@ -170,7 +170,14 @@ pub(crate) async fn serve(cfg: Config) -> Result<(), ServeError> {
     loop {
         match accept(&daemon, &listener, &mut signals).await {
             Ending::Stop => break,
-            Ending::Upgrade => upgrade_in_place(&daemon, &listener, &lock, activated).await,
+            Ending::Upgrade => {
+                let kept = upgrade::Kept {
+                    listener: &listener,
+                    lock: &lock,
+                    activated,
+                };
+                upgrade_in_place(&daemon, kept).await
+            }
         }
     }
     info!("stopping: runs keep going under their supervisors");
@@ -218,14 +225,9 @@ async fn accept(daemon: &Arc<Daemon>, listener: &UnixListener, signals: &mut Sig
 
 /// Re-executes the daemon in place, or says why not and goes on serving with this binary.
 /// New connections wait in the socket's backlog meanwhile.
-async fn upgrade_in_place(
-    daemon: &Arc<Daemon>,
-    listener: &UnixListener,
-    lock: &std::fs::File,
-    activated: bool,
-) {
+async fn upgrade_in_place(daemon: &Arc<Daemon>, kept: upgrade::Kept<'_>) {
     let cfg = daemon.executor.config();
-    let (candidate, version) = match upgrade::prepare(&cfg.state_dir, cfg.shipped_plugins).await {
+    let (candidate, version) = match upgrade::prepare(cfg).await {
         Ok(c) => c,
         Err(e) => {
             error!(hint = %e.hint(), "upgrade refused, serving on with this binary: {e}");
@@ -243,7 +245,7 @@ async fn upgrade_in_place(
     // registry.
     daemon.executor.stop_spawner();
     let held = daemon.executor.registry().hold_writes();
-    let e = upgrade::reexec(&candidate, listener, lock, activated);
+    let e = upgrade::reexec(&candidate, kept);
     drop(held);
     error!(binary = %candidate.path.display(), "upgrade failed, serving on with this binary: cannot execute it: {e}");
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);

@@ -157,6 +157,14 @@ pub(crate) fn open_trusted(path: &Path) -> Result<Option<File>, UpgradeError> {
     let file = match TrustedDir::open(dir).and_then(|d| d.open_file(name)) {
         Ok(f) => f,
         Err(r) if r.is_missing() => return Ok(None),
+        // A directory on the way that others could write makes nothing staged below it a
+        // refusal: there is nothing to refuse.
+        Err(_)
+            if std::fs::symlink_metadata(path)
+                .is_err_and(|e| e.kind() == io::ErrorKind::NotFound) =>
+        {
+            return Ok(None)
+        }
         Err(r) => return Err(untrusted(r)),
     };
     let mode = file
@@ -262,13 +270,23 @@ pub(crate) fn missing_plugins(binary: &Path) -> Vec<&'static str> {
         .collect()
 }
 
+/// Whether an upgrade checks that the shipped plugins are beside the binary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Plugins {
+    /// The daemon loads them (`shipped_plugins`, the default): a binary without them would
+    /// serve no shipped tool.
+    Required,
+    /// It loads none.
+    NotLoaded,
+}
+
 /// Everything an upgrade checks before it runs `candidate`: that it runs and says it is
-/// sidejob, and (unless the daemon loads no shipped plugins) that its plugins are beside it.
-/// Returns its `--version` line.
-pub(crate) fn verify(candidate: &Candidate, shipped_plugins: bool) -> Result<String, UpgradeError> {
+/// sidejob, and (`Plugins::Required`) that its plugins are beside it. Returns its
+/// `--version` line.
+pub(crate) fn verify(candidate: &Candidate, plugins: Plugins) -> Result<String, UpgradeError> {
     let version = probe(&candidate.file, &candidate.path)?;
     // The running image's plugins are where they were when it started.
-    if shipped_plugins && candidate.origin != Origin::Running {
+    if plugins == Plugins::Required && candidate.origin != Origin::Running {
         let missing = missing_plugins(&candidate.path);
         if !missing.is_empty() {
             return Err(UpgradeError::MissingPlugins {

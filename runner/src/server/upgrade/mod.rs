@@ -22,20 +22,23 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::ffi::OsStringExt;
-use std::path::Path;
 
 use tokio::net::UnixListener;
 use tracing::{info, warn};
 
-use binary::{Candidate, Origin, UpgradeError};
+use binary::{Candidate, Origin, Plugins, UpgradeError};
+
+use crate::config::Config;
 use handover::Handover;
 
 /// Picks and checks the binary to re-execute (a blocking step: it runs `--version`).
-pub(super) async fn prepare(
-    state_dir: &Path,
-    shipped_plugins: bool,
-) -> Result<(Candidate, String), UpgradeError> {
-    let state_dir = state_dir.to_path_buf();
+pub(super) async fn prepare(cfg: &Config) -> Result<(Candidate, String), UpgradeError> {
+    let state_dir = cfg.state_dir.clone();
+    let plugins = if cfg.shipped_plugins {
+        Plugins::Required
+    } else {
+        Plugins::NotLoaded
+    };
     tokio::task::spawn_blocking(move || {
         let candidate = binary::choose(&state_dir)?;
         if let Some(why) = &candidate.passed_over {
@@ -43,7 +46,7 @@ pub(super) async fn prepare(
                 "re-executing the running image: the file it was started from is not used ({why})"
             );
         }
-        let version = binary::verify(&candidate, shipped_plugins)?;
+        let version = binary::verify(&candidate, plugins)?;
         Ok((candidate, version))
     })
     .await
@@ -56,14 +59,22 @@ pub(super) async fn prepare(
     })
 }
 
+/// What the next image is handed.
+pub(super) struct Kept<'a> {
+    pub listener: &'a UnixListener,
+    pub lock: &'a File,
+    /// The service manager bound the socket.
+    pub activated: bool,
+}
+
 /// Runs `candidate` in this process with the listening socket and the lock handed over.
 /// Returns only if the exec failed, with the descriptors as they were.
-pub(super) fn reexec(
-    candidate: &Candidate,
-    listener: &UnixListener,
-    lock: &File,
-    activated: bool,
-) -> io::Error {
+pub(super) fn reexec(candidate: &Candidate, kept: Kept<'_>) -> io::Error {
+    let Kept {
+        listener,
+        lock,
+        activated,
+    } = kept;
     let h = Handover {
         pid: crate::sys::getpid(),
         socket: listener.as_raw_fd(),
