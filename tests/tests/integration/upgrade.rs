@@ -61,6 +61,31 @@ fn hup_until(d: &Daemon, needle: &str, count: usize) {
     );
 }
 
+/// The children of `pid` that have exited and that nobody reaped.
+fn zombie_children(pid: u32) -> Vec<i32> {
+    let mut out = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let children = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+        for c in children
+            .split_whitespace()
+            .filter_map(|c| c.parse::<i32>().ok())
+        {
+            let stat = std::fs::read_to_string(format!("/proc/{c}/stat")).unwrap_or_default();
+            let state = stat
+                .rfind(')')
+                .and_then(|i| stat[i + 1..].split_whitespace().next());
+            if state == Some("Z") {
+                out.push(c);
+            }
+        }
+    }
+    out
+}
+
 fn status_pid(d: &Daemon) -> Value {
     d.client().ok("daemon.status", json!({}))["pid"].clone()
 }
@@ -154,6 +179,12 @@ fn sighup_re_executes_the_staged_binary_and_runs_settle_with_their_exit_codes() 
             "supervisor {s} was not reaped"
         );
     }
+    // Nor is anything else of the first image's (its spawner) left unreaped.
+    assert!(
+        wait_until(Duration::from_secs(10), || zombie_children(pid).is_empty()),
+        "zombie children of the daemon: {:?}",
+        zombie_children(pid)
+    );
     // New runs start from the new image.
     let r = c.bash(&s, "echo again", json!({}));
     assert_eq!(r["exit_code"], 0, "{r}");
