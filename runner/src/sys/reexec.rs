@@ -1,8 +1,7 @@
 //! Re-executing the daemon in place (`server/upgrade/`): the same process, so the same pid,
 //! and the supervisors it started stay its children.
 //!
-//! Safe code only: the calls come from `nix`.
-#![deny(unsafe_code)]
+//! The calls come from `nix`; the one `unsafe` block sets a signal disposition.
 
 use std::ffi::CString;
 use std::io;
@@ -29,11 +28,25 @@ pub(crate) fn close_on_exec(fd: BorrowedFd<'_>) -> io::Result<()> {
 ///
 /// The descriptor may be close-on-exec: the kernel holds the file before it closes those
 /// (true of an ELF binary; a script would need its descriptor left open, and is not run).
+///
+/// SIGHUP is ignored across the exec (an ignored signal stays ignored in the new image, until
+/// it installs its handler), so a second SIGHUP sent just after the first cannot kill the new
+/// image before it handles the signal; the handler is put back if the exec fails.
 pub(crate) fn exec_file(binary: BorrowedFd<'_>, argv: &[CString], envp: &[CString]) -> io::Error {
-    match nix::unistd::fexecve(binary, argv, envp) {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+    let ignore = SigAction::new(SigHandler::SigIgn, SaFlags::empty(), SigSet::empty());
+    // SAFETY: ignoring a signal runs no code of ours; the previous action (tokio's handler)
+    // is only put back as it was.
+    let before = unsafe { sigaction(Signal::SIGHUP, &ignore) };
+    let err = match nix::unistd::fexecve(binary, argv, envp) {
         Err(e) => e.into(),
         Ok(never) => match never {},
+    };
+    if let Ok(before) = before {
+        // SAFETY: the action taken out above, restored unchanged.
+        let _ = unsafe { sigaction(Signal::SIGHUP, &before) };
     }
+    err
 }
 
 /// The identity of a descriptor's file (`st_dev`, `st_ino`), to tell that two descriptors

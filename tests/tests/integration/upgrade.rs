@@ -354,3 +354,59 @@ fn a_socket_activated_daemon_reloads_in_place_as_systemd_expects() {
     assert!(child.0.wait().expect("wait").success());
     assert!(path.exists(), "the service manager's socket was removed");
 }
+
+/// SIGHUPs in a burst: each one that lands while an upgrade is under way (the new image not
+/// yet handling the signal) would otherwise end the daemon; it goes on upgrading, the run in
+/// flight settles with its own code.
+#[test]
+fn a_burst_of_sighups_upgrades_again_and_again_without_losing_the_daemon_or_the_run() {
+    if skip_unless(
+        sidejob_tests::is_root(),
+        "needs root (the staged binary must be root's)",
+    ) {
+        return;
+    }
+    let mut d = Daemon::start();
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let gate = Gate::new(&d.workspace, "release");
+    let id = c.bash(
+        &s,
+        &format!("{}; echo through; exit 6", gate.wait_cmd()),
+        json!({"background": true}),
+    )["task_id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    sidejob_tests::supervisor_pid(&d.state_dir.join("runs").join(&id));
+    let pid = d.pid();
+    let deadline = std::time::Instant::now() + Duration::from_millis(1500);
+    while std::time::Instant::now() < deadline {
+        sidejob_tests::signal(pid as i32, libc::SIGHUP);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            d.log().matches("upgraded in place").count() >= 1
+                && std::os::unix::net::UnixStream::connect(&d.socket).is_ok()
+        }),
+        "log:\n{}",
+        d.log()
+    );
+    assert!(
+        process_alive(pid as i32),
+        "the daemon died; log:\n{}",
+        d.log()
+    );
+    let mut c = d.client();
+    assert_eq!(status_pid(&d), json!(pid));
+    gate.open();
+    let t = c.wait_settled_quietly(&id);
+    assert_eq!(
+        (&t["state"], &t["exit_code"]),
+        (&json!("failed"), &json!(6)),
+        "{t}"
+    );
+    assert_eq!(c.output(&id), "through\n");
+    assert!(d.terminate() == Some(0), "log:\n{}", d.log());
+}
