@@ -241,12 +241,15 @@ async fn upgrade_in_place(daemon: &Arc<Daemon>, kept: upgrade::Kept<'_>) {
         reloading.push(now);
     }
     let _ = sd_notify::notify(&reloading);
-    // The new image would not know the spawner for its child; supervisors it knows from the
-    // registry.
+    // The new image knows its supervisors from the registry, and no other child: the
+    // spawner is stopped, no plugin rescan (with its schema-check child) is under way, and no
+    // registry transaction is half done when the exec happens.
     daemon.executor.stop_spawner();
-    let held = daemon.executor.registry().hold_writes();
+    let reloads = daemon.executor.tools().hold_reloads();
+    let writes = daemon.executor.registry().hold_writes();
     let e = upgrade::reexec(&candidate, kept);
-    drop(held);
+    drop(writes);
+    drop(reloads);
     error!(binary = %candidate.path.display(), "upgrade failed, serving on with this binary: cannot execute it: {e}");
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
 }
