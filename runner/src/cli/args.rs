@@ -352,6 +352,31 @@ pub(crate) enum Command {
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
     },
+    /// Check the binary an in-place upgrade (SIGHUP) would run: trusted (root's, writable by
+    /// no one else, nor any directory above it, no symlink on the way), runs (`--version`), and
+    /// has the shipped plugins beside it. Exits 0 when the daemon would run it, 1 (saying why)
+    /// when it would refuse it
+    #[command(
+        after_help = "An in-place upgrade keeps the daemon's pid, its socket and every run:\n  \
+                  1. stage the new build where the daemon looks first (a prefix, as install.sh lays one out):\n     \
+                     deploy/install.sh --from target/release --prefix /var/lib/sidejob/upgrade\n     \
+                     (or install it over the file the daemon was started from, e.g. /usr/local/bin/sidejob)\n  \
+                  2. sidejob upgrade-check            check what the daemon would run\n  \
+                  3. kill -HUP <daemon pid>           or systemctl reload sidejob; in a container: kill -HUP 1\n\n\
+                  The daemon runs <state_dir>/upgrade/bin/sidejob if it is there (and refuses the upgrade if that\n\
+                  file is not trusted), else the file it was started from. It logs the binary it runs, or why it\n\
+                  refused one and serves on. Runs settle with their own exit codes; open connections close\n\
+                  (`sidejob wait` and `call` reconnect). A staged binary runs at every SIGHUP while it is\n\
+                  there; a plain restart runs the installed one."
+    )]
+    UpgradeCheck {
+        /// The binary to check [default: the one staged at <state_dir>/upgrade/bin/sidejob,
+        /// else this command's own file]
+        binary: Option<PathBuf>,
+        /// The daemon's state directory [default: as `serve`]
+        #[arg(long, env = "SIDEJOB_STATE_DIR", value_name = "DIR")]
+        state_dir: Option<PathBuf>,
+    },
     /// (internal) Supervise one run; started by the daemon
     #[command(hide = true)]
     Supervise { run_dir: PathBuf },

@@ -311,7 +311,8 @@ fn wait_for(socket: &Path, task_id: &str, yield_after: Option<Duration>) -> Resu
     let timeout = yield_after.unwrap_or(MAX_WAIT).min(MAX_WAIT).as_millis() as u64;
     loop {
         let t: Task = c
-            .call(
+            .call_again_if_lost(
+                socket,
                 "task.wait",
                 json!({"task_id": task_id, "timeout_ms": timeout}),
             )
@@ -416,7 +417,7 @@ fn stream(
         if show == Show::ByStream {
             req["streams"] = json!(true);
         }
-        let page = client.call("task.output", req)?;
+        let page = client.call_again_if_lost(socket, "task.output", req)?;
         let data = page["data"].as_str().unwrap_or("");
         if a.json {
             output.push_str(data);
@@ -500,9 +501,11 @@ fn stream(
                     }
                 }
                 Ok(Event::Waited(_)) | Err(_) => {
-                    break serde_json::from_value(
-                        client.call("task.get", json!({ "task_id": task_id }))?,
-                    )?
+                    break serde_json::from_value(client.call_again_if_lost(
+                        socket,
+                        "task.get",
+                        json!({ "task_id": task_id }),
+                    )?)?
                 }
                 Ok(Event::Interrupt) => {}
             }

@@ -8,6 +8,12 @@ use serde_json::{json, Value};
 
 use crate::protocol::RpcError;
 
+/// How long [`Client::call_again_if_lost`] tries to reach the daemon again: an upgrade in
+/// place or a supervised restart takes a second or two.
+const RECONNECT_FOR: std::time::Duration = std::time::Duration::from_secs(30);
+/// The pause between two tries.
+const RECONNECT_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
+
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     #[error("no sidejob daemon is listening on {path} ({reason}); start one with `sidejob serve`, join the group of a shared daemon's socket (/run/sidejob/sidejob.sock, used when you run none), or point --socket / SIDEJOB_SOCKET at the one you run")]
@@ -18,6 +24,8 @@ pub enum ClientError {
     Connect { path: PathBuf, reason: String },
     #[error("the connection to the daemon failed: {0}")]
     Io(String),
+    #[error("the daemon closed the connection")]
+    Closed,
     #[error("the daemon sent something that is not JSON-RPC: {0}")]
     Protocol(String),
     #[error("{}", rpc_line(.0))]
@@ -31,6 +39,15 @@ impl From<std::io::Error> for ClientError {
 }
 
 impl ClientError {
+    /// The connection was lost (or could not be made) as it is while the daemon restarts or
+    /// re-executes itself in place: worth connecting again.
+    fn is_lost_connection(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Closed | ClientError::Io(_) | ClientError::NoDaemon { .. }
+        )
+    }
+
     /// The daemon's error kind (`not_found`, `invalid_state`, ...), when it answered one.
     pub fn kind(&self) -> Option<&str> {
         match self {
@@ -117,6 +134,37 @@ impl Client {
         self.reply(id)
     }
 
+    /// [`Client::call`] for a request that may be sent twice (`task.wait`, `task.get`,
+    /// `task.output`: reads): when the connection is lost, as it is while the daemon
+    /// upgrades in place or restarts, it connects to `socket` again (for up to
+    /// [`RECONNECT_FOR`]) and sends the request once more. Pushes are not carried over.
+    pub(crate) fn call_again_if_lost(
+        &mut self,
+        socket: &Path,
+        method: &str,
+        params: Value,
+    ) -> Result<Value, ClientError> {
+        let mut lost = match self.call(method, params.clone()) {
+            Err(e) if e.is_lost_connection() => e,
+            other => return other,
+        };
+        let deadline = std::time::Instant::now() + RECONNECT_FOR;
+        loop {
+            if std::time::Instant::now() >= deadline {
+                return Err(lost);
+            }
+            std::thread::sleep(RECONNECT_PAUSE);
+            match Client::connect(socket).and_then(|mut c| {
+                let got = c.call(method, params.clone());
+                *self = c;
+                got
+            }) {
+                Err(e) if e.is_lost_connection() => lost = e,
+                other => return other,
+            }
+        }
+    }
+
     /// Sends one request (the daemon has it once this returns); [`Client::reply`] reads the
     /// answer.
     pub(crate) fn send(&mut self, method: &str, params: Value) -> Result<u64, ClientError> {
@@ -136,9 +184,7 @@ impl Client {
         loop {
             let mut buf = String::new();
             if self.reader.read_line(&mut buf)? == 0 {
-                return Err(ClientError::Protocol(
-                    "the daemon closed the connection".into(),
-                ));
+                return Err(ClientError::Closed);
             }
             let reply: Value =
                 serde_json::from_str(&buf).map_err(|e| ClientError::Protocol(e.to_string()))?;

@@ -175,7 +175,8 @@ pub(super) fn logs(socket: &Path, task: &str, follow: bool, tail: Option<usize>)
         }
     }
     loop {
-        let page = client.call(
+        let page = client.call_again_if_lost(
+            socket,
             "task.output",
             json!({"task_id": task, "offset": offset, "max_bytes": 512 * 1024}),
         )?;
@@ -190,7 +191,11 @@ pub(super) fn logs(socket: &Path, task: &str, follow: bool, tail: Option<usize>)
         }
         if next == offset {
             // Nothing new: block until the task settles or a moment passes.
-            client.call("task.wait", json!({"task_id": task, "timeout_ms": 200}))?;
+            client.call_again_if_lost(
+                socket,
+                "task.wait",
+                json!({"task_id": task, "timeout_ms": 200}),
+            )?;
         }
         offset = next;
     }
@@ -211,9 +216,11 @@ pub(super) fn wait(
             .map(|l| l.saturating_sub(started.elapsed()).as_millis() as u64)
             .unwrap_or(u64::MAX)
             .min(1_000);
-        let t: Task = serde_json::from_value(
-            client.call("task.wait", json!({"task_id": task, "timeout_ms": slice}))?,
-        )
+        let t: Task = serde_json::from_value(client.call_again_if_lost(
+            socket,
+            "task.wait",
+            json!({"task_id": task, "timeout_ms": slice}),
+        )?)
         .context("unexpected task.wait result")?;
         if t.state.is_terminal() || timeout.is_some_and(|l| started.elapsed() >= l) {
             break t;
@@ -583,4 +590,51 @@ pub(super) fn man(dir: Option<PathBuf>) -> Result<i32> {
         }
     }
     Ok(0)
+}
+
+/// `sidejob upgrade-check`: what the daemon would run on SIGHUP, and whether it would.
+pub(super) fn upgrade_check(binary: Option<PathBuf>, state_dir: Option<PathBuf>) -> Result<i32> {
+    use crate::server::upgrade::binary::{self, Candidate, Origin, Plugins, UpgradeError};
+    let state_dir = state_dir_or_default(state_dir);
+    let named = binary.is_some();
+    let checked = match binary {
+        Some(path) => binary::open_trusted(&path).and_then(|file| match file {
+            Some(file) => Ok(Candidate {
+                file,
+                path,
+                origin: Origin::Installed,
+                passed_over: None,
+            }),
+            None => Err(UpgradeError::Missing { path }),
+        }),
+        None => binary::choose(&state_dir),
+    }
+    .and_then(|c| binary::verify(&c, Plugins::Required).map(|version| (c, version)));
+    match checked {
+        Ok((c, version)) => {
+            let what = match c.origin {
+                Origin::Staged => "the staged binary",
+                Origin::Installed => "the binary",
+                Origin::Running => "this command's own image",
+            };
+            println!(
+                "{}: {what}, trusted, runs ({version}), its plugins beside it; a SIGHUP to the daemon re-executes it in place",
+                c.path.display()
+            );
+            if let Some(why) = c.passed_over {
+                println!("  (not the file it was started from: {why})");
+            }
+            if !named && c.origin != Origin::Staged {
+                println!(
+                    "  nothing is staged at {}, so the daemon runs the file it was started from",
+                    state_dir.join(binary::STAGED).display()
+                );
+            }
+            Ok(0)
+        }
+        Err(e) => {
+            eprintln!("sidejob: {e}\n  hint: {}", e.hint());
+            Ok(1)
+        }
+    }
 }

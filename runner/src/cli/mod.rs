@@ -186,6 +186,7 @@ pub fn main() -> i32 {
             workspace,
             print,
         } => integrate::run(client, workspace, print),
+        Command::UpgradeCheck { binary, state_dir } => commands::upgrade_check(binary, state_dir),
         Command::Completions { shell } => commands::completions(shell),
         Command::Man { dir } => commands::man(dir),
         Command::Supervise { .. }

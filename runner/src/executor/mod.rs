@@ -12,6 +12,7 @@ mod egress;
 mod grants;
 mod hints;
 mod hooks;
+mod instance;
 mod lanes;
 mod output;
 mod plan_files;
@@ -387,6 +388,11 @@ impl Executor {
     /// A user's output was deleted: count it again from the registry when next needed.
     pub(crate) fn forget_kept_output(&self, uid: u32) {
         self.kept_map().remove(&uid);
+    }
+
+    /// Stops the process that forks supervisors (see `spawn.rs`); the next run starts it again.
+    pub(crate) fn stop_spawner(&self) {
+        self.spawner.stop();
     }
 
     /// Re-attaches to the runs of a previous daemon (see `recover.rs`).

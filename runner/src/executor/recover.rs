@@ -2,7 +2,8 @@
 //!
 //! For every task a previous daemon left live: a `result.json` settles it; a supervisor that
 //! is still the same process (pidfd opened first, then its start time compared, so a reused pid
-//! is never mistaken for it) is watched again; a task that never started is started now; and
+//! is never mistaken for it) is watched again (and reaped, if it is still this process's child
+//! after an in-place upgrade); a task that never started is started now; and
 //! anything else is settled `failed/lost`.
 
 use std::os::fd::AsFd;
@@ -34,10 +35,25 @@ pub(super) fn recover(ex: &Arc<Executor>) -> Result<Recovered, ExecError> {
         TaskState::Running,
         TaskState::AwaitingInput,
     ])?;
+    // A reboot or a container restart since the previous daemon started ends every run: a
+    // run lost that way says so.
+    let state_dir = &ex.cfg.state_dir;
+    let here = super::instance::Instance::current();
+    let moved = here
+        .as_ref()
+        .zip(super::instance::Instance::recorded(state_dir))
+        .and_then(|(now, before)| now.ended_runs_of(&before));
+    if let Some(e) = here
+        .as_ref()
+        .map(|h| h.record(state_dir))
+        .and_then(Result::err)
+    {
+        warn!("cannot record where this daemon's runs live: {e}");
+    }
     // Queued tasks start after every re-attached run holds its slot again.
     let mut to_start = Vec::new();
     for row in rows {
-        match recover_one(ex, &row) {
+        match recover_one(ex, &row, moved) {
             Outcome::Reattached => out.reattached += 1,
             Outcome::Settled { from_result: true } => out.settled_from_result += 1,
             Outcome::Settled { from_result: false } => out.lost += 1,
@@ -65,7 +81,12 @@ enum Outcome {
     Restart(Arc<Live>),
 }
 
-fn recover_one(ex: &Arc<Executor>, row: &crate::registry::TaskRow) -> Outcome {
+/// `moved`: why no run of the previous daemon can be alive any more, if none can.
+fn recover_one(
+    ex: &Arc<Executor>,
+    row: &crate::registry::TaskRow,
+    moved: Option<&'static str>,
+) -> Outcome {
     let private = PrivateDir::new(&ex.cfg.runs_dir(), &row.task_id);
     let public = Path::new(&row.public_dir)
         .parent()
@@ -89,7 +110,10 @@ fn recover_one(ex: &Arc<Executor>, row: &crate::registry::TaskRow) -> Outcome {
             None => settle_from_result_or_lost(
                 ex,
                 &live,
-                format!("supervisor (pid {pid}) ended without writing result.json while sidejob was down"),
+                match moved {
+                    Some(why) => format!("its supervisor (pid {pid}) is gone: {why}"),
+                    None => format!("supervisor (pid {pid}) ended without writing result.json while sidejob was down"),
+                },
             ),
         },
         None if row.state == TaskState::Queued => {
@@ -147,9 +171,11 @@ fn reattach(
     // A re-attached run counts against the concurrency bounds like any other.
     let permits = ex.try_slots(&row.session_id, row.owner_uid);
     tokio::spawn(async move {
+        // After an in-place upgrade (`server/upgrade/`) the supervisor is still this
+        // process's child, and it is reaped as one; after a crash it is someone else's.
         let watched = super::Watched {
             pidfd,
-            child: None,
+            child: sys::is_child(pid).then_some(pid),
             report: None,
         };
         ex2.watch(live, watched).await;
@@ -185,8 +211,13 @@ fn attach(pid: i32, start: u64) -> Option<Arc<AsyncFd<std::os::fd::OwnedFd>>> {
     if sys::process_start_time(pid).ok()? != start {
         return None;
     }
-    // Already exited (a zombie nobody reaped yet): there is nothing to watch.
+    // Already exited (a zombie nobody reaped yet): there is nothing to watch. A zombie of
+    // this process's own (one that ended during an in-place upgrade) is reaped here: the
+    // pidfd pins it, so the pid is still that supervisor's.
     if sys::poll_readable(&[Some(fd.as_fd())], 0).ok()?.first() == Some(&true) {
+        if sys::is_child(pid) {
+            let _ = sys::waitpid(pid, false);
+        }
         return None;
     }
     sys::async_fd(fd).ok().map(Arc::new)

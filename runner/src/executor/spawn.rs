@@ -132,6 +132,15 @@ impl Spawner {
         )
     }
 
+    /// Stops the spawner, if one runs, once no request to it is under way (before the daemon
+    /// re-executes: the new image would not know it is its child).
+    pub(super) fn stop(&self) {
+        let mut zygote = self.zygote.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(z) = zygote.take() {
+            z.stop();
+        }
+    }
+
     /// `sidejob spawner <runs_dir>`, started with the rules above (its stderr a pipe
     /// whose lines the daemon logs), holding its end of a socket pair at descriptor 3.
     fn start_zygote(&self) -> io::Result<Zygote> {

@@ -381,6 +381,13 @@ impl ToolHost {
         first
     }
 
+    /// Holds off rescans until dropped, so none is under way (a schema check is a child
+    /// process): the daemon holds it across an in-place re-exec (`server/upgrade/`), after
+    /// which the new image would not know that child.
+    pub(crate) fn hold_reloads(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.reloading.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Rescans the plugin directories and swaps in the new catalog. Every file is opened and
     /// checked again on each scan, so one that became writable by others (or whose directory
     /// did) is unloaded. A file whose contents are unchanged keeps its loaded plugin; a changed

@@ -164,6 +164,11 @@ pub(crate) enum Holding {
     ArmedSchedules,
 }
 
+/// See [`Registry::hold_writes`].
+pub(crate) struct WritesHeld<'a> {
+    _writer: MutexGuard<'a, Connection>,
+}
+
 pub(crate) struct Registry {
     /// A second, read-only connection for the wake hub, which reads every committed event and
     /// the rows they name: with WAL it never waits for the writers, nor they for it. Declared
@@ -250,6 +255,15 @@ impl Registry {
 
     pub(crate) fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Holds the writer until the value is dropped: no transaction is under way, nor can
+    /// one start. The daemon holds it across an in-place re-exec (`server/upgrade/`), so the
+    /// new image finds the registry at a commit boundary.
+    pub(crate) fn hold_writes(&self) -> WritesHeld<'_> {
+        WritesHeld {
+            _writer: self.lock(),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Connection> {

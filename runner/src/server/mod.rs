@@ -17,13 +17,15 @@ mod rpc;
 mod scope;
 mod shares;
 mod status;
+pub(crate) mod upgrade;
 
 pub(crate) use listen::lock_state_dir;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 
-use tracing::{debug, info, warn, Instrument};
+use tokio::net::UnixListener;
+use tracing::{debug, error, info, warn, Instrument};
 
 use crate::bridge::{self, Bridges};
 use crate::config::Config;
@@ -95,29 +97,49 @@ impl Peer {
 }
 
 /// Runs the daemon until SIGTERM or SIGINT. Runs keep going when it stops: their supervisors
-/// own them, and the next start re-attaches.
+/// own them, and the next start re-attaches. SIGHUP re-executes it in place (`upgrade/`).
 pub(crate) async fn serve(cfg: Config) -> Result<(), ServeError> {
     // Nothing the daemon creates is readable by others unless it says so (the socket, the
     // bridge directory and the sessions directory set their modes explicitly). Supervisors
     // set the usual 022 again for the commands they run.
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
+    // Signals first: a stop that comes as soon as the socket accepts is a clean stop too, and
+    // a SIGHUP sent right after an upgrade finds its handler (the default would end the
+    // daemon).
+    let mut signals = Signals {
+        term: signal(tokio::signal::unix::SignalKind::terminate())?,
+        int: signal(tokio::signal::unix::SignalKind::interrupt())?,
+        hup: signal(tokio::signal::unix::SignalKind::hangup())?,
+    };
     let mut cfg = cfg;
     listen::prepare_state_dir(&mut cfg)?;
     listen::raise_fd_limit();
-    // Handle SIGTERM/SIGINT before the socket exists, so a stop that comes as soon as it
-    // accepts is a clean stop too.
-    let mut term = signal(tokio::signal::unix::SignalKind::terminate())?;
-    let mut int = signal(tokio::signal::unix::SignalKind::interrupt())?;
-    let lock = lock_state_dir(&cfg.state_dir)?;
-    let socket_gid = cfg
-        .socket_group
-        .as_deref()
-        .map(listen::resolve_group)
-        .transpose()?;
-    let metrics = cfg.metrics_addr.map(metrics::bind).transpose()?;
-    let (listener, activated) = match listen::activated_listener()? {
-        Some(l) => (l, true),
-        None => (listen::bind_socket(&cfg.socket, socket_gid)?, false),
+    let inherited = upgrade::handover::take(&cfg.state_dir)?;
+    let upgraded = inherited.is_some();
+    // The metrics port is bound again: it was not handed over.
+    let (lock, metrics, listener, activated) = match inherited {
+        Some(h) => {
+            let metrics = cfg.metrics_addr.map(metrics::bind).transpose()?;
+            (h.lock, metrics, h.listener, h.activated)
+        }
+        None => {
+            let lock = lock_state_dir(&cfg.state_dir)?;
+            let socket_gid = cfg
+                .socket_group
+                .as_deref()
+                .map(listen::resolve_group)
+                .transpose()?;
+            let metrics = cfg.metrics_addr.map(metrics::bind).transpose()?;
+            match listen::activated_listener()? {
+                Some(l) => (lock, metrics, l, true),
+                None => (
+                    lock,
+                    metrics,
+                    listen::bind_socket(&cfg.socket, socket_gid)?,
+                    false,
+                ),
+            }
+        }
     };
     // The socket the service manager bound is the one clients use: report that one.
     if let Some(path) = listener
@@ -130,24 +152,32 @@ pub(crate) async fn serve(cfg: Config) -> Result<(), ServeError> {
     }
     let cfg = Arc::new(cfg);
     let daemon = start(cfg.clone(), activated)?;
+    if upgraded {
+        info!(
+            version = env!("CARGO_PKG_VERSION"),
+            "upgraded in place: the same socket, the same runs"
+        );
+    }
     let _profile_watch = profiles::watch(daemon.executor.catalog().clone());
     if let Some(listener) = metrics {
         metrics::serve(daemon.clone(), listener);
     }
-    // Tell a service manager (Type=notify) that clients may connect now; a no-op elsewhere.
+    // Tell a service manager (Type=notify) that clients may connect now (after an upgrade:
+    // that the reload is done); a no-op elsewhere.
     if let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Ready]) {
         warn!("cannot notify the service manager: {e}");
     }
     loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    tokio::spawn(connection::control(daemon.clone(), stream));
-                }
-                Err(e) => warn!("accept failed: {e}"),
-            },
-            _ = term.recv() => break,
-            _ = int.recv() => break,
+        match accept(&daemon, &listener, &mut signals).await {
+            Ending::Stop => break,
+            Ending::Upgrade => {
+                let kept = upgrade::Kept {
+                    listener: &listener,
+                    lock: &lock,
+                    activated,
+                };
+                upgrade_in_place(&daemon, kept).await
+            }
         }
     }
     info!("stopping: runs keep going under their supervisors");
@@ -160,6 +190,68 @@ pub(crate) async fn serve(cfg: Config) -> Result<(), ServeError> {
     }
     drop(lock);
     Ok(())
+}
+
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+/// Why the daemon stopped accepting.
+enum Ending {
+    /// SIGTERM or SIGINT.
+    Stop,
+    /// SIGHUP.
+    Upgrade,
+}
+
+/// Accepts connections until a signal says what comes next.
+async fn accept(daemon: &Arc<Daemon>, listener: &UnixListener, signals: &mut Signals) -> Ending {
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    tokio::spawn(connection::control(daemon.clone(), stream));
+                }
+                Err(e) => warn!("accept failed: {e}"),
+            },
+            _ = signals.term.recv() => return Ending::Stop,
+            _ = signals.int.recv() => return Ending::Stop,
+            _ = signals.hup.recv() => return Ending::Upgrade,
+        }
+    }
+}
+
+/// Re-executes the daemon in place, or says why not and goes on serving with this binary.
+/// New connections wait in the socket's backlog meanwhile.
+async fn upgrade_in_place(daemon: &Arc<Daemon>, kept: upgrade::Kept<'_>) {
+    let cfg = daemon.executor.config();
+    let (candidate, version) = match upgrade::prepare(cfg).await {
+        Ok(c) => c,
+        Err(e) => {
+            error!(hint = %e.hint(), "upgrade refused, serving on with this binary: {e}");
+            return;
+        }
+    };
+    info!(binary = %candidate.path.display(), %version, "upgrading in place");
+    // systemd (Type=notify): reloading until the new image says READY=1.
+    let mut reloading = vec![sd_notify::NotifyState::Reloading];
+    if let Ok(now) = sd_notify::NotifyState::monotonic_usec_now() {
+        reloading.push(now);
+    }
+    let _ = sd_notify::notify(&reloading);
+    // The new image knows its supervisors from the registry, and no other child: the
+    // spawner is stopped, no plugin rescan (with its schema-check child) is under way, and no
+    // registry transaction is half done when the exec happens.
+    daemon.executor.stop_spawner();
+    let reloads = daemon.executor.tools().hold_reloads();
+    let writes = daemon.executor.registry().hold_writes();
+    let e = upgrade::reexec(&candidate, kept);
+    drop(writes);
+    drop(reloads);
+    error!(binary = %candidate.path.display(), "upgrade failed, serving on with this binary: cannot execute it: {e}");
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
 }
 
 /// Builds the daemon's parts, takes over the runs a previous daemon left (their tasks, then

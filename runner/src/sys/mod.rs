@@ -14,6 +14,7 @@ pub(crate) mod cpu;
 pub(crate) mod dirfd;
 pub(crate) mod fdpass;
 pub(crate) mod fs;
+pub(crate) mod reexec;
 pub(crate) mod sandbox;
 pub(crate) mod spawn;
 

@@ -54,7 +54,7 @@ impl Notify {
 /// `sidejob serve` started as systemd starts a socket-activated `Type=notify` service: the
 /// listening socket is descriptor 3, `LISTEN_FDS=1`, `LISTEN_PID` is the service's own pid
 /// (set by a shell that then execs, keeping its pid), and `NOTIFY_SOCKET` is set.
-fn serve_activated(listener: &UnixListener, state_dir: &Path, notify: &Notify) -> Serve {
+pub(crate) fn serve_activated(listener: &UnixListener, state_dir: &Path, notify: &Notify) -> Serve {
     let mut cmd = activated(listener.as_raw_fd(), state_dir, notify);
     Serve(cmd.spawn().expect("spawn sidejob serve"))
 }

@@ -241,7 +241,7 @@ fn doctor_calls_ci_unusable_when_the_cgroupfs_is_read_only() {
 }
 
 /// The capabilities the pod manifest adds for the sidejob container, lower-case.
-fn manifest_capabilities() -> Vec<String> {
+pub(crate) fn manifest_capabilities() -> Vec<String> {
     let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../deploy/kubernetes/sidejob-pod.yaml");
     let text = std::fs::read_to_string(path).expect("manifest");

@@ -203,3 +203,53 @@ fn seq_continues_across_a_restart_and_since_seq_resumes_there() {
         "replayed a change the host had already seen: {replay:#?}"
     );
 }
+
+/// A container (or pod) restart kills the container's whole cgroup, every supervisor with
+/// it, and the next daemon starts in a new PID namespace: its runs settle `failed/lost`
+/// saying so, not as if the supervisor had died on its own. Played here by killing the
+/// supervisor with the daemon and making the recorded PID namespace another one.
+#[test]
+fn runs_ended_by_a_container_restart_settle_lost_saying_so() {
+    let mut d = Daemon::start();
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let gate = Gate::new(&d.workspace, "never");
+    let id = background(&mut c, &s, &gate.wait_cmd());
+    let supervisor = sidejob_tests::supervisor_pid(&d.state_dir.join("runs").join(&id));
+    let record = d.state_dir.join("daemon.instance");
+    let text = std::fs::read_to_string(&record).expect("the daemon records where runs live");
+    let fields: Vec<&str> = text.split_whitespace().collect();
+    assert_eq!(fields.len(), 3, "{text}");
+    d.kill9();
+    // Its whole process group: the supervisor and the run.
+    sidejob_tests::signal(-supervisor, libc::SIGKILL);
+    assert!(wait_until(Duration::from_secs(10), || {
+        !std::path::Path::new(&format!("/proc/{supervisor}")).exists()
+    }));
+    std::fs::write(&record, format!("{} 1 {}\n", fields[0], fields[2])).expect("rewrite");
+    d.restart();
+    let mut c = d.client();
+    let t = c.wait_settled_quietly(&id);
+    assert_eq!(
+        (&t["state"], &t["reason"]),
+        (&json!("failed"), &json!("lost")),
+        "{t}"
+    );
+    let error = t["error"].as_str().unwrap_or("");
+    assert!(
+        error.contains("container (or pod) it ran in was restarted"),
+        "{t}"
+    );
+    // And a plain restart is not taken for one.
+    let again = background(&mut c, &s, &gate.wait_cmd());
+    let supervisor = sidejob_tests::supervisor_pid(&d.state_dir.join("runs").join(&again));
+    d.kill9();
+    sidejob_tests::signal(-supervisor, libc::SIGKILL);
+    assert!(wait_until(Duration::from_secs(10), || {
+        !std::path::Path::new(&format!("/proc/{supervisor}")).exists()
+    }));
+    d.restart();
+    let t = d.client().wait_settled_quietly(&again);
+    let error = t["error"].as_str().unwrap_or("");
+    assert!(error.contains("ended without writing result.json"), "{t}");
+}
