@@ -90,34 +90,37 @@ fn status_pid(d: &Daemon) -> Value {
     d.client().ok("daemon.status", json!({}))["pid"].clone()
 }
 
-#[test]
-fn sighup_re_executes_the_staged_binary_and_runs_settle_with_their_exit_codes() {
-    if skip_unless(
+/// Skips (saying why) unless root: a staged binary must be root's.
+fn not_root() -> bool {
+    skip_unless(
         sidejob_tests::is_root(),
         "needs root (the staged binary must be root's)",
-    ) {
+    )
+}
+
+/// Starts `command` in the background in session `s`; its task id.
+fn background(c: &mut sidejob_tests::Client, s: &str, command: &str) -> String {
+    c.bash(s, command, json!({"background": true}))["task_id"]
+        .as_str()
+        .expect("id")
+        .to_owned()
+}
+
+#[test]
+fn sighup_re_executes_the_staged_binary_and_runs_settle_with_their_exit_codes() {
+    if not_root() {
         return;
     }
     let d = Daemon::start();
     let mut c = d.client();
     let s = d.open_session(&mut c);
     let gate = Gate::new(&d.workspace, "release");
-    let failing = c.bash(
+    let failing = background(
+        &mut c,
         &s,
         &format!("echo before; {}; echo after; exit 5", gate.wait_cmd()),
-        json!({"background": true}),
-    )["task_id"]
-        .as_str()
-        .expect("id")
-        .to_owned();
-    let passing = c.bash(
-        &s,
-        &format!("{}; seq 1 3000", gate.wait_cmd()),
-        json!({"background": true}),
-    )["task_id"]
-        .as_str()
-        .expect("id")
-        .to_owned();
+    );
+    let passing = background(&mut c, &s, &format!("{}; seq 1 3000", gate.wait_cmd()));
     let supervisors: Vec<i32> = [&failing, &passing]
         .iter()
         .map(|id| sidejob_tests::supervisor_pid(&d.state_dir.join("runs").join(id.as_str())))
@@ -233,10 +236,7 @@ fn an_untrusted_staged_binary_is_refused_and_the_daemon_serves_on() {
 
 #[test]
 fn a_staged_binary_that_does_not_run_is_reported_and_refused() {
-    if skip_unless(
-        sidejob_tests::is_root(),
-        "needs root (the staged binary must be root's)",
-    ) {
+    if not_root() {
         return;
     }
     let d = Daemon::start();
@@ -321,14 +321,11 @@ fn a_socket_activated_daemon_reloads_in_place_as_systemd_expects() {
     let mut c = sidejob_tests::Client::connect(&path);
     let s = c.open_session_in(&ws);
     let gate = Gate::new(&ws, "release");
-    let id = c.bash(
+    let id = background(
+        &mut c,
         &s,
         &format!("{}; echo reloaded; exit 3", gate.wait_cmd()),
-        json!({"background": true}),
-    )["task_id"]
-        .as_str()
-        .expect("id")
-        .to_owned();
+    );
     sidejob_tests::supervisor_pid(&root.path().join("state/runs").join(&id));
     sidejob_tests::signal(child.0.id() as i32, libc::SIGHUP);
     let reloading = notify.next();
@@ -360,24 +357,18 @@ fn a_socket_activated_daemon_reloads_in_place_as_systemd_expects() {
 /// flight settles with its own code.
 #[test]
 fn a_burst_of_sighups_upgrades_again_and_again_without_losing_the_daemon_or_the_run() {
-    if skip_unless(
-        sidejob_tests::is_root(),
-        "needs root (the staged binary must be root's)",
-    ) {
+    if not_root() {
         return;
     }
     let d = Daemon::start();
     let mut c = d.client();
     let s = d.open_session(&mut c);
     let gate = Gate::new(&d.workspace, "release");
-    let id = c.bash(
+    let id = background(
+        &mut c,
         &s,
         &format!("{}; echo through; exit 6", gate.wait_cmd()),
-        json!({"background": true}),
-    )["task_id"]
-        .as_str()
-        .expect("id")
-        .to_owned();
+    );
     sidejob_tests::supervisor_pid(&d.state_dir.join("runs").join(&id));
     let pid = d.pid();
     let deadline = std::time::Instant::now() + Duration::from_millis(1500);
