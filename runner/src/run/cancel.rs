@@ -29,10 +29,14 @@ pub(crate) struct CancelRequest {
 }
 
 impl CancelRequest {
-    /// Records the request, before the signal that makes the supervisor read it.
+    /// Records the request, before the signal that makes the supervisor read it. Written
+    /// beside the file and renamed over it, so a supervisor reading it while a withdrawal
+    /// replaces a cancel finds one or the other, never an empty file (which reads as a
+    /// cancel that stands: the run was killed after `call` said it was left running).
     pub(crate) fn write(&self, private: &PrivateDir) -> std::io::Result<()> {
         let bytes = serde_json::to_vec(self).map_err(std::io::Error::other)?;
-        std::fs::write(private.cancel(), bytes)
+        std::fs::write(private.cancel_next(), bytes)?;
+        std::fs::rename(private.cancel_next(), private.cancel())
     }
 
     /// The request, if one was written and can be read.
@@ -110,5 +114,43 @@ mod tests {
         assert_eq!(CancelRequest::read_or_cancel(&private, 9).grace_ms, 9);
         private.remove();
         assert!(!dir.exists());
+    }
+
+    /// A reader racing writes always finds a whole request.
+    #[test]
+    fn a_request_is_replaced_whole() {
+        let scratch = crate::scratch::ScratchDir::new("cancel-race");
+        let private = PrivateDir::new(scratch.path(), "01RACE");
+        private.create().unwrap();
+        let cancel = CancelRequest {
+            reason: StopReason::Canceled,
+            grace_ms: 5000,
+            message: Some("x".repeat(4000)),
+            withdrawn: false,
+        };
+        cancel.write(&private).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = {
+            let (stop, private, cancel) =
+                (stop.clone(), private.path().to_path_buf(), cancel.clone());
+            std::thread::spawn(move || {
+                let private = PrivateDir::at(private);
+                let mut withdrawn = false;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    withdrawn = !withdrawn;
+                    let r = CancelRequest {
+                        withdrawn,
+                        ..cancel.clone()
+                    };
+                    r.write(&private).unwrap();
+                }
+            })
+        };
+        let torn = (0..5000)
+            .filter(|_| CancelRequest::read(&private).is_none())
+            .count();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        writer.join().unwrap();
+        assert_eq!(torn, 0, "{torn} of 5000 reads found no whole request");
     }
 }

@@ -61,6 +61,11 @@ impl PrivateDir {
         self.0.join("cancel.json")
     }
 
+    /// Where the next cancel request is written before it is renamed to [`Self::cancel`].
+    pub(crate) fn cancel_next(&self) -> PathBuf {
+        self.0.join("cancel.json.next")
+    }
+
     /// `pid start_time` of the supervisor, for a daemon that restarts before it recorded them:
     /// written by the spawner before the daemon hears the pid (or, started directly, by the
     /// supervisor first thing).
