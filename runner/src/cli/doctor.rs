@@ -69,7 +69,7 @@ pub(super) fn doctor(json_out: bool) -> i32 {
                     crate::sandbox::linux::cgroup::Version::V1 => "v1",
                     crate::sandbox::linux::cgroup::Version::V2 => "v2",
                 }, "controllers": h.bases.iter().map(|(c, b)| json!({"controller": c.name(), "dir": b})).collect::<Vec<_>>()}),
-                Err(e) => json!({"error": e}),
+                Err(e) => json!({"error": e.to_string()}),
             },
             "layers": layers,
             "profiles": profiles,
@@ -96,7 +96,7 @@ pub(super) fn doctor(json_out: bool) -> i32 {
             "landlock: {}",
             match &a.landlock_abi {
                 Ok(v) => format!("ABI {v}"),
-                Err(e) => e.clone(),
+                Err(e) => e.to_string(),
             }
         );
         println!();

@@ -8,6 +8,7 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::sandbox::profile::Limits;
 
@@ -126,22 +127,50 @@ fn words(path: &Path) -> Vec<String> {
         .collect()
 }
 
+/// Why cgroup v2 cannot limit what a run wants.
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum NoV2 {
+    #[error("no cgroup v2 hierarchy")]
+    Absent,
+    #[error(
+        "cgroup v2 at {} does not delegate {} (cgroup.subtree_control: {:?})",
+        .dir.display(),
+        .missing.join(", "),
+        .delegated.join(" ")
+    )]
+    NotDelegated {
+        dir: PathBuf,
+        missing: Vec<&'static str>,
+        delegated: Vec<String>,
+    },
+}
+
+/// Why [`detect`] found no hierarchy for what a run wants.
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum DetectError {
+    /// Shared: the host probe keeps it and each check that needs cgroups reports it.
+    #[error("cannot read /proc/self/cgroup: {0}")]
+    OwnCgroup(Arc<io::Error>),
+    /// Neither version can: why not v2, and the first controller v1 has no hierarchy for.
+    #[error("{v2}; no cgroup v1 hierarchy for {}", .v1_lacks.name())]
+    NoHierarchy { v2: NoV2, v1_lacks: Controller },
+}
+
 /// Finds where `want` can be limited: v2 if every one of them is delegated to our cgroup
 /// (listed in its `cgroup.subtree_control`), else v1 if each has a v1 hierarchy.
-pub(crate) fn detect(want: &[Controller]) -> Result<Hierarchy, String> {
+pub(crate) fn detect(want: &[Controller]) -> Result<Hierarchy, DetectError> {
     let cgroup_file = std::fs::read_to_string("/proc/self/cgroup")
-        .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
+        .map_err(|e| DetectError::OwnCgroup(Arc::new(e)))?;
     let mounts = mounts();
-    let mut why = Vec::new();
 
-    match (
+    let v2 = match (
         mounts.iter().find(|m| m.fstype == "cgroup2"),
         own_path(&cgroup_file, ""),
     ) {
         (Some(m), Some(own)) => {
             let dir = join_under(m, &own);
             let delegated = words(&dir.join("cgroup.subtree_control"));
-            let missing: Vec<&str> = want
+            let missing: Vec<&'static str> = want
                 .iter()
                 .map(|c| c.name())
                 .filter(|c| !delegated.iter().any(|d| d == c))
@@ -153,15 +182,14 @@ pub(crate) fn detect(want: &[Controller]) -> Result<Hierarchy, String> {
                     bases: want.iter().map(|c| (*c, base.clone())).collect(),
                 });
             }
-            why.push(format!(
-                "cgroup v2 at {} does not delegate {} (cgroup.subtree_control: {:?})",
-                dir.display(),
-                missing.join(", "),
-                delegated.join(" ")
-            ));
+            NoV2::NotDelegated {
+                dir,
+                missing,
+                delegated,
+            }
         }
-        _ => why.push("no cgroup v2 hierarchy".into()),
-    }
+        _ => NoV2::Absent,
+    };
 
     let mut bases = Vec::new();
     for c in want {
@@ -170,10 +198,7 @@ pub(crate) fn detect(want: &[Controller]) -> Result<Hierarchy, String> {
             .find(|m| m.fstype == "cgroup" && m.super_opts.split(',').any(|o| o == c.name()));
         match (m, own_path(&cgroup_file, c.name())) {
             (Some(m), Some(own)) => bases.push((*c, join_under(m, &own).join("sidejob"))),
-            _ => {
-                why.push(format!("no cgroup v1 hierarchy for {}", c.name()));
-                return Err(why.join("; "));
-            }
+            _ => return Err(DetectError::NoHierarchy { v2, v1_lacks: *c }),
         }
     }
     Ok(Hierarchy {
@@ -417,6 +442,31 @@ impl RunCgroup {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_hierarchy_says_why_not_v2_then_v1() {
+        let e = DetectError::NoHierarchy {
+            v2: NoV2::NotDelegated {
+                dir: "/sys/fs/cgroup/a".into(),
+                missing: vec!["memory", "pids"],
+                delegated: vec!["cpu".into(), "io".into()],
+            },
+            v1_lacks: Controller::Memory,
+        };
+        assert_eq!(
+            e.to_string(),
+            "cgroup v2 at /sys/fs/cgroup/a does not delegate memory, pids \
+             (cgroup.subtree_control: \"cpu io\"); no cgroup v1 hierarchy for memory"
+        );
+        let e = DetectError::NoHierarchy {
+            v2: NoV2::Absent,
+            v1_lacks: Controller::Cpu,
+        };
+        assert_eq!(
+            e.to_string(),
+            "no cgroup v2 hierarchy; no cgroup v1 hierarchy for cpu"
+        );
+    }
 
     #[test]
     fn own_paths_are_found_per_controller() {

@@ -18,7 +18,7 @@ use std::io;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use nix::sys::resource::Resource;
 use serde::Serialize;
@@ -77,13 +77,51 @@ pub(crate) struct Availability {
     pub kernel: String,
     pub root: bool,
     /// Needed for every namespace when not root.
-    pub user_namespaces: Result<(), String>,
-    pub landlock_abi: Result<u32, String>,
+    pub user_namespaces: Result<(), NoUserNamespaces>,
+    pub landlock_abi: Result<u32, NoLandlock>,
     pub seccomp: bool,
     pub memfd_noexec: bool,
     /// Where memory, pids and cpu can be limited (all three); detected on first use, as
     /// most runs need no cgroup.
-    cgroup: OnceLock<Result<cgroup::Hierarchy, String>>,
+    cgroup: OnceLock<Result<cgroup::Hierarchy, NoCgroup>>,
+}
+
+/// Why runs cannot have user namespaces (when not root).
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum NoUserNamespaces {
+    #[error("user.max_user_namespaces is 0")]
+    MaxZero,
+    #[error("kernel.unprivileged_userns_clone is 0")]
+    UnprivilegedCloneOff,
+}
+
+/// Why runs cannot have landlock.
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum NoLandlock {
+    #[error("landlock is built in but disabled at boot (lsm=)")]
+    Disabled,
+    #[error("the kernel has no landlock")]
+    Absent,
+    #[error("landlock probe: {0}")]
+    Probe(Arc<io::Error>),
+}
+
+/// Why runs cannot have cgroup limits here.
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum NoCgroup {
+    #[error(transparent)]
+    Detect(#[from] cgroup::DetectError),
+    #[error("the cgroup we run in is not delegated to our uid")]
+    NotOurs,
+}
+
+/// Why a trial cgroup (what `doctor` makes) could not be made.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CgroupTrialError {
+    #[error(transparent)]
+    Unavailable(NoCgroup),
+    #[error(transparent)]
+    Failed(#[from] cgroup::CgroupError),
 }
 
 fn read_trim(path: &str) -> Option<String> {
@@ -98,21 +136,17 @@ impl Availability {
         let user_namespaces = if root {
             Ok(())
         } else if read_trim("/proc/sys/user/max_user_namespaces").as_deref() == Some("0") {
-            Err("user.max_user_namespaces is 0".into())
+            Err(NoUserNamespaces::MaxZero)
         } else if read_trim("/proc/sys/kernel/unprivileged_userns_clone").as_deref() == Some("0") {
-            Err("kernel.unprivileged_userns_clone is 0".into())
+            Err(NoUserNamespaces::UnprivilegedCloneOff)
         } else {
             Ok(())
         };
         let landlock_abi = match ssys::landlock_abi() {
             Ok(v) => Ok(v),
-            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
-                Err("landlock is built in but disabled at boot (lsm=)".into())
-            }
-            Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
-                Err("the kernel has no landlock".into())
-            }
-            Err(e) => Err(format!("landlock probe: {e}")),
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Err(NoLandlock::Disabled),
+            Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => Err(NoLandlock::Absent),
+            Err(e) => Err(NoLandlock::Probe(Arc::new(e))),
         };
         Availability {
             kernel: read_trim("/proc/sys/kernel/osrelease").unwrap_or_else(|| "unknown".into()),
@@ -126,25 +160,24 @@ impl Availability {
     }
 
     /// Where memory, pids and cpu can be limited, or why not.
-    pub(crate) fn cgroup(&self) -> &Result<cgroup::Hierarchy, String> {
+    pub(crate) fn cgroup(&self) -> &Result<cgroup::Hierarchy, NoCgroup> {
         self.cgroup.get_or_init(|| {
-            cgroup::detect(&cgroup::Controller::ALL).and_then(|h| {
-                if self.root {
-                    return Ok(h);
-                }
-                // Unprivileged: only a cgroup delegated to us (owned by our uid) is writable.
-                let ours = h.bases.iter().all(|(_, b)| {
-                    let parent = b.parent().unwrap_or(b);
-                    std::fs::metadata(parent)
-                        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == sys::getuid())
-                        .unwrap_or(false)
-                });
-                if ours {
-                    Ok(h)
-                } else {
-                    Err("the cgroup we run in is not delegated to our uid".into())
-                }
-            })
+            let h = cgroup::detect(&cgroup::Controller::ALL)?;
+            if self.root {
+                return Ok(h);
+            }
+            // Unprivileged: only a cgroup delegated to us (owned by our uid) is writable.
+            let ours = h.bases.iter().all(|(_, b)| {
+                let parent = b.parent().unwrap_or(b);
+                std::fs::metadata(parent)
+                    .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == sys::getuid())
+                    .unwrap_or(false)
+            });
+            if ours {
+                Ok(h)
+            } else {
+                Err(NoCgroup::NotOurs)
+            }
         })
     }
 
@@ -156,14 +189,14 @@ impl Availability {
         &self,
         network: Network,
         limits: &Limits,
-        tried: &Result<(), String>,
+        tried: &Result<(), CgroupTrialError>,
     ) -> Vec<(&'static str, String)> {
         let mut out = self.missing(network, limits);
         if let Err(why) = tried {
             for c in cgroup::needed(limits) {
                 let layer = cgroup_layer(c);
                 if !out.iter().any(|(l, _)| *l == layer) {
-                    out.push((layer, why.clone()));
+                    out.push((layer, why.to_string()));
                 }
             }
         }
@@ -172,9 +205,12 @@ impl Availability {
 
     /// Creates, limits and removes a cgroup where runs would make theirs; `Err` says which
     /// step failed on which path.
-    pub(crate) fn try_cgroups(&self) -> Result<(), String> {
-        let h = self.cgroup().as_ref().map_err(Clone::clone)?;
-        cgroup::trial(h).map_err(|e| e.to_string())
+    pub(crate) fn try_cgroups(&self) -> Result<(), CgroupTrialError> {
+        let h = self
+            .cgroup()
+            .as_ref()
+            .map_err(|e| CgroupTrialError::Unavailable(e.clone()))?;
+        Ok(cgroup::trial(h)?)
     }
 
     /// Probed once per process.
@@ -196,7 +232,7 @@ impl Availability {
         let ns = match &self.user_namespaces {
             Ok(()) if self.root => Ok("running as root".to_owned()),
             Ok(()) => Ok("through a user namespace (not root)".to_owned()),
-            Err(e) => Err(e.clone()),
+            Err(e) => Err(e.to_string()),
         };
         if !self.root {
             push(
@@ -227,7 +263,7 @@ impl Availability {
             }
             Err(e) => {
                 for l in ["landlock_fs", "landlock_net", "landlock_scope"] {
-                    push(l, false, e.clone());
+                    push(l, false, e.to_string());
                 }
             }
         }
@@ -291,7 +327,7 @@ impl Availability {
                         ),
                     );
                 }
-                Err(e) => push(layer, false, e.clone()),
+                Err(e) => push(layer, false, e.to_string()),
             }
         }
         push("env", true, "allow-list from the profile".into());
@@ -304,11 +340,11 @@ impl Availability {
     pub(crate) fn missing(&self, network: Network, limits: &Limits) -> Vec<(&'static str, String)> {
         let mut out = Vec::new();
         if let Err(e) = &self.user_namespaces {
-            out.push(("mount_namespace", e.clone()));
+            out.push(("mount_namespace", e.to_string()));
         }
         match &self.landlock_abi {
             Ok(abi) => out.extend(landlock::coverage(*abi, network).1),
-            Err(e) => out.push(("landlock_fs", e.clone())),
+            Err(e) => out.push(("landlock_fs", e.to_string())),
         }
         if !self.seccomp {
             out.push(("seccomp", "the kernel has no seccomp".into()));
@@ -318,12 +354,17 @@ impl Availability {
             match cgroup::detect(&want) {
                 Ok(_) if self.root || self.cgroup().is_ok() => {}
                 Ok(_) => {
-                    let why = self.cgroup().as_ref().err().cloned().unwrap_or_default();
+                    let why = self
+                        .cgroup()
+                        .as_ref()
+                        .err()
+                        .map(ToString::to_string)
+                        .unwrap_or_default();
                     out.extend(want.iter().map(|c| (cgroup_layer(*c), why.clone())));
                 }
                 Err(e) => {
                     for c in want {
-                        out.push((cgroup_layer(c), e.clone()));
+                        out.push((cgroup_layer(c), e.to_string()));
                     }
                 }
             }
