@@ -224,7 +224,7 @@ pub enum RuleError {
     #[error("{entry:?}: the prefix length must be 0 to {max}")]
     Prefix { entry: String, max: u8 },
     #[error("{entry:?}: {why}")]
-    Port { entry: String, why: String },
+    Port { entry: String, why: PortError },
     #[error("{0:?}: \"*.\" must be followed by a host name")]
     BareWildcard(String),
     #[error("{0:?}: a wildcard may only be a leading \"*.\", like *.example.org")]
@@ -372,24 +372,33 @@ impl From<Rule> for String {
     }
 }
 
+/// Why `host:port` does not split ([`split_host_port`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PortError {
+    #[error("port {0:?} must be 1 to 65535")]
+    OutOfRange(String),
+    #[error("an IPv6 address in brackets needs its closing ']'")]
+    Unclosed,
+    #[error("expected :port after ']'")]
+    AfterBracket,
+}
+
 /// `host`, `host:port`, `[v6]`, `[v6]:port`, or a bare IPv6 address.
-pub(crate) fn split_host_port(s: &str) -> Result<(&str, Option<u16>), String> {
-    let parse_port = |p: &str| -> Result<Option<u16>, String> {
+pub(crate) fn split_host_port(s: &str) -> Result<(&str, Option<u16>), PortError> {
+    let parse_port = |p: &str| -> Result<Option<u16>, PortError> {
         p.parse::<u16>()
             .ok()
             .filter(|p| *p != 0)
             .map(Some)
-            .ok_or_else(|| format!("port {p:?} must be 1 to 65535"))
+            .ok_or_else(|| PortError::OutOfRange(p.to_owned()))
     };
     if let Some(rest) = s.strip_prefix('[') {
-        let (host, tail) = rest
-            .split_once(']')
-            .ok_or("an IPv6 address in brackets needs its closing ']'")?;
+        let (host, tail) = rest.split_once(']').ok_or(PortError::Unclosed)?;
         return match tail {
             "" => Ok((host, None)),
             t => match t.strip_prefix(':') {
                 Some(p) => Ok((host, parse_port(p)?)),
-                None => Err("expected :port after ']'".into()),
+                None => Err(PortError::AfterBracket),
             },
         };
     }
@@ -538,6 +547,17 @@ pub(crate) struct Policy {
 }
 
 impl Policy {
+    /// A policy that allows `hosts` (allow-list entries, each parsed) and nothing else.
+    pub(crate) fn allowing<S: AsRef<str>>(hosts: &[S]) -> Result<Policy, RuleError> {
+        Ok(Policy {
+            allow: hosts
+                .iter()
+                .map(|h| Rule::parse(h.as_ref()))
+                .collect::<Result<_, _>>()?,
+            ..Default::default()
+        })
+    }
+
     /// May a client connect to `host` on `port`? A name is decided on the name itself (it is
     /// resolved and its addresses checked with [`Policy::check_addr`] afterwards); an address
     /// given directly must be on the allow list.

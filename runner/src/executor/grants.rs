@@ -6,7 +6,7 @@
 use std::path::{Component, Path, PathBuf};
 
 use super::*;
-use crate::egress::policy::Rule;
+use crate::egress::policy::RuleError;
 use crate::protocol::CallGrants;
 use crate::sandbox::call::Grants;
 use crate::sandbox::linux::caller_path::{check_grant, GrantAccess};
@@ -27,7 +27,7 @@ impl Executor {
             for path in list {
                 let path = absolute_path(path, access)?;
                 check_grant(Path::new(&path), access, &req.owner, &off_limits)
-                    .map_err(ExecError::PermissionDenied)?;
+                    .map_err(|e| ExecError::PermissionDenied(e.to_string()))?;
                 into.push(path);
             }
         }
@@ -58,17 +58,8 @@ impl Executor {
         hosts: &[String],
         owner_uid: u32,
     ) -> Result<crate::egress::Policy, ExecError> {
-        let mut allow = Vec::with_capacity(hosts.len());
-        for h in hosts {
-            allow.push(
-                Rule::parse(h)
-                    .map_err(|m| ExecError::InvalidParams(format!("grants.allow {m}")))?,
-            );
-        }
-        let granted = crate::egress::Policy {
-            allow,
-            ..Default::default()
-        };
+        let granted = crate::egress::Policy::allowing(hosts)
+            .map_err(|m| ExecError::InvalidParams(format!("grants.allow {m}")))?;
         if owner_uid == 0 {
             return Ok(granted);
         }
@@ -125,33 +116,32 @@ fn absolute_path(path: &str, access: GrantAccess) -> Result<String, ExecError> {
 /// Is `want` no wider than `have` (a run's own grants, for what it starts through its
 /// bridge)? Each path must be one the run was granted, with the same access (a readable
 /// one may also be one it could write), each host one it could reach.
-pub(crate) fn within(want: &CallGrants, have: &CallGrants) -> Result<(), String> {
+pub(crate) fn within(want: &CallGrants, have: &CallGrants) -> Result<(), NotGranted> {
     for p in &want.readable {
         if !have.readable.contains(p) && !have.writable.contains(p) {
-            return Err(format!(
-                "grants.readable {p}: the run making this call was not granted it"
-            ));
+            return Err(NotGranted::Readable(p.clone()));
         }
     }
     for p in &want.writable {
         if !have.writable.contains(p) {
-            return Err(format!(
-                "grants.writable {p}: the run making this call was not granted it"
-            ));
+            return Err(NotGranted::Writable(p.clone()));
         }
     }
-    let parse = |hosts: &[String]| -> Result<crate::egress::Policy, String> {
-        Ok(crate::egress::Policy {
-            allow: hosts
-                .iter()
-                .map(|h| Rule::parse(h).map_err(|m| format!("grants.allow {m}")))
-                .collect::<Result<_, _>>()?,
-            ..Default::default()
-        })
-    };
-    parse(&want.allow)?
-        .check_narrows(&parse(&have.allow)?)
-        .map_err(|m| format!("grants: {m} (the run making this call was not granted it)"))
+    let parse = |hosts| crate::egress::Policy::allowing(hosts).map_err(NotGranted::Entry);
+    Ok(parse(&want.allow)?.check_narrows(&parse(&have.allow)?)?)
+}
+
+/// What a call through a run's bridge asks for beyond the run's own grants ([`within`]).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NotGranted {
+    #[error("grants.readable {0}: the run making this call was not granted it")]
+    Readable(String),
+    #[error("grants.writable {0}: the run making this call was not granted it")]
+    Writable(String),
+    #[error("grants.allow {0}")]
+    Entry(RuleError),
+    #[error("grants: {0} (the run making this call was not granted it)")]
+    Host(#[from] crate::egress::PolicyWidening),
 }
 
 #[cfg(test)]
@@ -191,7 +181,7 @@ mod tests {
         assert!(within(&grants(&[], &["/srv/a"], &[]), &have).is_err());
         assert!(within(&grants(&["/srv/a/sub"], &[], &[]), &have).is_err());
         let e = within(&grants(&[], &[], &["evil.test"]), &have).unwrap_err();
-        assert!(e.contains("evil.test"), "{e}");
+        assert!(e.to_string().contains("evil.test"), "{e}");
         assert!(within(
             &grants(&[], &[], &["x.example.org"]),
             &CallGrants::default()

@@ -219,7 +219,7 @@ impl Caller {
                         .and_then(|row| row.grants)
                         .unwrap_or_default();
                     crate::executor::grants_within(want, &have).map_err(|m| {
-                        RpcError::new(ErrorKind::PermissionDenied, m).with_hint(
+                        RpcError::new(ErrorKind::PermissionDenied, m.to_string()).with_hint(
                             "a call through a run's bridge may grant only what that run was granted",
                         )
                     })?;

@@ -121,6 +121,50 @@ pub(crate) enum GrantAccess {
     Write,
 }
 
+impl std::fmt::Display for GrantAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            GrantAccess::Read => "read",
+            GrantAccess::Write => "write",
+        })
+    }
+}
+
+/// A path a caller may not grant one call: which path, for what, and why not.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot grant {access} access to {}: {why}", .path.display())]
+pub(crate) struct GrantError {
+    pub path: PathBuf,
+    pub access: GrantAccess,
+    pub why: GrantRefusal,
+}
+
+/// Why [`check_grant`] refuses a path.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum GrantRefusal {
+    #[error(
+        "uid {uid} may not {access} it ({source}); a call may grant only what its caller can {access} on the host"
+    )]
+    Denied {
+        uid: u32,
+        access: GrantAccess,
+        source: io::Error,
+    },
+    #[error("no such file or directory")]
+    Missing,
+    #[error("it leads through a magic link such as /proc/<pid>/root (or too many symlinks)")]
+    MagicLink,
+    #[error("it is a symlink; name the directory it points to")]
+    Symlink,
+    #[error("not a regular file or a directory")]
+    NotFileOrDir,
+    /// On a kernel filesystem, or into, onto or above a directory that is off limits.
+    #[error("{}", .0.source)]
+    OffLimits(LaunchError),
+    #[error("{0}")]
+    Io(io::Error),
+}
+
 /// Checks a path a caller grants one call, before anything of the call is made, so a path
 /// they may not use is refused up front, naming it. The path is the caller's authority:
 /// it is resolved as the caller (their filesystem credentials, on a thread of its own),
@@ -135,52 +179,48 @@ pub(crate) fn check_grant(
     access: GrantAccess,
     caller: &Creds,
     off_limits: &[PathBuf],
-) -> Result<(), String> {
+) -> Result<(), GrantError> {
     let write = access == GrantAccess::Write;
-    let what = if write { "write" } else { "read" };
-    let refuse = |why: String| format!("cannot grant {what} access to {}: {why}", path.display());
+    let refuse = |why: GrantRefusal| GrantError {
+        path: path.to_owned(),
+        access,
+        why,
+    };
     let explain = |e: io::Error| {
-        let why = match e.raw_os_error() {
-            Some(libc::EACCES) | Some(libc::EPERM) => format!(
-                "uid {} may not {what} it ({e}); a call may grant only what its caller can {what} on the host",
-                caller.uid
-            ),
-            Some(libc::ENOENT) => "no such file or directory".to_owned(),
-            Some(libc::ELOOP) => {
-                "it leads through a magic link such as /proc/<pid>/root (or too many symlinks)".into()
-            }
-            _ => e.to_string(),
-        };
-        refuse(why)
+        refuse(match e.raw_os_error() {
+            Some(libc::EACCES) | Some(libc::EPERM) => GrantRefusal::Denied {
+                uid: caller.uid,
+                access,
+                source: e,
+            },
+            Some(libc::ENOENT) => GrantRefusal::Missing,
+            Some(libc::ELOOP) => GrantRefusal::MagicLink,
+            _ => GrantRefusal::Io(e),
+        })
     };
     // As the caller: where the path leads, and whether they may use what is there (the
     // second answer is given only once the first is known not to be off limits).
-    let (fd, access) = dirfd::as_caller(Some(caller), || {
+    let (fd, access_now) = dirfd::as_caller(Some(caller), || {
         if write {
             let named = dirfd::open_path_no_magiclinks(path, OFlag::O_NOFOLLOW)?;
             if crate::sys::sandbox::fstat(&named)?.is_symlink() {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    "it is a symlink; name the directory it points to",
-                ));
+                return Ok(Err(GrantRefusal::Symlink));
             }
         }
         let fd = dirfd::open_path_no_magiclinks(path, OFlag::empty())?;
         let info = crate::sys::sandbox::fstat(&fd)?;
         if !(info.is_dir() || info.is_file()) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "not a regular file or a directory",
-            ));
+            return Ok(Err(GrantRefusal::NotFileOrDir));
         }
         let access = crate::sys::access_fd(fd.as_fd(), write, info.is_dir());
-        Ok((fd, access))
+        Ok(Ok((fd, access)))
     })
-    .map_err(explain)?;
-    let reason = |e: LaunchError| refuse(e.source.to_string());
+    .map_err(explain)?
+    .map_err(refuse)?;
+    let reason = |e: LaunchError| refuse(GrantRefusal::OffLimits(e));
     refuse_kernel_fs(&fd, path).map_err(reason)?;
     refuse_off_limits(&fd, path, off_limits).map_err(reason)?;
-    access.map_err(explain)
+    access_now.map_err(explain)
 }
 
 /// Looks at `src` as the caller sees it (run with their credentials).
