@@ -164,18 +164,8 @@ pub(crate) struct GrantsConfig {
 
 impl GrantsConfig {
     /// The allow-list as a policy, each entry checked.
-    pub(crate) fn policy(&self) -> Result<crate::egress::Policy, String> {
-        let mut allow = Vec::with_capacity(self.allow.len());
-        for entry in &self.allow {
-            allow.push(
-                crate::egress::policy::Rule::parse(entry)
-                    .map_err(|m| format!("[grants] allow: {m}"))?,
-            );
-        }
-        Ok(crate::egress::Policy {
-            allow,
-            ..Default::default()
-        })
+    pub(crate) fn policy(&self) -> Result<crate::egress::Policy, CheckError> {
+        crate::egress::Policy::allowing(&self.allow).map_err(CheckError::GrantsAllow)
     }
 }
 
@@ -253,7 +243,7 @@ impl Default for SubagentConfig {
 
 impl SubagentConfig {
     /// The grants as a profile fragment, checked like one (`[subagent]` as the file).
-    pub(crate) fn grants(&self) -> Result<crate::sandbox::call::Grants, String> {
+    pub(crate) fn grants(&self) -> Result<crate::sandbox::call::Grants, CheckError> {
         let mut toml = String::new();
         let list = |v: &[String]| serde_json::to_string(v).unwrap_or_default();
         toml.push_str(&format!(
@@ -266,7 +256,7 @@ impl SubagentConfig {
             toml.push_str(&format!("[network]\nallow = {}\n", list(&self.allow)));
             toml.push_str(&format!(
                 "hosts = {}\n",
-                toml::Value::try_from(&self.hosts).map_err(|e| e.to_string())?
+                toml::Value::try_from(&self.hosts).map_err(CheckError::SubagentHosts)?
             ));
         }
         toml.push_str(&format!(
@@ -281,7 +271,7 @@ impl SubagentConfig {
                 .collect::<String>()
         ));
         let p = crate::sandbox::profile::load("subagent", "[subagent]", &toml)
-            .map_err(|e| e.to_string())?;
+            .map_err(CheckError::Subagent)?;
         Ok(crate::sandbox::call::Grants {
             readable: p.readable,
             executable: p.executable,
@@ -315,6 +305,47 @@ pub(crate) enum ConfigError {
     },
     #[error("invalid config file {path}: {message}")]
     Parse { path: PathBuf, message: String },
+    #[error("invalid config file {path}: {source}")]
+    Check {
+        path: PathBuf,
+        source: Box<CheckError>,
+    },
+}
+
+/// A setting that parses but does not hold: its section or key, and why.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CheckError {
+    #[error("[grants] allow: {0}")]
+    GrantsAllow(crate::egress::policy::RuleError),
+    #[error("{0}")]
+    SubagentHosts(toml::ser::Error),
+    /// The `[subagent]` grants, checked as a profile fragment.
+    #[error("{0}")]
+    Subagent(crate::sandbox::profile::ProfileError),
+    #[error("[subagent] profile = {agent:?}: {source}")]
+    SubagentProfile {
+        agent: String,
+        source: crate::sandbox::catalog::CatalogError,
+    },
+    #[error("default_profile = {name:?}: {source}")]
+    DefaultProfile {
+        name: String,
+        source: crate::sandbox::catalog::CatalogError,
+    },
+    #[error(
+        "[subagent] profile = {agent:?} cannot narrow default_profile = {ceiling:?} ({why}): \
+         an agent never runs under a profile wider than its caller's; keep a \
+         profile that narrows it (the shipped \"agent\") and grant the agent what it \
+         needs in [subagent]: executable (where it is installed, e.g. \
+         \"{{home}}/.local\"), readable and writable (its configuration and state), \
+         allow (its model API hosts)"
+    )]
+    SubagentWider {
+        agent: String,
+        ceiling: String,
+        /// Boxed: it is large, and the other checks' errors are small.
+        why: Box<crate::sandbox::profile::Wider>,
+    },
 }
 
 impl Config {
@@ -332,9 +363,9 @@ impl Config {
             .grants()
             .and_then(|_| cfg.check_subagent_profile())
             .and_then(|()| cfg.grants.policy().map(drop))
-            .map_err(|message| ConfigError::Parse {
+            .map_err(|source| ConfigError::Check {
                 path: path.into(),
-                message,
+                source: Box::new(source),
             })?;
         Ok(cfg)
     }
@@ -343,7 +374,7 @@ impl Config {
     /// names none: the agent runs under a profile no wider than its caller's, so a wider one
     /// would be replaced by the caller's at every call, and the agent would then miss what
     /// the operator meant to give it. What an agent needs beyond its profile is a grant.
-    pub(crate) fn check_subagent_profile(&self) -> Result<(), String> {
+    pub(crate) fn check_subagent_profile(&self) -> Result<(), CheckError> {
         let agent = self.subagent.profile.as_str();
         if agent.is_empty() || agent == self.default_profile {
             return Ok(());
@@ -355,21 +386,24 @@ impl Config {
         );
         let profile = catalog
             .get(agent)
-            .map_err(|e| format!("[subagent] profile = {agent:?}: {e}"))?;
-        let ceiling = catalog
-            .get(&self.default_profile)
-            .map_err(|e| format!("default_profile = {:?}: {e}", self.default_profile))?;
-        profile.check_narrows(&ceiling).map_err(|why| {
-            format!(
-                "[subagent] profile = {agent:?} cannot narrow default_profile = {:?} ({why}): \
-                 an agent never runs under a profile wider than its caller's; keep a \
-                 profile that narrows it (the shipped \"agent\") and grant the agent what it \
-                 needs in [subagent]: executable (where it is installed, e.g. \
-                 \"{{home}}/.local\"), readable and writable (its configuration and state), \
-                 allow (its model API hosts)",
-                self.default_profile
-            )
-        })
+            .map_err(|source| CheckError::SubagentProfile {
+                agent: agent.to_owned(),
+                source,
+            })?;
+        let ceiling =
+            catalog
+                .get(&self.default_profile)
+                .map_err(|source| CheckError::DefaultProfile {
+                    name: self.default_profile.clone(),
+                    source,
+                })?;
+        profile
+            .check_narrows(&ceiling)
+            .map_err(|why| CheckError::SubagentWider {
+                agent: agent.to_owned(),
+                ceiling: self.default_profile.clone(),
+                why: Box::new(why),
+            })
     }
 
     pub(crate) fn sessions_dir(&self) -> PathBuf {
