@@ -416,7 +416,7 @@ impl ToolHost {
                         .map_err(|why| LoadError::Io {
                             step: "copy",
                             path: source.clone(),
-                            message: why.clone(),
+                            message: why.to_string(),
                         })
                         .and_then(|copies| {
                             loader::load(&src, copies, self.schema_helper.as_deref())
@@ -509,23 +509,18 @@ impl ToolHost {
 
     /// The directory of private copies, created if needed and checked like a plugin
     /// directory; `Err` is the one-line reason no plugin can be copied now.
-    fn open_copies(&self) -> Result<TrustedDir, String> {
+    fn open_copies(&self) -> Result<TrustedDir, CopiesError> {
         let (Some(parent), Some(name)) = (
             self.copies_dir.parent(),
             self.copies_dir.file_name().and_then(|n| n.to_str()),
         ) else {
-            return Err(format!(
-                "{} is not a directory path",
-                self.copies_dir.display()
-            ));
+            return Err(CopiesError::NotADirectoryPath(self.copies_dir.clone()));
         };
-        let (dir, reclaimed) = TrustedDir::open_private(parent, name, 0o700).map_err(|why| {
-            format!(
-                "the copies directory {}: {why}; {}",
-                self.copies_dir.display(),
-                why.hint()
-            )
-        })?;
+        let (dir, reclaimed) =
+            TrustedDir::open_private(parent, name, 0o700).map_err(|why| CopiesError::Refused {
+                dir: self.copies_dir.clone(),
+                why,
+            })?;
         match reclaimed {
             sys::fs::Reclaimed::No => {}
             sys::fs::Reclaimed::Emptied { mode, removed } => warn!(
@@ -562,6 +557,15 @@ impl ToolHost {
             }
         }
     }
+}
+
+/// Why no plugin can be copied now: the directory of private copies is unusable.
+#[derive(Debug, thiserror::Error)]
+enum CopiesError {
+    #[error("{} is not a directory path", .0.display())]
+    NotADirectoryPath(PathBuf),
+    #[error("the copies directory {}: {why}; {}", .dir.display(), .why.hint())]
+    Refused { dir: PathBuf, why: Refusal },
 }
 
 /// A plugin file found in a source directory.

@@ -77,7 +77,7 @@ pub(super) async fn control(d: Arc<Daemon>, stream: UnixStream) {
         {
             Ok(share) => share,
             Err(why) => {
-                let err = RpcError::new(ErrorKind::LimitExceeded, why);
+                let err = RpcError::new(ErrorKind::LimitExceeded, why.to_string());
                 let mut line = Outgoing::error(Value::Null, err).line;
                 line.push('\n');
                 let mut stream = stream;

@@ -33,21 +33,23 @@ impl Shares {
         uid: u32,
         limits: &PerUser,
         max_connections: usize,
-    ) -> Result<Connection, String> {
+    ) -> Result<Connection, Full> {
         use std::sync::atomic::Ordering;
         let mut map = self.lock();
         let total = self.total.load(Ordering::Relaxed);
         if total >= max_connections {
-            return Err(format!(
-                "the daemon has {total} connections open: max_connections ({max_connections}) is reached; try again once some close"
-            ));
+            return Err(Full::Daemon {
+                open: total,
+                max: max_connections,
+            });
         }
         let held = map.entry(uid).or_default();
         if held.connections >= limits.connections {
-            return Err(format!(
-                "uid {uid} has {} connections open: per_user.connections ({}) is reached; close some",
-                held.connections, limits.connections
-            ));
+            return Err(Full::User {
+                uid,
+                open: held.connections,
+                max: limits.connections,
+            });
         }
         held.connections += 1;
         self.total.fetch_add(1, Ordering::Relaxed);
@@ -58,6 +60,17 @@ impl Shares {
             buffered: 0,
         })
     }
+}
+
+/// Why [`Shares::connect`] refuses a connection (`limit_exceeded`).
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub(super) enum Full {
+    #[error(
+        "the daemon has {open} connections open: max_connections ({max}) is reached; try again once some close"
+    )]
+    Daemon { open: usize, max: usize },
+    #[error("uid {uid} has {open} connections open: per_user.connections ({max}) is reached; close some")]
+    User { uid: u32, open: usize, max: usize },
 }
 
 /// One counted connection; gives its share back when dropped.
