@@ -11,7 +11,7 @@ use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use crate::egress::policy::{Policy, Rule};
+use crate::egress::policy::Policy;
 use crate::protocol::{FailReason, TaskState};
 use crate::run::plan::{Stderr, Tee};
 use crate::run::result::RunResult;
@@ -122,16 +122,11 @@ fn add_to_profile(p: &mut Profile, a: &ExecArgs) -> Result<Vec<PathBuf>, String>
             );
             return Ok(added);
         }
-        let mut rules = Vec::new();
-        for host in &a.allow {
-            rules.push(Rule::parse(host).map_err(|m| format!("--allow {m}"))?);
-        }
+        let allowed = Policy::allowing(&a.allow).map_err(|m| format!("--allow {m}"))?;
         p.network = Network::Loopback;
-        let policy = p.egress.get_or_insert_with(Policy::default);
-        policy.extend(&Policy {
-            allow: rules,
-            ..Policy::default()
-        });
+        p.egress
+            .get_or_insert_with(Policy::default)
+            .extend(&allowed);
     }
     Ok(added)
 }
