@@ -217,16 +217,35 @@ impl Daemon {
         self.spawn();
     }
 
-    /// Runs the CLI against this daemon.
-    pub fn cli(&self, args: &[&str]) -> std::process::Output {
-        Command::new(sidejob_bin())
-            .arg("--socket")
+    /// `cmd` (the CLI, or what runs it) given this daemon's socket and `args`, in its
+    /// workspace, with no stdin.
+    fn against(&self, mut cmd: Command, args: &[&str]) -> Command {
+        cmd.arg("--socket")
             .arg(&self.socket)
             .args(args)
             .current_dir(&self.workspace)
-            .stdin(Stdio::null())
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    /// Runs the CLI against this daemon.
+    pub fn cli(&self, args: &[&str]) -> std::process::Output {
+        self.against(Command::new(sidejob_bin()), args)
             .output()
             .expect("run sidejob")
+    }
+
+    /// Runs the CLI against this daemon on a pseudo-terminal (tests/fixtures/pty_run.py),
+    /// which plays `steps` (what to type, signals to send) while it runs.
+    pub fn cli_on_a_terminal(&self, steps: &[&str], args: &[&str]) -> std::process::Output {
+        let mut pty = Command::new("python3");
+        pty.arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/pty_run.py"))
+            .args(steps)
+            .arg("--")
+            .arg(sidejob_bin());
+        self.against(pty, args)
+            .output()
+            .expect("python3 runs tests/fixtures/pty_run.py")
     }
 
     /// Opens a session on the daemon's workspace; returns its id.

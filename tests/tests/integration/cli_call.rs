@@ -1,7 +1,6 @@
 //! `sidejob call` as a person uses it: it waits for the end and exits with the command's
 //! code, streams output, Ctrl+C cancels (on a real pseudo-terminal), yielding is opt-in.
 
-use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
 use serde_json::{json, Value};
@@ -22,28 +21,6 @@ pub fn describe(o: &Output) -> String {
         stdout(o),
         stderr(o)
     )
-}
-
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures")
-        .join(name)
-}
-
-/// Runs the CLI on a pseudo-terminal (tests/fixtures/pty_run.py), playing `steps`.
-fn on_a_terminal(d: &Daemon, steps: &[&str], args: &[&str]) -> Output {
-    let mut cmd = Command::new("python3");
-    cmd.arg(fixture("pty_run.py"))
-        .args(steps)
-        .arg("--")
-        .arg(sidejob_bin())
-        .arg("--socket")
-        .arg(&d.socket)
-        .args(args)
-        .current_dir(&d.workspace)
-        .stdin(Stdio::null());
-    cmd.output()
-        .expect("python3 runs tests/fixtures/pty_run.py")
 }
 
 /// The task id `call --background` prints alone on stdout.
@@ -81,8 +58,7 @@ fn call_outlasts_the_yield_and_the_interactive_deadline_and_exits_with_the_code(
 fn ctrl_c_cancels_the_run_and_output_streams_while_it_runs() {
     let d = Daemon::start();
     // "started" reaches the terminal while the command still sleeps: it is streamed.
-    let o = on_a_terminal(
-        &d,
+    let o = d.cli_on_a_terminal(
         &["expect:started", "send:ctrl-c"],
         &["call", "--", "echo started; sleep 300"],
     );
@@ -101,8 +77,7 @@ fn a_second_ctrl_c_leaves_the_run_going_and_prints_its_id() {
     // Before, the second Ctrl+C said "left … running" but the cancel went on: the run was
     // killed when its grace ran out, and call exited 130 either way.
     let d = Daemon::start_with_config("cancel_grace_ms = 1000\n");
-    let o = on_a_terminal(
-        &d,
+    let o = d.cli_on_a_terminal(
         &[
             "expect:started",
             "send:ctrl-c",

@@ -7,7 +7,7 @@ use std::fs::File;
 use std::io::Write;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
 use serde_json::{json, Value};
 use sidejob_tests::{sidejob_bin, Client, Daemon, TempDir};
@@ -241,7 +241,7 @@ fn the_stream_index_survives_a_torn_tail() {
 #[test]
 fn on_a_terminal_both_streams_are_one_in_order() {
     let d = Daemon::start();
-    let o = on_a_terminal(&d, &["call", "--", ALTERNATING]);
+    let o = d.cli_on_a_terminal(&[], &["call", "--", ALTERNATING]);
     assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
     assert_eq!(
         String::from_utf8_lossy(&o.stdout).replace('\r', ""),
@@ -259,7 +259,7 @@ fn on_a_terminal_both_streams_are_one_in_order() {
     let path = ws.path().display().to_string();
     args.push(&path);
     args.extend(["--", "sh", "-c", ALTERNATING]);
-    let o = on_a_terminal(&d, &args);
+    let o = d.cli_on_a_terminal(&[], &args);
     assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
     assert_eq!(
         String::from_utf8_lossy(&o.stdout).replace('\r', ""),
@@ -267,21 +267,6 @@ fn on_a_terminal_both_streams_are_one_in_order() {
         "{}",
         describe(&o)
     );
-}
-
-fn on_a_terminal(d: &Daemon, args: &[&str]) -> Output {
-    let fixture = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/pty_run.py");
-    Command::new("python3")
-        .arg(fixture)
-        .arg("--")
-        .arg(sidejob_bin())
-        .arg("--socket")
-        .arg(&d.socket)
-        .args(args)
-        .current_dir(&d.workspace)
-        .stdin(Stdio::null())
-        .output()
-        .expect("python3 runs tests/fixtures/pty_run.py")
 }
 
 /// A daemon from before `stderr` refuses the parameter as invalid; `call` calls again

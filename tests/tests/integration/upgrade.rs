@@ -106,15 +106,24 @@ fn background(c: &mut sidejob_tests::Client, s: &str, command: &str) -> String {
         .to_owned()
 }
 
-#[test]
-fn sighup_re_executes_the_staged_binary_and_runs_settle_with_their_exit_codes() {
+/// A daemon, a client with a session, and a gate its runs wait on; `None` (the test is
+/// skipped) when not root.
+fn gated_daemon() -> Option<(Daemon, sidejob_tests::Client, String, Gate)> {
     if not_root() {
-        return;
+        return None;
     }
     let d = Daemon::start();
     let mut c = d.client();
     let s = d.open_session(&mut c);
     let gate = Gate::new(&d.workspace, "release");
+    Some((d, c, s, gate))
+}
+
+#[test]
+fn sighup_re_executes_the_staged_binary_and_runs_settle_with_their_exit_codes() {
+    let Some((d, mut c, s, gate)) = gated_daemon() else {
+        return;
+    };
     let failing = background(
         &mut c,
         &s,
@@ -357,13 +366,9 @@ fn a_socket_activated_daemon_reloads_in_place_as_systemd_expects() {
 /// flight settles with its own code.
 #[test]
 fn a_burst_of_sighups_upgrades_again_and_again_without_losing_the_daemon_or_the_run() {
-    if not_root() {
+    let Some((d, mut c, s, gate)) = gated_daemon() else {
         return;
-    }
-    let d = Daemon::start();
-    let mut c = d.client();
-    let s = d.open_session(&mut c);
-    let gate = Gate::new(&d.workspace, "release");
+    };
     let id = background(
         &mut c,
         &s,
