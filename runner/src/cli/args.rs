@@ -362,7 +362,8 @@ pub(crate) enum Command {
                      deploy/install.sh --from target/release --prefix /var/lib/sidejob/upgrade\n     \
                      (or install it over the file the daemon was started from, e.g. /usr/local/bin/sidejob)\n  \
                   2. sidejob upgrade-check            check what the daemon would run\n  \
-                  3. kill -HUP <daemon pid>           or systemctl reload sidejob; in a container: kill -HUP 1\n\n\
+                  3. sidejob upgrade                  SIGHUP, then wait until the daemon serves again\n     \
+                     (systemctl reload sidejob runs it; or kill -HUP <daemon pid>; in a container: kill -HUP 1)\n\n\
                   The daemon runs <state_dir>/upgrade/bin/sidejob if it is there (and refuses the upgrade if that\n\
                   file is not trusted), else the file it was started from. It logs the binary it runs, or why it\n\
                   refused one and serves on. Runs settle with their own exit codes; open connections close\n\
@@ -376,6 +377,21 @@ pub(crate) enum Command {
         /// The daemon's state directory [default: as `serve`]
         #[arg(long, env = "SIDEJOB_STATE_DIR", value_name = "DIR")]
         state_dir: Option<PathBuf>,
+    },
+    /// Upgrade the daemon in place and wait for it: check the binary it would run (as
+    /// upgrade-check), send it SIGHUP, and exit 0 once it serves again from the new image (the
+    /// same pid, its runs kept), 1 (saying why) if it would refuse the binary or is not back in
+    /// time. sidejob.service's ExecReload= runs it, so `systemctl reload sidejob` returns when
+    /// the upgrade is done
+    Upgrade {
+        #[command(flatten)]
+        conn: Conn,
+        /// The daemon's state directory, where a staged binary is looked for [default: as `serve`]
+        #[arg(long, env = "SIDEJOB_STATE_DIR", value_name = "DIR")]
+        state_dir: Option<PathBuf>,
+        /// How long the daemon may take to serve again (e.g. 30s, 2m)
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "60s")]
+        timeout: Duration,
     },
     /// (internal) Supervise one run; started by the daemon
     #[command(hide = true)]

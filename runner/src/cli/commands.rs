@@ -440,7 +440,7 @@ pub(super) fn replay(state_dir: Option<PathBuf>) -> Result<i32> {
     Ok(if report.ok() { 0 } else { 1 })
 }
 
-fn state_dir_or_default(state_dir: Option<PathBuf>) -> PathBuf {
+pub(super) fn state_dir_or_default(state_dir: Option<PathBuf>) -> PathBuf {
     state_dir.unwrap_or_else(crate::config::default_state_dir)
 }
 
@@ -590,51 +590,4 @@ pub(super) fn man(dir: Option<PathBuf>) -> Result<i32> {
         }
     }
     Ok(0)
-}
-
-/// `sidejob upgrade-check`: what the daemon would run on SIGHUP, and whether it would.
-pub(super) fn upgrade_check(binary: Option<PathBuf>, state_dir: Option<PathBuf>) -> Result<i32> {
-    use crate::server::upgrade::binary::{self, Candidate, Origin, Plugins, UpgradeError};
-    let state_dir = state_dir_or_default(state_dir);
-    let named = binary.is_some();
-    let checked = match binary {
-        Some(path) => binary::open_trusted(&path).and_then(|file| match file {
-            Some(file) => Ok(Candidate {
-                file,
-                path,
-                origin: Origin::Installed,
-                passed_over: None,
-            }),
-            None => Err(UpgradeError::Missing { path }),
-        }),
-        None => binary::choose(&state_dir),
-    }
-    .and_then(|c| binary::verify(&c, Plugins::Required).map(|version| (c, version)));
-    match checked {
-        Ok((c, version)) => {
-            let what = match c.origin {
-                Origin::Staged => "the staged binary",
-                Origin::Installed => "the binary",
-                Origin::Running => "this command's own image",
-            };
-            println!(
-                "{}: {what}, trusted, runs ({version}), its plugins beside it; a SIGHUP to the daemon re-executes it in place",
-                c.path.display()
-            );
-            if let Some(why) = c.passed_over {
-                println!("  (not the file it was started from: {why})");
-            }
-            if !named && c.origin != Origin::Staged {
-                println!(
-                    "  nothing is staged at {}, so the daemon runs the file it was started from",
-                    state_dir.join(binary::STAGED).display()
-                );
-            }
-            Ok(0)
-        }
-        Err(e) => {
-            eprintln!("sidejob: {e}\n  hint: {}", e.hint());
-            Ok(1)
-        }
-    }
 }

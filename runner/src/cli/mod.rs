@@ -12,6 +12,7 @@ mod hook;
 mod integrate;
 mod mcp;
 mod schedule;
+mod upgrade;
 
 pub(crate) use args::Cli;
 pub use client::{Client, ClientError};
@@ -186,7 +187,12 @@ pub fn main() -> i32 {
             workspace,
             print,
         } => integrate::run(client, workspace, print),
-        Command::UpgradeCheck { binary, state_dir } => commands::upgrade_check(binary, state_dir),
+        Command::UpgradeCheck { binary, state_dir } => upgrade::upgrade_check(binary, state_dir),
+        Command::Upgrade {
+            conn,
+            state_dir,
+            timeout,
+        } => upgrade::upgrade(&socket(&conn, &top), state_dir, timeout),
         Command::Completions { shell } => commands::completions(shell),
         Command::Man { dir } => commands::man(dir),
         Command::Supervise { .. }

@@ -15,21 +15,21 @@ use std::process::{Command, Output};
 
 use sidejob_tests::sidejob_bin;
 
-const BASE: &str = "localhost/sidejob-test-base:bookworm";
+pub(super) const BASE: &str = "localhost/sidejob-test-base:bookworm";
 const IMAGE: &str = "localhost/sidejob-image-test:latest";
 const CACHE: &str = "/var/tmp/sidejob-test-image";
 
-fn workspace() -> PathBuf {
+pub(super) fn workspace() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-fn run(cmd: &mut Command) -> Output {
+pub(super) fn run(cmd: &mut Command) -> Output {
     cmd.output()
         .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
 }
 
 /// Runs `cmd`, failing the test with its output unless it succeeds; returns its stdout.
-fn ok(cmd: &mut Command) -> String {
+pub(super) fn ok(cmd: &mut Command) -> String {
     let o = run(cmd);
     assert!(
         o.status.success(),
@@ -71,7 +71,7 @@ fn mirror() -> String {
 }
 
 /// The base image, imported from the cached debootstrap tarball (made first if missing).
-fn base_image() {
+pub(super) fn base_image() {
     if run(Command::new("podman").args(["image", "exists", BASE]))
         .status
         .success()
@@ -207,7 +207,7 @@ impl Drop for Container {
     }
 }
 
-fn nix_hard_nofile() -> u64 {
+pub(super) fn nix_hard_nofile() -> u64 {
     let mut rl = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -218,7 +218,7 @@ fn nix_hard_nofile() -> u64 {
 }
 
 /// Why podman cannot run a container here, if it cannot.
-fn podman_cannot_run() -> Option<String> {
+pub(super) fn podman_cannot_run() -> Option<String> {
     let info = Command::new("podman").arg("info").output();
     match info {
         Err(e) => {

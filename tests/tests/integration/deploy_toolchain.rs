@@ -142,10 +142,11 @@ fn the_systemd_units_verify_and_the_service_is_not_exposed() {
         o.status.success() && !said.contains("sidejob.s"),
         "systemd-analyze verify: {said}"
     );
-    // 7.8 EXPOSED before the hardening; 5.5 with it (what the daemon's namespaces, mounts and
-    // delegated cgroups allow). --offline needs systemd 250+.
+    // 7.8 EXPOSED before the hardening; 5.7 with it (what the daemon's namespaces, mounts and
+    // delegated cgroups allow; RestrictSUIDSGID= would be 5.5, but it refuses the daemon's
+    // openat2). --offline needs systemd 250+.
     let o = Command::new("systemd-analyze")
-        .args(["security", "--offline=yes", "--threshold=55"])
+        .args(["security", "--offline=yes", "--threshold=57"])
         .arg(&service)
         .output()
         .expect("systemd-analyze security");
@@ -156,6 +157,6 @@ fn the_systemd_units_verify_and_the_service_is_not_exposed() {
         .unwrap_or("no overall exposure line");
     assert!(
         o.status.success(),
-        "the service's exposure rose above 5.5: {overall}\n{said}"
+        "the service's exposure rose above 5.7: {overall}\n{said}"
     );
 }

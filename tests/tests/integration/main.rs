@@ -26,6 +26,7 @@ mod delivery;
 mod deploy;
 mod deploy_health;
 mod deploy_image;
+mod deploy_systemd;
 mod deploy_toolchain;
 mod failures;
 mod faults;

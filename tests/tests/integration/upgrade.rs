@@ -293,19 +293,34 @@ fn a_staged_binary_that_does_not_run_is_reported_and_refused() {
     let (code, said) = check(Some(&d.root.path().join("nothing")));
     assert_eq!(code, Some(1), "{said}");
     assert!(said.contains("does not exist"), "{said}");
+    // `sidejob upgrade` (the unit's reload) runs them before it signals, and does not.
+    let state_dir = d.state_dir.to_str().expect("utf-8 path");
+    let upgrade = d.cli(&["upgrade", "--state-dir", state_dir]);
+    let said = String::from_utf8_lossy(&upgrade.stderr);
+    assert_eq!(upgrade.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("is not sidejob") && said.contains("not signalled"),
+        "{said}"
+    );
     // The daemon runs the same checks and serves on.
     let pid = d.pid();
     let before = exe_of(pid);
+    assert!(
+        !d.log().contains("upgrade refused"),
+        "signalled: {}",
+        d.log()
+    );
     hup_until(&d, "upgrade refused", 1);
     assert!(d.log().contains("is not sidejob"), "log:\n{}", d.log());
     assert_eq!(exe_of(pid), before);
     assert_eq!(status_pid(&d), json!(pid));
 }
 
-/// `systemctl reload` as the unit defines it (`ExecReload=/bin/kill -HUP $MAINPID`) on a
-/// socket-activated `Type=notify` daemon: RELOADING=1, then READY=1 from the new image, the
-/// socket the service manager passed still served (and still there after a stop), the run
-/// settled with its own exit code.
+/// `systemctl reload` as the unit defines it (`ExecReload=/usr/local/bin/sidejob upgrade`) on
+/// a socket-activated `Type=notify` daemon: `sidejob upgrade` returns once the new image
+/// serves, after RELOADING=1 and READY=1 from it; the socket the service manager passed is
+/// still served (and still there after a stop), the run settled with its own exit code.
+/// (deploy_systemd.rs does the same under systemd itself.)
 #[test]
 fn a_socket_activated_daemon_reloads_in_place_as_systemd_expects() {
     let unit = std::fs::read_to_string(
@@ -314,8 +329,8 @@ fn a_socket_activated_daemon_reloads_in_place_as_systemd_expects() {
     .expect("the unit");
     assert!(
         unit.lines()
-            .any(|l| l.trim() == "ExecReload=/bin/kill -HUP $MAINPID"),
-        "the unit's reload is not a SIGHUP to the daemon"
+            .any(|l| l.trim() == "ExecReload=/usr/local/bin/sidejob upgrade"),
+        "the unit's reload is not `sidejob upgrade`"
     );
     let root = sidejob_tests::TempDir::new("reload");
     std::fs::create_dir_all(root.path().join("run")).expect("run dir");
@@ -336,7 +351,19 @@ fn a_socket_activated_daemon_reloads_in_place_as_systemd_expects() {
         &format!("{}; echo reloaded; exit 3", gate.wait_cmd()),
     );
     sidejob_tests::supervisor_pid(&root.path().join("state/runs").join(&id));
-    sidejob_tests::signal(child.0.id() as i32, libc::SIGHUP);
+    let upgraded = Command::new(sidejob_bin())
+        .arg("upgrade")
+        .arg("--socket")
+        .arg(&path)
+        .arg("--state-dir")
+        .arg(root.path().join("state"))
+        .output()
+        .expect("sidejob upgrade");
+    assert!(
+        upgraded.status.success()
+            && String::from_utf8_lossy(&upgraded.stdout).contains("upgraded in place"),
+        "sidejob upgrade: {upgraded:?}"
+    );
     let reloading = notify.next();
     assert!(
         reloading.starts_with("RELOADING=1") && reloading.contains("MONOTONIC_USEC="),
