@@ -15,7 +15,7 @@
 use std::io::{Read, Write};
 use std::path::Path;
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Map, Value};
@@ -305,6 +305,25 @@ fn show_page(page: &Value, show: Show) -> std::io::Result<()> {
     out.flush()
 }
 
+/// Takes back the cancel of the first Ctrl+C (`task.cancel` with `withdraw`). That cancel
+/// went out on a connection of its own and the daemon answers each request in a task of its
+/// own, so this one can overtake it: answered `withdrawn` with nothing `taken_back`, it is
+/// asked again until the cancel has reached the run (and is taken back) or the run ends.
+fn withdraw(socket: &Path, task_id: &str, cancel_sent: bool) -> anyhow::Result<Value> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let r = Client::connect(socket).and_then(|mut c| {
+            c.call("task.cancel", json!({"task_id": task_id, "withdraw": true}))
+        })?;
+        // An older daemon says nothing of it: what it withdrew stood.
+        let overtook = r["result"] == "withdrawn" && r["taken_back"] == false;
+        if !(overtook && cancel_sent) || Instant::now() >= deadline {
+            return Ok(r);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Waits until the task settles, or until `yield_after` passes.
 fn wait_for(socket: &Path, task_id: &str, yield_after: Option<Duration>) -> Result<Task, String> {
     let mut c = Client::connect(socket).map_err(|e| e.to_string())?;
@@ -410,6 +429,8 @@ fn stream(
 ) -> Result<i32> {
     let mut offset = 0u64;
     let mut interrupted = false;
+    // Whether the cancel of the first Ctrl+C went out (a second one then takes it back).
+    let mut cancel_sent = false;
     let mut settled: Option<Task> = None;
     let mut output = String::new();
     loop {
@@ -459,6 +480,7 @@ fn stream(
                     let id = c.send("task.cancel", json!({ "task_id": task_id }))?;
                     Ok((c, id))
                 });
+                cancel_sent = cancel.is_ok();
                 match cancel {
                     Ok((mut c, id)) => {
                         eprintln!("\nsidejob: canceling {task_id}; Ctrl+C again leaves it running");
@@ -474,9 +496,7 @@ fn stream(
             }
             Err(Ok(())) => {
                 // Take the cancel back, so the run is not killed when its grace runs out.
-                let withdrawn = Client::connect(socket).and_then(|mut c| {
-                    c.call("task.cancel", json!({"task_id": task_id, "withdraw": true}))
-                });
+                let withdrawn = withdraw(socket, task_id, cancel_sent);
                 match withdrawn.as_ref().map(|r| r["result"].as_str()) {
                     Ok(Some("withdrawn")) => {
                         eprintln!("\nsidejob: left {task_id} running in the background\n  sidejob logs -f {task_id}   follow it\n  sidejob wait {task_id}      wait for it (exits with its code)");

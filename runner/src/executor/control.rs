@@ -3,6 +3,14 @@
 use super::*;
 use crate::protocol::TaskListResult;
 
+/// What `task.cancel` with `withdraw` did.
+pub(crate) struct Withdrawal {
+    pub outcome: CancelOutcome,
+    /// A cancel stood and is taken back (now or by an earlier withdrawal); false when none
+    /// had reached the run yet.
+    pub taken_back: bool,
+}
+
 impl Executor {
     /// `task.list`: a session's live tasks and its most recent terminal ones (docs/protocol.md),
     /// optionally only those in `states`.
@@ -216,25 +224,31 @@ impl Executor {
     /// the supervisor does not kill the run (`sidejob call`'s second Ctrl+C). `Withdrawn`
     /// when no cancel of the caller's stands any more (none was asked for, or it is taken
     /// back); `CancellationPending` for a stop that cannot be taken back (a timeout).
-    pub(crate) fn withdraw_cancel(&self, task_id: &str) -> Result<CancelOutcome, ExecError> {
+    pub(crate) fn withdraw_cancel(&self, task_id: &str) -> Result<Withdrawal, ExecError> {
+        let answer = |outcome, taken_back| {
+            Ok(Withdrawal {
+                outcome,
+                taken_back,
+            })
+        };
         let Some(live) = self.get_live(task_id) else {
-            return Ok(CancelOutcome::AlreadyTerminal);
+            return answer(CancelOutcome::AlreadyTerminal, false);
         };
         let st = live.lock();
         if st.settled {
-            return Ok(CancelOutcome::AlreadyTerminal);
+            return answer(CancelOutcome::AlreadyTerminal, false);
         }
         let req = match CancelRequest::read(&live.private) {
-            None => return Ok(CancelOutcome::Withdrawn),
-            Some(r) if r.withdrawn => return Ok(CancelOutcome::Withdrawn),
+            None => return answer(CancelOutcome::Withdrawn, false),
+            Some(r) if r.withdrawn => return answer(CancelOutcome::Withdrawn, true),
             Some(r) if r.reason != StopReason::Canceled => {
-                return Ok(CancelOutcome::CancellationPending)
+                return answer(CancelOutcome::CancellationPending, false)
             }
             Some(r) => r,
         };
         // Not started yet: a cancel of a queued run settled it at once, so it is started.
         let Some(pidfd) = st.supervisor.clone() else {
-            return Ok(CancelOutcome::CancellationPending);
+            return answer(CancelOutcome::CancellationPending, false);
         };
         let back = CancelRequest {
             withdrawn: true,
@@ -249,7 +263,7 @@ impl Executor {
             info!(task_id, "signal to supervisor: {e}");
         }
         info!(task_id, "cancel withdrawn");
-        Ok(CancelOutcome::Withdrawn)
+        answer(CancelOutcome::Withdrawn, true)
     }
 
     /// Cancels every live task of a session (session close). Returns their ids.

@@ -486,6 +486,10 @@ pub(crate) enum CancelOutcome {
 pub(crate) struct TaskCancelResult {
     pub task_id: String,
     pub result: CancelOutcome,
+    /// With `withdraw` and `withdrawn`: whether a cancel stood and is taken back (false: none
+    /// had reached the run yet, e.g. one sent a moment before on another connection).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub taken_back: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

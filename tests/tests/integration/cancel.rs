@@ -177,3 +177,36 @@ fn a_command_that_leaves_a_process_behind_settles_promptly_and_reports_it() {
     let left = pids_mentioning(&mark);
     assert!(left.is_empty(), "the leftover sleep survives: {left:?}");
 }
+
+#[test]
+fn a_withdrawal_says_whether_it_took_a_cancel_back_and_one_taken_back_leaves_the_run_going() {
+    let d = Daemon::start();
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let cmd = "trap '' TERM; echo ready; for i in $(seq 30); do sleep 0.1; done; echo survived";
+    let r = c.bash(&s, cmd, json!({"background": true}));
+    let id = r["task_id"].as_str().expect("id").to_owned();
+    c.wait_for_output(&id, "ready");
+    // No cancel has reached the run: withdrawn, but nothing was taken back (what lets
+    // `sidejob call` tell a withdrawal that overtook its cancel from one that stopped it).
+    let w = c.ok("task.cancel", json!({"task_id": id, "withdraw": true}));
+    assert_eq!(w["result"], "withdrawn", "{w}");
+    assert_eq!(w["taken_back"], false, "{w}");
+    // A cancel with a grace shorter than the run, sent without waiting for its answer.
+    let mut canceler = d.client();
+    canceler.send_value(&json!({"jsonrpc": "2.0", "id": 1, "method": "task.cancel",
+        "params": {"task_id": id, "grace_ms": 800}}));
+    let taken = wait_until(Duration::from_secs(10), || {
+        let w = c.ok("task.cancel", json!({"task_id": id, "withdraw": true}));
+        assert_eq!(w["result"], "withdrawn", "{w}");
+        w["taken_back"] == true
+    });
+    assert!(taken, "the cancel never reached the run");
+    // Taken back: the run outlives the grace and ends as it ends.
+    let t = c.wait_settled(&id);
+    assert_eq!(t["state"], "succeeded", "{t}");
+    assert!(c.output(&id).contains("survived"), "{t}");
+    // A cancel answers only once the run has wound down: here, when it ended on its own.
+    let answer = canceler.reply_to(json!(1)).expect("cancel answered");
+    assert_ne!(answer["result"], "canceled", "{answer}");
+}

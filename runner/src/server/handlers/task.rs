@@ -83,6 +83,7 @@ pub(super) async fn cancel(
 ) -> Result<Reply, RpcError> {
     let registry = d.executor.registry();
     let row = caller.task(registry, &p.task_id)?;
+    let mut taken_back = None;
     let result = match (row.kind, registry.schedule_of_task(&p.task_id)?) {
         (TaskKind::Monitor, Some(s))
             if row.state == TaskState::Scheduled && caller.may_disarm_schedules() =>
@@ -91,7 +92,9 @@ pub(super) async fn cancel(
         }
         (TaskKind::Monitor, _) => CancelOutcome::AlreadyTerminal,
         (TaskKind::Call, _) if p.withdraw.unwrap_or(false) => {
-            d.executor.withdraw_cancel(&p.task_id)?
+            let w = d.executor.withdraw_cancel(&p.task_id)?;
+            taken_back = (w.outcome == CancelOutcome::Withdrawn).then_some(w.taken_back);
+            w.outcome
         }
         (TaskKind::Call, _) => {
             let wake = p.wake.unwrap_or_default();
@@ -101,6 +104,7 @@ pub(super) async fn cancel(
     to_value(TaskCancelResult {
         task_id: p.task_id,
         result,
+        taken_back,
     })
 }
 
