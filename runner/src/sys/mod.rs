@@ -738,16 +738,44 @@ pub(crate) fn descriptor_limit() -> u64 {
 }
 
 /// How many descriptors this process has open (the entries of `/proc/self/fd`, less the one
-/// reading it).
+/// reading it). Costs a directory entry per descriptor: see [`descriptor_table_size`].
 pub(crate) fn open_descriptors() -> io::Result<u64> {
     let n = std::fs::read_dir("/proc/self/fd")?.count() as u64;
     Ok(n.saturating_sub(1))
+}
+
+/// The size of this process's descriptor table (`FDSize` in `/proc/self/status`): every open
+/// descriptor's number is below it, so it bounds [`open_descriptors`] at a cost that does not
+/// grow with them.
+pub(crate) fn descriptor_table_size() -> io::Result<u64> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("FDSize:"))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no FDSize in /proc/self/status"))
 }
 
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn the_descriptor_table_bounds_the_descriptors_open() {
+        let before = descriptor_table_size().unwrap();
+        assert!(before >= open_descriptors().unwrap());
+        // Enough more to grow the table past where it was.
+        let held: Vec<_> = (0..before + 64)
+            .map(|_| std::fs::File::open("/dev/null").unwrap())
+            .collect();
+        let (size, open) = (
+            descriptor_table_size().unwrap(),
+            open_descriptors().unwrap(),
+        );
+        assert!(open >= held.len() as u64, "{open} open");
+        assert!(size >= open && size > before, "table {size}, {open} open");
+    }
 
     #[test]
     fn stat_fields_are_counted_after_a_name_that_holds_spaces_and_parentheses() {

@@ -152,7 +152,7 @@ fn start_daemon(meter: &mut Option<CpuMeter>, line: usize, bin: &Path) -> LineDa
 }
 
 fn start_section(rounds: usize, sidejob: &Path, baseline: Option<&PathBuf>, targets: &mut Targets) {
-    const NAMES: [&str; 7] = [
+    const NAMES: [&str; 8] = [
         "bare /bin/true",
         "sidejob exec -- /bin/true",
         "bwrap --unshare-all … /bin/true",
@@ -160,20 +160,27 @@ fn start_section(rounds: usize, sidejob: &Path, baseline: Option<&PathBuf>, targ
         "daemon round trip `/bin/true` (no bash)",
         "baseline: sidejob exec",
         "baseline: daemon round trip `true`",
+        "sidejob exec, 20 000-file workspace",
     ];
     const BWRAP: usize = 2;
+    const BIG: usize = 7;
     let ws = TempDir::new("bench-ws");
+    // A root run's start looks at every file of its writable paths for set-id bits
+    // (docs/security.md): a workspace the size of a small project with its build tree.
+    let big = TempDir::new("bench-big-ws");
+    big_workspace(big.path(), 20_000);
     let bwrap = bwrap_installed();
     let mut meter = meter(NAMES.len());
     let mut rt_true = start_daemon(&mut meter, 3, sidejob);
     let mut rt_bin = start_daemon(&mut meter, 4, sidejob);
     let mut rt_base = baseline.map(|b| start_daemon(&mut meter, 6, b));
-    let exec_true = |bin: &Path| {
+    let exec_in = |bin: &Path, ws: &Path| {
         run(Command::new(bin)
             .args(["exec", "--workspace"])
-            .arg(ws.path())
+            .arg(ws)
             .args(["--", "/bin/true"]))
     };
+    let exec_true = |bin: &Path| exec_in(bin, ws.path());
     println!(
         "start: {rounds} rounds per column, interleaved; sidejob = {}",
         sidejob.display()
@@ -211,6 +218,7 @@ fn start_section(rounds: usize, sidejob: &Path, baseline: Option<&PathBuf>, targ
                 measure(5, &mut || exec_true(b));
                 measure(6, &mut || round_trip(&mut d.client, &d.session, "true"));
             }
+            measure(BIG, &mut || exec_in(sidejob, big.path()));
             if round > 0 {
                 for (l, d) in lines.iter_mut().zip(t) {
                     l.wall.extend(d);
@@ -220,7 +228,7 @@ fn start_section(rounds: usize, sidejob: &Path, baseline: Option<&PathBuf>, targ
         drop(_burners);
         if let Some(m) = &meter {
             // What the runs left to finish after they were waited for is theirs too.
-            for i in [0, 1, BWRAP, 5] {
+            for i in [0, 1, BWRAP, 5, BIG] {
                 m.settle(i);
             }
             std::thread::sleep(Duration::from_millis(200));
@@ -278,6 +286,17 @@ fn start_section(rounds: usize, sidejob: &Path, baseline: Option<&PathBuf>, targ
             START_TARGET,
             false,
         );
+    }
+}
+
+/// `files` small files in directories of 100, as a source and build tree has them.
+fn big_workspace(dir: &Path, files: usize) {
+    for i in 0..files {
+        let sub = dir.join(format!("d{}", i / 100));
+        if i % 100 == 0 {
+            std::fs::create_dir_all(&sub).expect("workspace dir");
+        }
+        std::fs::write(sub.join(format!("f{i}")), b"x").expect("workspace file");
     }
 }
 
