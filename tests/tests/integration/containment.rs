@@ -253,6 +253,49 @@ fn exec_whose_output_reader_goes_away_still_reports_the_commands_exit() {
 
 // ---- filesystem ------------------------------------------------------------------------------
 
+/// A root run looks at every file of its writable workspace for set-id bits before it
+/// starts; files and directories another process removes meanwhile (a build in another run,
+/// `rm -rf target` on the host) are gone, not a reason to refuse the start. Seen as a flaky
+/// `sandbox_error` in the suite when a test removed a directory while a run started.
+#[test]
+fn a_root_run_starts_while_files_of_its_workspace_come_and_go() {
+    let Some(ws) = Ws::new() else { return };
+    let churn = ws.path().join("churn");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let churner = {
+        let (stop, churn) = (stop.clone(), churn.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                n += 1;
+                // Directories of files made and removed whole, as a build tree is.
+                let d = churn.join(format!("d{}", n % 8));
+                let _ = std::fs::remove_dir_all(&d);
+                std::fs::create_dir_all(&d).expect("mkdir");
+                for f in 0..20 {
+                    std::fs::write(d.join(format!("f{f}")), "x").expect("write");
+                }
+            }
+            n
+        })
+    };
+    let mut failures = Vec::new();
+    for _ in 0..40 {
+        let out = exec(&ws, &[], &["/bin/true"]);
+        if out.code != 0 {
+            failures.push(format!("{} {:?}", out.code, out.stderr));
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let rounds = churner.join().expect("churner");
+    assert!(rounds > 100, "the tree changed only {rounds} times");
+    assert!(
+        failures.is_empty(),
+        "{} of 40 runs failed: {failures:?}",
+        failures.len()
+    );
+}
+
 /// A file a profile lists that is replaced (renamed over, as `useradd` does to /etc/passwd)
 /// while runs start: each run sees the file as it is, none fails to bind the old one.
 #[test]

@@ -63,7 +63,10 @@ fn walk(dir: BorrowedFd<'_>, path: &Path) -> Result<(), LaunchError> {
         let is_dir = match kind {
             Some(Type::Directory) => true,
             Some(Type::File) | None => {
-                let st = dirfd::stat_at(dir, &name).map_err(fail("stat", &child))?;
+                let Some(st) = present(dirfd::stat_at(dir, &name)).map_err(fail("stat", &child))?
+                else {
+                    continue;
+                };
                 if is_setid_file(&st) {
                     pin_entry(dir, &name, &child)?;
                 }
@@ -72,11 +75,25 @@ fn walk(dir: BorrowedFd<'_>, path: &Path) -> Result<(), LaunchError> {
             Some(_) => false,
         };
         if is_dir {
-            let sub = dirfd::open_subdir(dir, Path::new(&name)).map_err(fail("open", &child))?;
-            walk(sub.as_fd(), &child)?;
+            let sub =
+                present(dirfd::open_subdir(dir, Path::new(&name))).map_err(fail("open", &child))?;
+            if let Some(sub) = sub {
+                walk(sub.as_fd(), &child)?;
+            }
         }
     }
     Ok(())
+}
+
+/// `None` for an entry that went between the listing and the look at it (other runs and the
+/// host change the tree while a run starts): what is not there needs no pin. A directory
+/// replaced by a file (`ENOTDIR`) is the same entry gone.
+fn present<T>(r: std::io::Result<T>) -> std::io::Result<Option<T>> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 fn is_setid_file(st: &nix::sys::stat::FileStat) -> bool {
@@ -85,7 +102,11 @@ fn is_setid_file(st: &nix::sys::stat::FileStat) -> bool {
 
 /// Opens `name` in `dir` as itself (no symlink) and, still a set-id file, pins it.
 fn pin_entry(dir: BorrowedFd<'_>, name: &OsStr, path: &Path) -> Result<(), LaunchError> {
-    let fd = dirfd::open_at(dir, Path::new(name), OFlag::O_PATH, 0).map_err(fail("open", path))?;
+    let fd = present(dirfd::open_at(dir, Path::new(name), OFlag::O_PATH, 0))
+        .map_err(fail("open", path))?;
+    let Some(fd) = fd else {
+        return Ok(());
+    };
     let st = dirfd::stat_fd(fd.as_fd()).map_err(fail("stat", path))?;
     if is_setid_file(&st) {
         bind_read_only(&fd, path)?;
