@@ -311,10 +311,14 @@ fn show_page(page: &Value, show: Show) -> std::io::Result<()> {
 /// asked again until the cancel has reached the run (and is taken back) or the run ends.
 fn withdraw(socket: &Path, task_id: &str, cancel_sent: bool) -> anyhow::Result<Value> {
     let deadline = Instant::now() + Duration::from_secs(5);
+    let mut c = Client::connect(socket)?;
     loop {
-        let r = Client::connect(socket).and_then(|mut c| {
-            c.call("task.cancel", json!({"task_id": task_id, "withdraw": true}))
-        })?;
+        // Asking twice takes back no more than once.
+        let r = c.call_again_if_lost(
+            socket,
+            "task.cancel",
+            json!({"task_id": task_id, "withdraw": true}),
+        )?;
         // An older daemon says nothing of it: what it withdrew stood.
         let overtook = r["result"] == "withdrawn" && r["taken_back"] == false;
         if !(overtook && cancel_sent) || Instant::now() >= deadline {

@@ -215,7 +215,7 @@ fn runs_ended_by_a_container_restart_settle_lost_saying_so() {
     let s = d.open_session(&mut c);
     let gate = Gate::new(&d.workspace, "never");
     let id = background(&mut c, &s, &gate.wait_cmd());
-    let supervisor = sidejob_tests::supervisor_pid(&d.state_dir.join("runs").join(&id));
+    let supervisor = sidejob_tests::supervisor_pid(&d.private_dir(&id));
     let record = d.state_dir.join("daemon.instance");
     let text = std::fs::read_to_string(&record).expect("the daemon records where runs live");
     let fields: Vec<&str> = text.split_whitespace().collect();
@@ -242,7 +242,7 @@ fn runs_ended_by_a_container_restart_settle_lost_saying_so() {
     );
     // And a plain restart is not taken for one.
     let again = background(&mut c, &s, &gate.wait_cmd());
-    let supervisor = sidejob_tests::supervisor_pid(&d.state_dir.join("runs").join(&again));
+    let supervisor = sidejob_tests::supervisor_pid(&d.private_dir(&again));
     d.kill9();
     sidejob_tests::signal(-supervisor, libc::SIGKILL);
     assert!(wait_until(Duration::from_secs(10), || {

@@ -132,7 +132,7 @@ fn sighup_re_executes_the_staged_binary_and_runs_settle_with_their_exit_codes() 
     let passing = background(&mut c, &s, &format!("{}; seq 1 3000", gate.wait_cmd()));
     let supervisors: Vec<i32> = [&failing, &passing]
         .iter()
-        .map(|id| sidejob_tests::supervisor_pid(&d.state_dir.join("runs").join(id.as_str())))
+        .map(|id| sidejob_tests::supervisor_pid(&d.private_dir(id)))
         .collect();
     let pid = d.pid();
     assert_eq!(status_pid(&d), json!(pid));
@@ -401,7 +401,7 @@ fn a_burst_of_sighups_upgrades_again_and_again_without_losing_the_daemon_or_the_
         &s,
         &format!("{}; echo through; exit 6", gate.wait_cmd()),
     );
-    sidejob_tests::supervisor_pid(&d.state_dir.join("runs").join(&id));
+    sidejob_tests::supervisor_pid(&d.private_dir(&id));
     let pid = d.pid();
     let deadline = std::time::Instant::now() + Duration::from_millis(1500);
     while std::time::Instant::now() < deadline {
