@@ -71,7 +71,10 @@ fn mirror() -> String {
 }
 
 /// The base image, imported from the cached debootstrap tarball (made first if missing).
+/// The image tests run at once, each in its own process: the first makes the image while the
+/// others wait for it (two debootstraps into one cache lost one's tarball to the other).
 pub(super) fn base_image() {
+    let _only_one = sidejob_tests::host::HostLock::take("base-image");
     if run(Command::new("podman").args(["image", "exists", BASE]))
         .status
         .success()
