@@ -16,6 +16,7 @@ use crate::protocol::{FailReason, TaskState};
 use crate::run::plan::{Stderr, Tee};
 use crate::run::result::RunResult;
 use crate::sandbox::call::CallSandbox;
+use crate::sandbox::linux::offline_net;
 use crate::sandbox::resolve::Context;
 use crate::sandbox::{Catalog, Network, Profile, RunAs};
 use crate::supervisor;
@@ -365,8 +366,12 @@ pub(super) fn exec(a: ExecArgs) -> i32 {
         } else {
             None
         };
+        // Root's offline runs join the namespace its earlier ones made (`offline_net`).
+        let netns = (plan.sandbox.network == Network::None)
+            .then(|| offline_net::kept_for_exec(crate::sys::getuid(), run_ids.0, &workspace))
+            .flatten();
         match crate::sys::dirfd::open_dir(&run_dir) {
-            Ok(dir) => match supervisor::supervise_with(&plan, started, dir.as_fd(), hook) {
+            Ok(dir) => match supervisor::supervise_with(&plan, started, dir.as_fd(), hook, netns) {
                 Ok(r) => r,
                 Err(e) => {
                     let reason = e.reason();

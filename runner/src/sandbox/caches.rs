@@ -36,7 +36,7 @@ const WORKSPACE_PREFIX: &str = "ws.";
 /// The file in a workspace's directory that names the workspace (for `doctor`).
 const WORKSPACE_FILE: &str = ".workspace";
 
-fn workspace_key(workspace: &Path) -> String {
+pub(crate) fn workspace_key(workspace: &Path) -> String {
     let digest = Sha256::digest(workspace.as_os_str().as_bytes());
     let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
     format!("{WORKSPACE_PREFIX}{hex}")

@@ -281,21 +281,23 @@ pub(crate) fn supervise(
     started: SystemTime,
     out_dir: BorrowedFd<'_>,
 ) -> Result<RunResult, SuperviseError> {
-    supervise_with(plan, started, out_dir, None)
+    supervise_with(plan, started, out_dir, None, None)
 }
 
 /// [`supervise`], calling `egress_first_use` once, when the run's relay first has a
-/// connection or query to hand over (see [`Options`]).
+/// connection or query to hand over, and giving the run an offline network namespace to
+/// join (see [`Options`]).
 pub(crate) fn supervise_with(
     plan: &LaunchPlan,
     started: SystemTime,
     out_dir: BorrowedFd<'_>,
     egress_first_use: Option<&mut dyn FnMut()>,
+    netns: Option<OwnedFd>,
 ) -> Result<RunResult, SuperviseError> {
     let opts = Options {
         egress_first_use,
         report: None,
-        netns: None,
+        netns,
     };
     supervise_run(plan, started, out_dir, opts)
         .map(|s| s.result)

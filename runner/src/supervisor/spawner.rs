@@ -115,14 +115,7 @@ impl SharedNets {
 
     /// A new, empty network namespace; this process is back in its own afterwards.
     fn make(&self) -> io::Result<OwnedFd> {
-        sys::unshare(libc::CLONE_NEWNET)?;
-        let made = std::fs::File::open("/proc/thread-self/ns/net");
-        // Back home whatever happened: every later fork would inherit the new one.
-        if let Err(e) = nix::sched::setns(&self.home, nix::sched::CloneFlags::CLONE_NEWNET) {
-            say(format_args!("cannot return to its network namespace: {e}"));
-            std::process::exit(1);
-        }
-        Ok(made?.into())
+        crate::sandbox::linux::offline_net::make(&self.home)
     }
 }
 

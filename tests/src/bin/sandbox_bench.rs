@@ -485,6 +485,14 @@ fn main() {
     }
     let sidejob = sidejob_bin();
     let baseline = std::env::var_os("SIDEJOB_BENCH_BASELINE").map(PathBuf::from);
+    // `sidejob exec` keeps a profile's caches in its state directory (root's is
+    // /var/lib/sidejob): the bench's go to one of its own, removed at the end.
+    let state = std::env::var_os("SIDEJOB_STATE_DIR")
+        .is_none()
+        .then(|| TempDir::new("bench-state"));
+    if let Some(dir) = &state {
+        std::env::set_var("SIDEJOB_STATE_DIR", dir.path());
+    }
     let mut targets = Targets::default();
     for s in &sections {
         match s.as_str() {
@@ -497,5 +505,6 @@ fn main() {
             _ => work_section(rounds.unwrap_or(5), &sidejob, &mut targets),
         }
     }
+    drop(state);
     targets.finish();
 }

@@ -1,8 +1,8 @@
 //! The network namespace of a run whose network is off (docs/security.md): the runs of one
 //! session share one empty namespace, apart from the host's and from every other session's
 //! and user's; within it, landlock still keeps each run from the others' abstract sockets.
-//! A `sidejob exec` run has an empty namespace of its own. Needs root (the daemon makes these
-//! namespaces only as root).
+//! Root's `sidejob exec` runs share one per workspace, kept on the host between runs. Needs
+//! root (only root makes these namespaces).
 
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
@@ -149,7 +149,7 @@ fn an_abstract_socket_stays_with_its_run() {
 }
 
 #[test]
-fn an_exec_run_has_an_empty_namespace_of_its_own() {
+fn an_exec_run_has_an_empty_namespace_apart_from_the_hosts() {
     let Some(ws) = Ws::new() else { return };
     let host = std::fs::read_link("/proc/self/ns/net")
         .expect("host namespace")
@@ -196,39 +196,120 @@ fn an_exec_run_has_an_empty_namespace_of_its_own() {
     assert_eq!(e.raw_os_error(), Some(libc::ECONNREFUSED), "{e}");
 }
 
-/// `sidejob exec` has its namespace made ahead of the run, by a child of its own: each run
-/// still gets one of its own, never another's, including when they overlap, with or without
-/// loopback.
-#[test]
-fn overlapping_exec_runs_never_share_a_namespace() {
-    let Some(ws) = Ws::new() else { return };
+/// Where root's `sidejob exec` keeps the offline namespaces its runs share.
+const KEPT: &str = "/run/sidejob-exec";
+
+/// The namespace of each of these exec runs in `ws` (`net:[inode]`), started together so
+/// that they overlap.
+fn exec_namespaces(runs: &[(&Ws, &[&str])]) -> Vec<String> {
     let script = "readlink /proc/self/ns/net; sleep 1";
-    let spawn = |extra: &[&str]| {
-        exec_command(&ws, extra, &["sh", "-c", script])
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("sidejob exec")
-    };
-    let children = [
-        spawn(&[]),
-        spawn(&[]),
-        spawn(&["--profile", "ci-net"]),
-        spawn(&["--allow", "example.com"]),
-    ];
-    let mut seen = Vec::new();
-    for child in children {
-        let out = child.wait_with_output().expect("sidejob exec");
-        let ns = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-        assert!(out.status.success() && ns.starts_with("net:["), "{ns}");
-        seen.push(ns);
-    }
+    let children: Vec<_> = runs
+        .iter()
+        .map(|(ws, extra)| {
+            exec_command(ws, extra, &["sh", "-c", script])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("sidejob exec")
+        })
+        .collect();
     let host = std::fs::read_link("/proc/self/ns/net").expect("host namespace");
-    let host = host.display().to_string();
-    for (i, ns) in seen.iter().enumerate() {
-        assert_ne!(*ns, host, "run {i} is in the host's namespace");
+    children
+        .into_iter()
+        .map(|child| {
+            let out = child.wait_with_output().expect("sidejob exec");
+            let ns = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+            assert!(out.status.success() && ns.starts_with("net:["), "{ns}");
+            assert_ne!(
+                ns,
+                host.display().to_string(),
+                "a run in the host's namespace"
+            );
+            ns
+        })
+        .collect()
+}
+
+/// The kept namespaces on the host: mount point and namespace (`net:[inode]`), from the
+/// host's mount table.
+fn kept_on_host() -> Vec<(String, String)> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .expect("mountinfo")
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (f.get(4)?.starts_with(&format!("{KEPT}/")) && f.get(3)?.starts_with("net:["))
+                .then(|| (f[4].to_owned(), f[3].to_owned()))
+        })
+        .collect()
+}
+
+/// Root's offline exec runs in one workspace share one empty namespace, kept on the host for
+/// the next: apart from the host's, from another workspace's, and from every run with a
+/// loopback or an allow-list (those each have their own).
+#[test]
+fn exec_runs_of_one_workspace_share_a_kept_namespace_and_no_other() {
+    let Some(ws) = Ws::new() else { return };
+    let Some(other) = Ws::new() else { return };
+    let _kept = sidejob_tests::host::HostLock::take("exec-netns");
+    let seen = exec_namespaces(&[
+        (&ws, &[]),
+        (&ws, &[]),
+        (&other, &[]),
+        (&ws, &["--profile", "ci-net"]),
+        (&ws, &["--allow", "example.com"]),
+    ]);
+    assert_eq!(seen[0], seen[1], "one workspace's runs: {seen:?}");
+    for (i, ns) in seen.iter().enumerate().skip(2) {
         assert!(
             !seen[..i].contains(ns),
-            "two overlapping runs share {ns}: {seen:?}"
+            "run {i} shares {ns} with another: {seen:?}"
         );
     }
+    // Both offline namespaces are kept on the host, for the workspace's next run.
+    let kept = kept_on_host();
+    for ns in &seen[1..3] {
+        assert!(kept.iter().any(|(_, k)| k == ns), "{ns} not kept: {kept:?}");
+    }
+    let next = exec_namespaces(&[(&ws, &[])]);
+    assert_eq!(next[0], seen[0], "the workspace's next run");
+}
+
+/// A kept namespace no run joined for ten minutes is let go when the next one is made; runs
+/// never take one from a directory that is not root's alone.
+#[test]
+fn exec_lets_go_of_idle_namespaces_and_trusts_only_roots_directory() {
+    let Some(ws) = Ws::new() else { return };
+    let Some(other) = Ws::new() else { return };
+    let _kept = sidejob_tests::host::HostLock::take("exec-netns");
+    let first = exec_namespaces(&[(&ws, &[])]).remove(0);
+    let (point, _) = kept_on_host()
+        .into_iter()
+        .find(|(_, ns)| *ns == first)
+        .expect("the workspace's namespace is kept");
+    // Last joined eleven minutes ago.
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(660);
+    std::fs::File::options()
+        .write(true)
+        .open(format!("{point}.used"))
+        .and_then(|f| f.set_modified(old))
+        .expect("age the mark");
+    // Another workspace's first run makes its own, and lets go of the idle one.
+    exec_namespaces(&[(&other, &[])]);
+    let kept = kept_on_host();
+    assert!(
+        !kept.iter().any(|(p, _)| *p == point),
+        "the idle namespace is still kept: {kept:?}"
+    );
+    assert!(!std::path::Path::new(&point).exists(), "{point} is left");
+    let again = exec_namespaces(&[(&ws, &[])]).remove(0);
+    assert_ne!(again, first, "the namespace let go of was joined again");
+
+    // Handed to another user, the directory is not used: each run makes its own.
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(KEPT).expect("the directory");
+    std::os::unix::fs::chown(KEPT, Some(NOBODY), None).expect("chown");
+    let apart = exec_namespaces(&[(&ws, &[]), (&ws, &[])]);
+    std::os::unix::fs::chown(KEPT, Some(meta.uid()), None).expect("chown back");
+    assert_ne!(apart[0], apart[1], "runs shared a namespace from {KEPT}");
+    assert!(!apart.contains(&again), "{apart:?} joined {again}");
 }

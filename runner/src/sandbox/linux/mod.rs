@@ -8,6 +8,7 @@ pub(crate) mod cgroup;
 pub(crate) mod git;
 pub(crate) mod landlock;
 pub(crate) mod netns;
+pub(crate) mod offline_net;
 pub(crate) mod oneshot;
 pub(crate) mod seccomp;
 mod setid;

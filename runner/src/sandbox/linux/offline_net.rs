@@ -1,0 +1,187 @@
+//! Offline network namespaces that runs share instead of each making its own.
+//!
+//! A run whose network is off needs a network namespace only to be kept apart from the
+//! host's network (its interfaces, its sockets in `/proc/net`, its abstract Unix sockets).
+//! Making one and tearing it down costs about 0.8 ms of CPU (its sysctl tables are
+//! registered at creation, and a kernel worker unregisters them after the last process left),
+//! the costliest step of a run's start. Runs that may meet — the same user's, and only
+//! where landlock scopes abstract sockets, so that none reaches another's (see
+//! `Prepared::give_shared_netns`) — therefore join one empty namespace, `lo` down and nothing
+//! in it:
+//!
+//! - the daemon's runs, one per user and session, which the spawner holds
+//!   (`supervisor::spawner`);
+//! - root's `sidejob exec` runs, one per caller, run uid and workspace, kept by a bind mount
+//!   at `/run/sidejob-exec/net-<caller>-<run uid>-ws.<key>` ([`kept_for_exec`]): `exec` has
+//!   no process that outlives it to hold one. The first run that needs it makes it; the
+//!   next run to make one lets go of those no run joined for ten minutes (as the spawner
+//!   does), and `umount /run/sidejob-exec/net-*` lets go of them all.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use nix::fcntl::OFlag;
+
+use crate::sys::{self, dirfd, sandbox as ssys};
+
+/// Where root's `sidejob exec` keeps its offline namespaces: root's alone (mode 0700).
+pub(crate) const EXEC_DIR: &str = "/run/sidejob-exec";
+
+/// `NS_GET_NSTYPE` (`linux/nsfs.h`): the `CLONE_NEW*` type of a namespace descriptor.
+const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
+
+/// A new, empty network namespace; the calling thread is back in `home` (its own, opened
+/// before) afterwards. A thread that cannot return exits the process: every later fork
+/// would be in the new namespace.
+pub(crate) fn make(home: &OwnedFd) -> io::Result<OwnedFd> {
+    sys::unshare(libc::CLONE_NEWNET)?;
+    let made = std::fs::File::open("/proc/thread-self/ns/net");
+    if let Err(e) = nix::sched::setns(home, nix::sched::CloneFlags::CLONE_NEWNET) {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "sidejob: cannot return to its network namespace: {e}"
+        );
+        std::process::exit(1);
+    }
+    Ok(made?.into())
+}
+
+/// The offline network namespace root's `sidejob exec` runs of `caller` as `run_uid` in
+/// `workspace` share, made now if there is none. `None` when this process is not root, when
+/// [`EXEC_DIR`] is not root's alone, or when anything fails: the run then makes its own, as
+/// it always could.
+pub(crate) fn kept_for_exec(caller: u32, run_uid: u32, workspace: &Path) -> Option<OwnedFd> {
+    if !nix::unistd::geteuid().is_root() {
+        return None;
+    }
+    let dir = exec_dir().ok()?;
+    let name = format!(
+        "net-{caller}-{run_uid}-{}",
+        crate::sandbox::caches::workspace_key(workspace)
+    );
+    let ns = match open_netns(&dir, &name) {
+        Some(ns) => ns,
+        None => make_kept(&dir, &name)?,
+    };
+    mark_used(&dir, &name);
+    Some(ns)
+}
+
+/// Makes the namespace kept at `name` (unless another run just did), and lets go of those
+/// no run has joined for [`KEPT_IDLE`].
+fn make_kept(dir: &OwnedFd, name: &str) -> Option<OwnedFd> {
+    // One maker at a time: two runs that both found none would each mount one.
+    let lock = dirfd::open_at(
+        dir.as_fd(),
+        Path::new("."),
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY,
+        0,
+    )
+    .ok()?;
+    sys::flock(lock.as_fd(), libc::LOCK_EX).ok()?;
+    if let Some(ns) = open_netns(dir, name) {
+        return Some(ns);
+    }
+    let_go_of_idle(dir);
+    // The mount point: the file a previous boot of the host left, or a new one.
+    let point = match dirfd::open_at(dir.as_fd(), Path::new(name), OFlag::O_PATH, 0) {
+        Ok(fd) => fd,
+        Err(_) => {
+            drop(dirfd::create_at(dir.as_fd(), name, 0o600).ok()?);
+            dirfd::open_at(dir.as_fd(), Path::new(name), OFlag::O_PATH, 0).ok()?
+        }
+    };
+    if !dirfd::is_file(&dirfd::stat_fd(point.as_fd()).ok()?) {
+        return None;
+    }
+    let home: OwnedFd = std::fs::File::open("/proc/thread-self/ns/net").ok()?.into();
+    let ns = make(&home).ok()?;
+    let tree = ssys::open_tree_clone(&ns).ok()?;
+    ssys::move_mount(&tree, &point).ok()?;
+    Some(ns)
+}
+
+/// A kept namespace no run has joined for this long is let go (the runs still in it keep
+/// it alive).
+const KEPT_IDLE: Duration = Duration::from_secs(600);
+
+/// When a kept namespace was last joined: the time of a file beside it, `<name>.used`.
+const USED: &str = ".used";
+
+fn mark_used(dir: &OwnedFd, name: &str) {
+    let mark = format!("{name}{USED}");
+    let now = nix::sys::stat::utimensat(
+        dir.as_fd(),
+        mark.as_str(),
+        &nix::sys::time::TimeSpec::UTIME_NOW,
+        &nix::sys::time::TimeSpec::UTIME_NOW,
+        nix::sys::stat::UtimensatFlags::NoFollowSymlink,
+    );
+    if now.is_err() {
+        drop(dirfd::create_at(dir.as_fd(), &mark, 0o600));
+    }
+}
+
+/// Unmounts and removes every kept namespace (and mark) not joined for [`KEPT_IDLE`].
+fn let_go_of_idle(dir: &OwnedFd) {
+    let Ok(entries) = dirfd::entries(dir.as_fd()) else {
+        return;
+    };
+    let now = SystemTime::now();
+    let idle = |mark: &str| {
+        dirfd::stat_at(dir.as_fd(), mark.as_ref()).map_or(true, |st| {
+            let used = SystemTime::UNIX_EPOCH + Duration::from_secs(st.st_mtime.max(0) as u64);
+            now.duration_since(used).is_ok_and(|d| d >= KEPT_IDLE)
+        })
+    };
+    for (entry, _) in entries {
+        let Some(name) = entry.to_str() else { continue };
+        if !name.starts_with("net-") || name.ends_with(USED) {
+            continue;
+        }
+        let mark = format!("{name}{USED}");
+        if idle(&mark) {
+            let _ = nix::mount::umount2(
+                &Path::new(EXEC_DIR).join(name),
+                nix::mount::MntFlags::MNT_DETACH | nix::mount::MntFlags::UMOUNT_NOFOLLOW,
+            );
+            let _ = dirfd::unlink_at(dir.as_fd(), name);
+            let _ = dirfd::unlink_at(dir.as_fd(), &mark);
+        }
+    }
+}
+
+/// [`EXEC_DIR`], made if missing; only a real directory of root's that no one else may
+/// write is taken.
+fn exec_dir() -> io::Result<OwnedFd> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let path = Path::new(EXEC_DIR);
+    match std::fs::DirBuilder::new().mode(0o700).create(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let dir = dirfd::open_dir(path)?;
+    let st = dirfd::stat_fd(dir.as_fd())?;
+    if st.st_uid != 0 {
+        return Err(io::Error::other("not root's"));
+    }
+    if st.st_mode & 0o077 != 0 {
+        // Opened up since it was made: root's alone again. What anyone else could have put
+        // in it meanwhile is never taken for a namespace ([`open_netns`] checks).
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(dir)
+}
+
+/// The network namespace mounted at `name` in `dir`, if that is one.
+fn open_netns(dir: &OwnedFd, name: &str) -> Option<OwnedFd> {
+    let fd = dirfd::open_at(dir.as_fd(), Path::new(name), OFlag::O_RDONLY, 0).ok()?;
+    // SAFETY: an ioctl that takes no argument, on a descriptor this function owns.
+    #[allow(unsafe_code)]
+    let kind = unsafe { libc::ioctl(fd.as_raw_fd(), NS_GET_NSTYPE) };
+    (kind == libc::CLONE_NEWNET).then_some(fd)
+}
