@@ -17,18 +17,13 @@
 //! Encoded and decoded here only. A supervisor forked this way keeps the spawner's command
 //! line; its name (`comm`) is [`SUPERVISOR_NAME`].
 //!
-//! **Shared offline network namespaces.** A run whose network is off needs a network
-//! namespace of its own only to be kept apart from the host's network (its interfaces, its
-//! sockets in `/proc/net`, its abstract Unix sockets); making one and tearing it down is the
-//! costliest step of a run's start (about 0.5 ms of CPU each). The spawner therefore keeps
-//! one empty namespace (`lo` down, nothing in it) per key the daemon gives — the run's uid
-//! and session — and hands it to the supervisor as descriptor [`SHARED_NETNS_FD`]; the run's
-//! init joins it instead of making its own (`sandbox::linux::launch`). Runs of other
-//! sessions or other users never meet in one. A namespace unused for [`SHARED_NETNS_IDLE`]
-//! is let go (the runs still in it keep it alive), and at most [`SHARED_NETNS_MAX`] are
-//! kept. Only a root spawner on a kernel whose landlock scopes abstract sockets makes them
-//! (runs in one namespace must not reach each other's); otherwise, or when making one
-//! fails, the run makes its own.
+//! **Shared offline network namespaces** (`sandbox::linux::offline_net`). The spawner keeps
+//! one empty namespace per key the daemon gives — the run's uid and session — and hands it to
+//! the supervisor as descriptor [`SHARED_NETNS_FD`]; the run's init joins it instead of making
+//! its own (`sandbox::linux::launch`). Runs of other sessions or other users never meet in
+//! one. A namespace unused for [`SHARED_NETNS_IDLE`] is let go (the runs still in it keep it
+//! alive), and at most [`SHARED_NETNS_MAX`] are kept. Where none may be shared
+//! (`offline_net::may_share`), or making one fails, the run makes its own.
 
 use std::collections::HashMap;
 use std::io;
@@ -66,11 +61,7 @@ impl SharedNets {
     }
 
     fn with_limits(idle: Duration, max: usize) -> Option<SharedNets> {
-        let scoped = crate::sandbox::linux::Availability::cached()
-            .landlock_abi
-            .as_ref()
-            .is_ok_and(|abi| *abi >= crate::sandbox::linux::landlock::SCOPE_ABI);
-        if !nix::unistd::geteuid().is_root() || !scoped {
+        if !crate::sandbox::linux::offline_net::may_share() {
             return None;
         }
         let home = std::fs::File::open("/proc/thread-self/ns/net").ok()?;

@@ -32,6 +32,17 @@ pub(crate) const EXEC_DIR: &str = "/run/sidejob-exec";
 /// `NS_GET_NSTYPE` (`linux/nsfs.h`): the `CLONE_NEW*` type of a namespace descriptor.
 const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
 
+/// Whether this process makes namespaces for runs to share: only as root, and only where
+/// landlock scopes abstract sockets (without that no run may join one:
+/// `Prepared::give_shared_netns`), so none is made to be left unused.
+pub(crate) fn may_share() -> bool {
+    nix::unistd::geteuid().is_root()
+        && super::Availability::cached()
+            .landlock_abi
+            .as_ref()
+            .is_ok_and(|abi| *abi >= super::landlock::SCOPE_ABI)
+}
+
 /// A new, empty network namespace; the calling thread is back in `home` (its own, opened
 /// before) afterwards. A thread that cannot return exits the process: every later fork
 /// would be in the new namespace.
@@ -54,7 +65,7 @@ pub(crate) fn make(home: &OwnedFd) -> io::Result<OwnedFd> {
 /// [`EXEC_DIR`] is not root's alone, or when anything fails: the run then makes its own, as
 /// it always could.
 pub(crate) fn kept_for_exec(caller: u32, run_uid: u32, workspace: &Path) -> Option<OwnedFd> {
-    if !nix::unistd::geteuid().is_root() {
+    if !may_share() {
         return None;
     }
     let dir = exec_dir().ok()?;
