@@ -49,11 +49,9 @@ impl Conn {
     }
     fn next(&mut self) -> Value {
         let mut buf = String::new();
+        // A panic, not an exit: the daemon is stopped as it unwinds.
         if let Err(e) = self.r.read_line(&mut buf) {
-            eprintln!(
-                "FAILED: nothing arrived within 60 s ({e}): a wake or an occurrence was lost"
-            );
-            std::process::exit(1);
+            panic!("FAILED: nothing arrived within 60 s ({e}): a wake or an occurrence was lost");
         }
         serde_json::from_str(&buf).unwrap()
     }
@@ -85,7 +83,7 @@ impl Drop for Daemon {
     }
 }
 
-fn main() {
+fn main() -> std::process::ExitCode {
     burn_if_asked();
     let root = std::env::temp_dir().join(format!("sidejob-bench-wakes-{}", std::process::id()));
     let socket = root.join("run").join("s.sock");
@@ -285,9 +283,9 @@ fn main() {
     );
     if !once {
         eprintln!("FAILED: an occurrence was lost or delivered twice");
-        std::process::exit(1);
+        return std::process::ExitCode::FAILURE;
     }
-    targets.finish();
+    targets.finish()
 }
 
 /// exit → notification on a subscribed socket, p99, on an idle machine and a busy one.

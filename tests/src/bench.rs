@@ -301,8 +301,10 @@ impl Targets {
         }
     }
 
-    /// Exits 1 when a target was missed; 0 otherwise (an unmeasured target is reported).
-    pub fn finish(self) -> ! {
+    /// The bench's exit status: 1 when a target was missed, 0 otherwise (an unmeasured target
+    /// is reported). Returned from `main`, not exited with, so that the daemons and
+    /// directories the bench made are dropped first (an exit left them running).
+    pub fn finish(self) -> std::process::ExitCode {
         if self.unjudged > 0 {
             println!(
                 "{} target(s) could not be judged (see above)",
@@ -311,9 +313,9 @@ impl Targets {
         }
         if self.missed.is_empty() {
             println!("all measured targets met");
-            std::process::exit(0);
+            return std::process::ExitCode::SUCCESS;
         }
         println!("MISSED: {}", self.missed.join("; "));
-        std::process::exit(1);
+        std::process::ExitCode::FAILURE
     }
 }

@@ -51,7 +51,7 @@ fn exec(profile: &str, ws: &std::path::Path, cmd: &[&str]) -> (Duration, String)
     (took, String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn main() {
+fn main() -> std::process::ExitCode {
     burn_if_asked();
     let rounds: usize = std::env::args()
         .nth(1)
@@ -216,5 +216,5 @@ fn main() {
             true,
         );
     }
-    targets.finish();
+    targets.finish()
 }

@@ -446,7 +446,7 @@ fn work_section(rounds: usize, sidejob: &Path, targets: &mut Targets) {
     }
 }
 
-fn main() {
+fn main() -> std::process::ExitCode {
     burn_if_asked();
     let mut sections = Vec::new();
     let mut rounds: Option<usize> = None;
@@ -455,7 +455,7 @@ fn main() {
         match a.as_str() {
             "-h" | "--help" => {
                 println!("{USAGE}");
-                return;
+                return std::process::ExitCode::SUCCESS;
             }
             "--rounds" => match args.next().and_then(|n| n.parse().ok()) {
                 Some(n) if n > 0 => rounds = Some(n),
@@ -487,10 +487,10 @@ fn main() {
     let baseline = std::env::var_os("SIDEJOB_BENCH_BASELINE").map(PathBuf::from);
     // `sidejob exec` keeps a profile's caches in its state directory (root's is
     // /var/lib/sidejob): the bench's go to one of its own, removed at the end.
-    let state = std::env::var_os("SIDEJOB_STATE_DIR")
+    let _state = std::env::var_os("SIDEJOB_STATE_DIR")
         .is_none()
         .then(|| TempDir::new("bench-state"));
-    if let Some(dir) = &state {
+    if let Some(dir) = &_state {
         std::env::set_var("SIDEJOB_STATE_DIR", dir.path());
     }
     let mut targets = Targets::default();
@@ -505,6 +505,5 @@ fn main() {
             _ => work_section(rounds.unwrap_or(5), &sidejob, &mut targets),
         }
     }
-    drop(state);
-    targets.finish();
+    targets.finish()
 }
