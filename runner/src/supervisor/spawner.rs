@@ -89,7 +89,7 @@ impl SharedNets {
                     self.nets.remove(&k);
                 }
             }
-            match self.make() {
+            match crate::sandbox::linux::offline_net::make(&self.home) {
                 Ok(fd) => {
                     self.nets.insert(key.to_vec(), (fd, now));
                 }
@@ -102,11 +102,6 @@ impl SharedNets {
         let entry = self.nets.get_mut(key)?;
         entry.1 = now;
         Some(&entry.0)
-    }
-
-    /// A new, empty network namespace; this process is back in its own afterwards.
-    fn make(&self) -> io::Result<OwnedFd> {
-        crate::sandbox::linux::offline_net::make(&self.home)
     }
 }
 

@@ -487,10 +487,10 @@ fn main() -> std::process::ExitCode {
     let baseline = std::env::var_os("SIDEJOB_BENCH_BASELINE").map(PathBuf::from);
     // `sidejob exec` keeps a profile's caches in its state directory (root's is
     // /var/lib/sidejob): the bench's go to one of its own, removed at the end.
-    let _state = std::env::var_os("SIDEJOB_STATE_DIR")
+    let state = std::env::var_os("SIDEJOB_STATE_DIR")
         .is_none()
         .then(|| TempDir::new("bench-state"));
-    if let Some(dir) = &_state {
+    if let Some(dir) = &state {
         std::env::set_var("SIDEJOB_STATE_DIR", dir.path());
     }
     let mut targets = Targets::default();

@@ -27,7 +27,7 @@ use nix::fcntl::OFlag;
 use crate::sys::{self, dirfd, sandbox as ssys};
 
 /// Where root's `sidejob exec` keeps its offline namespaces: root's alone (mode 0700).
-pub(crate) const EXEC_DIR: &str = "/run/sidejob-exec";
+const EXEC_DIR: &str = "/run/sidejob-exec";
 
 /// `NS_GET_NSTYPE` (`linux/nsfs.h`): the `CLONE_NEW*` type of a namespace descriptor.
 const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
