@@ -8,7 +8,11 @@
 //!   and with two CPU burners beside it; curl's own `time_total` is used, so the sandbox's
 //!   start-up is not in it. Target: through the proxy ≥ 0.8× direct. The CPU per GiB of every
 //!   process of each line is printed beside it (what the relay and the proxy add). Exits 1
-//!   when the target is missed.
+//!   when the target is missed;
+//! - the same download through a bare relay (this binary with `--relay`: two loopback
+//!   connections joined by `splice(2)`, deciding nothing), from a run on the host's network:
+//!   what any proxy costs on this machine for the second connection alone, so that the
+//!   proxy's own part (proxy ÷ bare relay) is told apart from the hop every proxy adds.
 //!
 //! Rounds are interleaved so background noise hits both sides alike. Prints medians and p90.
 //!
@@ -16,6 +20,8 @@
 
 #![allow(clippy::expect_used)] // a benchmark fails by panicking
 
+use std::io::{BufRead, BufReader};
+use std::net::{Shutdown, TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -29,6 +35,19 @@ const DOWNLOAD: u64 = 1 << 30;
 fn stats(mut v: Vec<f64>) -> (f64, f64) {
     v.sort_by(|a, b| a.total_cmp(b));
     (v[v.len() / 2], v[v.len() * 9 / 10])
+}
+
+/// The three lines of the download: straight to the server, through sidejob's egress proxy,
+/// and through the bare relay.
+#[derive(Clone, Copy)]
+enum Path {
+    Direct,
+    Proxy,
+    Relay,
+}
+
+impl Path {
+    const ALL: [Path; 3] = [Path::Direct, Path::Proxy, Path::Relay];
 }
 
 fn ms(d: Duration) -> f64 {
@@ -51,8 +70,53 @@ fn exec(profile: &str, ws: &std::path::Path, cmd: &[&str]) -> (Duration, String)
     (took, String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// `--relay PORT`: accepts one connection on a loopback port it prints, connects it to
+/// `127.0.0.1:PORT`, moves the bytes both ways with `splice(2)` through a 1 MiB pipe (as the
+/// egress proxy does, without its policy or its event loop) and exits when both ends are done.
+fn relay_if_asked() {
+    let mut args = std::env::args().skip(1);
+    if args.next().as_deref() != Some("--relay") {
+        return;
+    }
+    let upstream: u16 = args
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("--relay PORT");
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind the relay");
+    println!("{}", listener.local_addr().expect("relay address").port());
+    let (client, _) = listener.accept().expect("accept");
+    let server = TcpStream::connect(("127.0.0.1", upstream)).expect("connect upstream");
+    let (c, s) = (
+        client.try_clone().expect("dup"),
+        server.try_clone().expect("dup"),
+    );
+    let up = std::thread::spawn(move || pump(&c, &s));
+    pump(&server, &client);
+    up.join().expect("the relay's other direction");
+    std::process::exit(0);
+}
+
+fn pump(from: &TcpStream, to: &TcpStream) {
+    use nix::fcntl::{fcntl, splice, FcntlArg, SpliceFFlags};
+    const PIPE: usize = 1 << 20;
+    let (r, w) = nix::unistd::pipe().expect("pipe");
+    let _ = fcntl(&w, FcntlArg::F_SETPIPE_SZ(PIPE as i32));
+    let flags = SpliceFFlags::SPLICE_F_MOVE;
+    while let Ok(n @ 1..) = splice(from, None, &w, None, PIPE, flags) {
+        let mut left = n;
+        while left > 0 {
+            match splice(&r, None, to, None, left, flags) {
+                Ok(k @ 1..) => left -= k,
+                _ => return,
+            }
+        }
+    }
+    let _ = to.shutdown(Shutdown::Write);
+}
+
 fn main() -> std::process::ExitCode {
     burn_if_asked();
+    relay_if_asked();
     let rounds: usize = std::env::args()
         .nth(1)
         .and_then(|a| a.parse().ok())
@@ -143,19 +207,45 @@ fn main() -> std::process::ExitCode {
         }
     }
 
-    // Throughput: 1 GiB from the loopback server, direct and through the proxy, idle and busy,
-    // with the CPU of every process of each line (curl, the relay, the proxy, sidejob exec).
-    let mut meter = meter(2);
-    let curl = |meter: &mut Option<CpuMeter>, proxied: bool| {
-        let url = if proxied {
-            format!("http://models.test:{port}/bytes/{DOWNLOAD}")
-        } else {
-            format!("http://127.0.0.1:{port}/bytes/{DOWNLOAD}")
+    // Throughput: 1 GiB from the loopback server, direct, through the proxy and through the
+    // bare relay, idle and busy, with the CPU of every process of each line (curl, the run's
+    // relay, the proxy or the bare relay, sidejob exec; and the bench's own server, which is
+    // in the line being measured while it serves).
+    let mut meter = meter(3);
+    let curl = |meter: &mut Option<CpuMeter>, path: Path| {
+        let get = |url: String, profile: &str| {
+            let script =
+                format!("curl -sS -o /dev/null -w '%{{time_total}} %{{size_download}}' {url}");
+            exec(profile, ws.path(), &["sh", "-c", &script]).1
         };
-        let script = format!("curl -sS -o /dev/null -w '%{{time_total}} %{{size_download}}' {url}");
-        let profile = if proxied { &allow } else { &host };
-        let run = || exec(profile, ws.path(), &["sh", "-c", &script]);
-        let (_, out) = in_line(meter, usize::from(proxied), run);
+        let out = in_line(meter, path as usize, || match path {
+            Path::Direct => get(format!("http://127.0.0.1:{port}/bytes/{DOWNLOAD}"), &host),
+            Path::Proxy => get(
+                format!("http://models.test:{port}/bytes/{DOWNLOAD}"),
+                &allow,
+            ),
+            Path::Relay => {
+                let mut relay = Command::new(std::env::current_exe().expect("own path"))
+                    .args(["--relay", &port.to_string()])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::piped())
+                    .spawn()
+                    .expect("start the bare relay");
+                let mut line = String::new();
+                BufReader::new(relay.stdout.take().expect("relay stdout"))
+                    .read_line(&mut line)
+                    .expect("the relay's port");
+                let out = get(
+                    format!("http://127.0.0.1:{}/bytes/{DOWNLOAD}", line.trim()),
+                    &host,
+                );
+                assert!(
+                    relay.wait().expect("relay").success(),
+                    "the bare relay failed"
+                );
+                out
+            }
+        });
         let mut it = out.split_whitespace();
         let secs: f64 = it.next().and_then(|s| s.parse().ok()).expect("time_total");
         let bytes: u64 = it.next().and_then(|s| s.parse().ok()).expect("size");
@@ -166,21 +256,24 @@ fn main() -> std::process::ExitCode {
     let mut throughput = Vec::new();
     for load in Load::BOTH {
         let _burners = load.apply();
-        let cpu0 = meter.as_ref().map(|m| (m.used(0), m.used(1)));
-        let (mut direct, mut proxied) = (Vec::new(), Vec::new());
+        let cpu0 = meter
+            .as_ref()
+            .map(|m| Path::ALL.map(|p| m.used(p as usize)));
+        let mut speed = Path::ALL.map(|_| Vec::new());
         for _ in 0..downloads {
-            direct.push(curl(&mut meter, false));
-            proxied.push(curl(&mut meter, true));
+            for p in Path::ALL {
+                speed[p as usize].push(curl(&mut meter, p));
+            }
         }
         drop(_burners);
-        // CPU seconds per GiB of each line, and what the proxy path added.
-        let cpu = meter.as_ref().zip(cpu0).map(|(m, (d0, p0))| {
-            m.settle(0);
-            m.settle(1);
-            let per_gib = |d: Duration| d.as_secs_f64() / downloads as f64;
-            (per_gib(m.used(0) - d0), per_gib(m.used(1) - p0))
+        // CPU seconds per GiB of each line.
+        let cpu = meter.as_ref().zip(cpu0).map(|(m, before)| {
+            Path::ALL.map(|p| {
+                m.settle(p as usize);
+                (m.used(p as usize) - before[p as usize]).as_secs_f64() / downloads as f64
+            })
         });
-        throughput.push((load, stats(direct).0, stats(proxied).0, cpu));
+        throughput.push((load, speed.map(|v| stats(v).0), cpu));
     }
 
     let (en, en90) = stats(e_none);
@@ -195,16 +288,21 @@ fn main() -> std::process::ExitCode {
     println!("  round trip true, allow-list       median {ra:7.2} ms  p90 {ra90:7.2} ms   added {:+.2} ms", ra - rn);
     println!("  first request of an exec run      median {f50:7.2} ms  p90 {f90:7.2} ms   (curl's time_total, proxy start included)");
     let mut targets = Targets::default();
-    for (load, dd, dp, cpu) in throughput {
+    for (load, [dd, dp, dr], cpu) in throughput {
         let l = load.name();
         println!("  {l}: 1 GiB download, direct        median {dd:8.1} MiB/s");
         println!(
             "  {l}: 1 GiB download, through proxy median {dp:8.1} MiB/s   ratio {:.2}",
             dp / dd
         );
-        if let Some((cd, cp)) = cpu {
+        println!(
+            "  {l}: 1 GiB download, bare relay    median {dr:8.1} MiB/s   ratio {:.2}   proxy / bare relay {:.2}",
+            dr / dd,
+            dp / dr
+        );
+        if let Some([cd, cp, cr]) = cpu {
             println!(
-                "  {l}: CPU per GiB: direct {cd:.2} s, through the proxy {cp:.2} s (the proxy path adds {:.2} s)",
+                "  {l}: CPU per GiB: direct {cd:.2} s, through the proxy {cp:.2} s (the proxy path adds {:.2} s), bare relay {cr:.2} s",
                 cp - cd
             );
         }
