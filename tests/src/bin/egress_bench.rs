@@ -37,17 +37,17 @@ fn stats(mut v: Vec<f64>) -> (f64, f64) {
     (v[v.len() / 2], v[v.len() * 9 / 10])
 }
 
-/// The three lines of the download: straight to the server, through sidejob's egress proxy,
+/// The three routes of the download: straight to the server, through sidejob's egress proxy,
 /// and through the bare relay.
 #[derive(Clone, Copy)]
-enum Path {
+enum Route {
     Direct,
     Proxy,
     Relay,
 }
 
-impl Path {
-    const ALL: [Path; 3] = [Path::Direct, Path::Proxy, Path::Relay];
+impl Route {
+    const ALL: [Route; 3] = [Route::Direct, Route::Proxy, Route::Relay];
 }
 
 fn ms(d: Duration) -> f64 {
@@ -82,6 +82,8 @@ fn relay_if_asked() {
         .next()
         .and_then(|p| p.parse().ok())
         .expect("--relay PORT");
+    // A bench that fails before the download connects must not leave the relay waiting.
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).expect("parent-death signal");
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind the relay");
     println!("{}", listener.local_addr().expect("relay address").port());
     let (client, _) = listener.accept().expect("accept");
@@ -212,19 +214,19 @@ fn main() -> std::process::ExitCode {
     // relay, the proxy or the bare relay, sidejob exec; and the bench's own server, which is
     // in the line being measured while it serves).
     let mut meter = meter(3);
-    let curl = |meter: &mut Option<CpuMeter>, path: Path| {
+    let curl = |meter: &mut Option<CpuMeter>, route: Route| {
         let get = |url: String, profile: &str| {
             let script =
                 format!("curl -sS -o /dev/null -w '%{{time_total}} %{{size_download}}' {url}");
             exec(profile, ws.path(), &["sh", "-c", &script]).1
         };
-        let out = in_line(meter, path as usize, || match path {
-            Path::Direct => get(format!("http://127.0.0.1:{port}/bytes/{DOWNLOAD}"), &host),
-            Path::Proxy => get(
+        let out = in_line(meter, route as usize, || match route {
+            Route::Direct => get(format!("http://127.0.0.1:{port}/bytes/{DOWNLOAD}"), &host),
+            Route::Proxy => get(
                 format!("http://models.test:{port}/bytes/{DOWNLOAD}"),
                 &allow,
             ),
-            Path::Relay => {
+            Route::Relay => {
                 let mut relay = Command::new(std::env::current_exe().expect("own path"))
                     .args(["--relay", &port.to_string()])
                     .stdin(Stdio::null())
@@ -258,17 +260,17 @@ fn main() -> std::process::ExitCode {
         let _burners = load.apply();
         let cpu0 = meter
             .as_ref()
-            .map(|m| Path::ALL.map(|p| m.used(p as usize)));
-        let mut speed = Path::ALL.map(|_| Vec::new());
+            .map(|m| Route::ALL.map(|p| m.used(p as usize)));
+        let mut speed = Route::ALL.map(|_| Vec::new());
         for _ in 0..downloads {
-            for p in Path::ALL {
+            for p in Route::ALL {
                 speed[p as usize].push(curl(&mut meter, p));
             }
         }
         drop(_burners);
         // CPU seconds per GiB of each line.
         let cpu = meter.as_ref().zip(cpu0).map(|(m, before)| {
-            Path::ALL.map(|p| {
+            Route::ALL.map(|p| {
                 m.settle(p as usize);
                 (m.used(p as usize) - before[p as usize]).as_secs_f64() / downloads as f64
             })
