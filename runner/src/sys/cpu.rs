@@ -97,6 +97,57 @@ pub(crate) fn free_to_move() {
     }
 }
 
+/// The command held on this CPU through its `execve`, where the kernel would otherwise move
+/// it: exec balances a task onto the CPU that looks least loaded, and the one [`stay_here`]
+/// keeps `sidejob exec` and init on looks the busier for their recent work, so on a busy
+/// machine the command went to the other CPU and waited there behind whatever ran on it.
+///
+/// Init makes itself real-time for the command's start ([`hold_through_exec`]), its forks
+/// reset to normal scheduling, and the command is forked without its CPUs given back. When
+/// the command's exec releases init (`CLONE_VFORK`), init, on the same CPU and real-time,
+/// runs before the command gets back to user space, gives it back every CPU
+/// ([`ExecHold::release`]) and returns to normal scheduling. So the command has every CPU
+/// from its first instruction: nothing it forks keeps one CPU, and its own
+/// `sched_setaffinity` comes after ours. Where init may not be real-time (no
+/// `CAP_SYS_NICE`, a cgroup with no real-time budget), nothing is held and the command
+/// frees itself before its exec, as before.
+pub(crate) struct ExecHold {
+    before: &'static CpuSet,
+}
+
+/// `sched_setscheduler` flag: children start with normal scheduling.
+const SCHED_RESET_ON_FORK: libc::c_int = 0x4000_0000;
+
+/// Sets the calling thread's scheduling policy.
+fn set_policy(policy: libc::c_int, priority: libc::c_int) -> io::Result<()> {
+    let param = libc::sched_param {
+        sched_priority: priority,
+    };
+    // SAFETY: the call reads the parameter given.
+    if unsafe { libc::sched_setscheduler(0, policy, &param) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Makes the calling process (init, about to fork the command) real-time, when [`stay_here`]
+/// narrowed its CPUs, so that the command can be held on this CPU through its exec. `None`:
+/// nothing is held, and the command must call [`free_to_move`] itself.
+pub(crate) fn hold_through_exec() -> Option<ExecHold> {
+    let before = allowed_before()?;
+    set_policy(libc::SCHED_FIFO | SCHED_RESET_ON_FORK, 1).ok()?;
+    Some(ExecHold { before })
+}
+
+impl ExecHold {
+    /// Gives `child` (the command, just exec'd) every CPU the caller allowed, and takes the
+    /// calling process back to normal scheduling.
+    pub(crate) fn release(self, child: i32) {
+        let _ = allow(child, self.before);
+        let _ = set_policy(libc::SCHED_OTHER, 0);
+    }
+}
+
 /// The CPUs this process may use other than the one it runs on, when there are any.
 pub(crate) fn elsewhere() -> Option<CpuSet> {
     let (set, here) = (usable().ok()?, current()?);

@@ -797,10 +797,16 @@ pub(crate) fn launch(
     // 9. The command. Init stays here to reap and to stop what the command leaves behind.
     //    Its process shares init's memory until it execs (see `spawn_sharing_memory`): it
     //    only reads the plan, and init waits meanwhile.
-    sys::spawn::spawn_sharing_memory(&mut || {
-        confine_and_exec(p, cmd, output, stderr.unwrap_or(output), exec_error)
-    })
-    .map_err(step("start the command"))
+    //    When init can, the command keeps this CPU through its exec (see `ExecHold`).
+    let hold = sys::cpu::hold_through_exec();
+    let held = hold.is_some();
+    let child = sys::spawn::spawn_sharing_memory(&mut || {
+        confine_and_exec(p, cmd, held, output, stderr.unwrap_or(output), exec_error)
+    });
+    if let (Some(hold), Ok(pid)) = (hold, &child) {
+        hold.release(*pid);
+    }
+    child.map_err(step("start the command"))
 }
 
 /// The command's side: confinement that applies to the process itself, then exec. Never
@@ -808,6 +814,7 @@ pub(crate) fn launch(
 fn confine_and_exec(
     p: &Prepared,
     cmd: &Command,
+    held: bool,
     output: &OwnedFd,
     stderr: &OwnedFd,
     exec_error: &OwnedFd,
@@ -821,7 +828,9 @@ fn confine_and_exec(
     //    `sys::cpu`), default signal handling (the dispositions first: init's handlers must
     //    never run here, in init's memory), its own session (no terminal to steal), output
     //    to the pipe (stderr to its own, when the run has one).
-    sys::cpu::free_to_move();
+    if !held {
+        sys::cpu::free_to_move();
+    }
     sys::reset_signal_dispositions();
     let _ = SigSet::all().unblock();
     if let Err(e) = sys::setsid() {
