@@ -97,22 +97,25 @@ pub(crate) fn free_to_move() {
     }
 }
 
-/// The command held on this CPU through its `execve`, where the kernel would otherwise move
-/// it: exec balances a task onto the CPU that looks least loaded, and the one [`stay_here`]
-/// keeps `sidejob exec` and init on looks the busier for their recent work, so on a busy
+/// The command held on init's CPU through its `execve`, where the kernel would otherwise
+/// move it: exec balances a task onto the CPU that looks least loaded, and the one init
+/// (and `sidejob exec`, see [`stay_here`]) has just worked on looks the busier, so on a busy
 /// machine the command went to the other CPU and waited there behind whatever ran on it.
 ///
-/// Init makes itself real-time for the command's start ([`hold_through_exec`]), its forks
-/// reset to normal scheduling, and the command is forked without its CPUs given back. When
-/// the command's exec releases init (`CLONE_VFORK`), init, on the same CPU and real-time,
-/// runs before the command gets back to user space, gives it back every CPU
-/// ([`ExecHold::release`]) and returns to normal scheduling. So the command has every CPU
-/// from its first instruction: nothing it forks keeps one CPU, and its own
-/// `sched_setaffinity` comes after ours. Where init may not be real-time (no
-/// `CAP_SYS_NICE`, a cgroup with no real-time budget), nothing is held and the command
-/// frees itself before its exec, as before.
+/// Init holds itself to its CPU and makes itself real-time for the command's start
+/// ([`hold_through_exec`]); its forks reset to normal scheduling, and the command is forked
+/// on that CPU without its CPUs given back. When the command's exec releases init
+/// (`CLONE_VFORK`), init, real-time on the same CPU, runs before the command gets back to
+/// user space, gives it (and itself) back every CPU ([`ExecHold::release`]) and returns to
+/// normal scheduling. So the command has every CPU from its first instruction: nothing it
+/// forks keeps one CPU, and its own `sched_setaffinity` comes after ours. Where init may not
+/// be real-time (no `CAP_SYS_NICE`, a cgroup with no real-time budget), nothing is held and
+/// the command frees itself before its exec, as before.
 pub(crate) struct ExecHold {
-    before: &'static CpuSet,
+    /// What the command (and init) may use.
+    before: CpuSet,
+    /// Whether init was narrowed here (not by [`stay_here`]) and is given `before` back too.
+    narrowed_here: bool,
 }
 
 /// `sched_setscheduler` flag: children start with normal scheduling.
@@ -130,21 +133,51 @@ fn set_policy(policy: libc::c_int, priority: libc::c_int) -> io::Result<()> {
     Ok(())
 }
 
-/// Makes the calling process (init, about to fork the command) real-time, when [`stay_here`]
-/// narrowed its CPUs, so that the command can be held on this CPU through its exec. `None`:
-/// nothing is held, and the command must call [`free_to_move`] itself.
+/// Holds the calling process (init, about to fork the command) to the CPU it runs on and
+/// makes it real-time, so that the command can be held there through its exec. `None`:
+/// nothing is held (one CPU, or no real-time allowed), and the command must call
+/// [`free_to_move`] itself.
 pub(crate) fn hold_through_exec() -> Option<ExecHold> {
-    let before = allowed_before()?;
-    set_policy(libc::SCHED_FIFO | SCHED_RESET_ON_FORK, 1).ok()?;
-    Some(ExecHold { before })
+    let (before, narrowed_here) = match allowed_before() {
+        Some(before) => (*before, false),
+        None => (allowed().ok()?, true),
+    };
+    if count(&before) < 2 {
+        return None;
+    }
+    if narrowed_here {
+        // SAFETY: cpu_set_t is plain data; CPU_SET ignores a CPU beyond the set's size.
+        let one = unsafe {
+            let mut one: CpuSet = std::mem::zeroed();
+            libc::CPU_SET(current()?, &mut one);
+            one
+        };
+        allow(0, &one).ok()?;
+    }
+    let hold = ExecHold {
+        before,
+        narrowed_here,
+    };
+    if set_policy(libc::SCHED_FIFO | SCHED_RESET_ON_FORK, 1).is_err() {
+        hold.give_back();
+        return None;
+    }
+    Some(hold)
 }
 
 impl ExecHold {
     /// Gives `child` (the command, just exec'd) every CPU the caller allowed, and takes the
-    /// calling process back to normal scheduling.
+    /// calling process back to normal scheduling and to its CPUs.
     pub(crate) fn release(self, child: i32) {
-        let _ = allow(child, self.before);
+        let _ = allow(child, &self.before);
         let _ = set_policy(libc::SCHED_OTHER, 0);
+        self.give_back();
+    }
+
+    fn give_back(&self) {
+        if self.narrowed_here {
+            let _ = allow(0, &self.before);
+        }
     }
 }
 
