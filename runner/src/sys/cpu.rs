@@ -6,8 +6,9 @@
 //! on a virtual machine an idle CPU first has to be woken by the host, which took 30–40 µs
 //! here for each hand-off, against 2–6 µs on the waker's own CPU. `sidejob exec` therefore
 //! keeps itself and its init on the CPU it starts on ([`stay_here`]), and the command is given
-//! back every CPU the caller allowed ([`free_to_move`]) before it execs: only sidejob's own
-//! processes, which mostly wait, are held to one CPU. At the end init leaves that CPU
+//! back every CPU the caller allowed as its exec ends ([`ExecHold`]; [`free_to_move`] before
+//! it, where init may not hold it): only sidejob's own processes, which mostly wait, are
+//! held to one CPU. At the end init leaves that CPU
 //! ([`leave_this_cpu`]), so that the teardown of its exit runs beside the supervisor's last
 //! steps, not ahead of whoever the supervisor's exit wakes.
 

@@ -377,6 +377,75 @@ fn the_command_may_use_the_callers_cpus_while_exec_stays_on_one() {
     );
 }
 
+/// What the command starts with, whichever way it is started: every CPU its caller could use
+/// (and so does what it forks at once), normal scheduling (init holds the command to its own
+/// CPU, real-time, while the command execs: none of that may reach the command), and its own
+/// `sched_setaffinity` kept (ours comes before its first instruction, never after).
+fn assert_starts_free(out: &str, mine: &str, own: &str) {
+    let lines: Vec<&str> = out.lines().map(str::trim).collect();
+    let cpus = |l: &str| {
+        l.strip_prefix("Cpus_allowed_list:")
+            .map(|c| c.trim().to_owned())
+    };
+    assert_eq!(lines.len(), 4, "{out}");
+    assert_eq!(
+        cpus(lines[0]).as_deref(),
+        Some(mine),
+        "the command's CPUs: {out}"
+    );
+    assert_eq!(
+        cpus(lines[1]).as_deref(),
+        Some(mine),
+        "its first child's CPUs: {out}"
+    );
+    let policy = lines[2].rsplit(':').next().map(str::trim);
+    assert_eq!(
+        policy,
+        Some("0"),
+        "its scheduling policy (0: SCHED_OTHER): {out}"
+    );
+    assert_eq!(
+        cpus(lines[3]).as_deref(),
+        Some(own),
+        "its own taskset: {out}"
+    );
+}
+
+/// The script [`assert_starts_free`] reads, with `taskset -c <own>` as the command's own.
+fn start_script(own: &str) -> String {
+    format!(
+        "grep Cpus_allowed_list /proc/self/status; sleep 5 & grep Cpus_allowed_list /proc/$!/status; \
+         kill $!; grep -E '^policy' /proc/self/sched; taskset -c {own} grep Cpus_allowed_list /proc/self/status"
+    )
+}
+
+#[test]
+fn the_command_starts_on_every_cpu_with_normal_scheduling_and_keeps_its_own_affinity() {
+    let Some(ws) = Ws::new() else { return };
+    let mine = cpus_allowed("thread-self");
+    if !mine.contains(['-', ',']) {
+        eprintln!("skipped: this test process may use one CPU only ({mine})");
+        return;
+    }
+    let own = mine.rsplit(['-', ',']).next().unwrap().to_owned();
+    let script = start_script(&own);
+    // sidejob exec, which keeps itself and init on one CPU.
+    for _ in 0..5 {
+        let out = exec(&ws, &[], &["sh", "-c", &script]);
+        assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+        assert_starts_free(&out.stdout, &mine, &own);
+    }
+    // The daemon's runs, whose init holds itself to its CPU only while the command execs.
+    let d = sidejob_tests::Daemon::start();
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    for _ in 0..5 {
+        let r = c.bash(&s, &script, serde_json::json!({}));
+        assert_eq!(r["exit_code"], 0, "{r}");
+        assert_starts_free(r["output"].as_str().unwrap(), &mine, &own);
+    }
+}
+
 // ---- environment -----------------------------------------------------------------------------
 
 #[test]
