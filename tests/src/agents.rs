@@ -366,6 +366,17 @@ pub fn finish(mut child: Child, dir: &Path, within: Duration) -> Ran {
 
 /// SIGKILLs a child of [`spawn_logged`] and everything in its process group (what a
 /// terminal's Ctrl+C reaches, without the chance to clean up), and reaps it.
+/// A client started with [`spawn_logged`] that outlives its turns (`opencode serve`): its
+/// whole group is killed when this is dropped, so a test that fails on the way leaves
+/// nothing running.
+pub struct Served(pub Child);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        kill_group(&mut self.0);
+    }
+}
+
 pub fn kill_group(child: &mut Child) {
     crate::signal(-(child.id() as i32), libc::SIGKILL);
     let _ = child.wait();

@@ -201,7 +201,10 @@ fn opencode_plugin_prompts_an_idle_served_session_with_the_job_its_turn_ended_on
         .port();
     let dir = c.run_dir();
     let port_arg = port.to_string();
-    let mut serve = spawn_logged(&mut c.command(&["serve", "--port", &port_arg]), &dir);
+    let serve = sidejob_tests::agents::Served(spawn_logged(
+        &mut c.command(&["serve", "--port", &port_arg]),
+        &dir,
+    ));
     let listening = wait_until(RUN_LIMIT, || {
         std::fs::read_to_string(dir.join("stdout")).is_ok_and(|o| o.contains("listening"))
     });
@@ -216,7 +219,7 @@ fn opencode_plugin_prompts_an_idle_served_session_with_the_job_its_turn_ended_on
         &json!({"parts": [{"type": "text", "text": "start it"}]}),
     );
     let prompted = wait_until(RUN_LIMIT, || server.turns().len() >= 3);
-    sidejob_tests::agents::kill_group(&mut serve);
+    drop(serve);
     assert!(
         prompted,
         "the plugin never prompted the idle session:\n{}\ndaemon log (tail):\n{}",
