@@ -54,6 +54,16 @@ pub(crate) fn count(set: &CpuSet) -> usize {
     usize::try_from(unsafe { libc::CPU_COUNT(set) }).unwrap_or(0)
 }
 
+/// The set of `cpu` alone.
+fn only(cpu: usize) -> CpuSet {
+    // SAFETY: cpu_set_t is plain data; CPU_SET ignores a CPU beyond the set's size.
+    unsafe {
+        let mut one: CpuSet = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut one);
+        one
+    }
+}
+
 /// `set` without `cpu`.
 pub(crate) fn without(mut set: CpuSet, cpu: usize) -> CpuSet {
     // SAFETY: CPU_CLR ignores a CPU beyond the set's size.
@@ -71,13 +81,7 @@ pub(crate) fn stay_here() {
     if count(&before) < 2 || ALLOWED_BEFORE.set(before).is_err() {
         return;
     }
-    // SAFETY: cpu_set_t is plain data; CPU_SET ignores a CPU beyond the set's size.
-    let one = unsafe {
-        let mut one: CpuSet = std::mem::zeroed();
-        libc::CPU_SET(here, &mut one);
-        one
-    };
-    let _ = allow(0, &one);
+    let _ = allow(0, &only(here));
 }
 
 /// What this process was allowed before [`stay_here`], if it narrowed it.
@@ -147,13 +151,7 @@ pub(crate) fn hold_through_exec() -> Option<ExecHold> {
         return None;
     }
     if narrowed_here {
-        // SAFETY: cpu_set_t is plain data; CPU_SET ignores a CPU beyond the set's size.
-        let one = unsafe {
-            let mut one: CpuSet = std::mem::zeroed();
-            libc::CPU_SET(current()?, &mut one);
-            one
-        };
-        allow(0, &one).ok()?;
+        allow(0, &only(current()?)).ok()?;
     }
     let hold = ExecHold {
         before,

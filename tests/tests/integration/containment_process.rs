@@ -312,17 +312,23 @@ fn cpus_allowed(who: &str) -> String {
     sidejob_tests::proc_status(who, "Cpus_allowed_list").expect("Cpus_allowed_list")
 }
 
+/// This test process's CPUs, when there are several (a skip is printed otherwise).
+fn several_cpus() -> Option<String> {
+    let mine = cpus_allowed("thread-self");
+    if !mine.contains(['-', ',']) {
+        eprintln!("skipped: this test process may use one CPU only ({mine})");
+        return None;
+    }
+    Some(mine)
+}
+
 /// `sidejob exec` keeps itself (and its run's init) on the CPU it started on, so that their
 /// hand-offs wake no idle CPU; the command may still use every CPU its caller could, and a
 /// caller held to one CPU has its command held there too.
 #[test]
 fn the_command_may_use_the_callers_cpus_while_exec_stays_on_one() {
     let Some(ws) = Ws::new() else { return };
-    let mine = cpus_allowed("thread-self");
-    if !mine.contains(['-', ',']) {
-        eprintln!("skipped: this test process may use one CPU only ({mine})");
-        return;
-    }
+    let Some(mine) = several_cpus() else { return };
     let script = "grep Cpus_allowed_list /proc/self/status; exec sleep 5";
     let mut child = crate::containment::exec_command(&ws, &[], &["sh", "-c", script])
         .stdout(Stdio::piped())
@@ -422,11 +428,7 @@ fn start_script(own: &str) -> String {
 #[test]
 fn the_command_starts_on_every_cpu_with_normal_scheduling_and_keeps_its_own_affinity() {
     let Some(ws) = Ws::new() else { return };
-    let mine = cpus_allowed("thread-self");
-    if !mine.contains(['-', ',']) {
-        eprintln!("skipped: this test process may use one CPU only ({mine})");
-        return;
-    }
+    let Some(mine) = several_cpus() else { return };
     let own = mine.rsplit(['-', ',']).next().unwrap().to_owned();
     let script = start_script(&own);
     // sidejob exec, which keeps itself and init on one CPU.

@@ -825,9 +825,10 @@ fn confine_and_exec(
     };
     let fail = |what: &str, e: &dyn std::fmt::Display| -> ! { fail_with(&format!("{what}: {e}")) };
     // a. Every CPU the caller allowed, unless init gives them back after the exec
-    //    (`sidejob exec` keeps itself and init on one, see `sys::cpu`), default signal handling (the dispositions first: init's handlers must
-    //    never run here, in init's memory), its own session (no terminal to steal), output
-    //    to the pipe (stderr to its own, when the run has one).
+    //    (`sidejob exec` keeps itself and init on one, see `sys::cpu`), default signal
+    //    handling (the dispositions first: init's handlers must never run here, in init's
+    //    memory), its own session (no terminal to steal), output to the pipe (stderr to its
+    //    own, when the run has one).
     if !held {
         sys::cpu::free_to_move();
     }
