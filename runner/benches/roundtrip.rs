@@ -54,6 +54,7 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        sidejob_tests::remove_memory_runs_dir(&self.root.join("state"));
         let _ = std::fs::remove_dir_all(&self.root);
     }
 }

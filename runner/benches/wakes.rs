@@ -79,6 +79,7 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+        sidejob_tests::remove_memory_runs_dir(&self.1.join("state"));
         let _ = std::fs::remove_dir_all(&self.1);
     }
 }

@@ -257,8 +257,23 @@ impl Daemon {
 impl Drop for Daemon {
     fn drop(&mut self) {
         self.kill9();
-        // Stop every supervisor of this daemon's runs (their command lines name our root).
+        // Stop every supervisor of this daemon's runs (their command lines name our root, or
+        // the runs directory the daemon keeps in /dev/shm), then remove that directory.
         kill_processes_mentioning(&self.root.path().display().to_string());
+        let runs = runs_dir(&self.state_dir);
+        if !runs.starts_with(self.root.path()) {
+            kill_processes_mentioning(&runs.display().to_string());
+        }
+        remove_memory_runs_dir(&self.state_dir);
+    }
+}
+
+/// Removes the directory a root daemon kept its runs' private halves in under `/dev/shm`
+/// (see [`runs_dir`]), for a test or bench that is done with the daemon and its state dir.
+pub fn remove_memory_runs_dir(state_dir: &Path) {
+    let runs = runs_dir(state_dir);
+    if !runs.starts_with(state_dir) {
+        let _ = std::fs::remove_dir_all(&runs);
     }
 }
 
@@ -857,11 +872,23 @@ impl Daemon {
     }
 }
 
+/// Where a daemon whose state directory is `state_dir` keeps its runs' private halves: a root
+/// daemon's directory in `/dev/shm` (`sidejob-runs-<dev>-<inode>` of the state directory)
+/// once it has one, else `<state_dir>/runs`.
+pub fn runs_dir(state_dir: &Path) -> PathBuf {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(state_dir)
+        .ok()
+        .map(|m| PathBuf::from(format!("/dev/shm/sidejob-runs-{}-{}", m.dev(), m.ino())))
+        .filter(|d| d.is_dir())
+        .unwrap_or_else(|| state_dir.join("runs"))
+}
+
 impl Daemon {
-    /// A run's private directory, `<state_dir>/runs/<task_id>` (its launch plan, the
-    /// supervisor's pid file and log): the daemon's, out of every caller's reach.
+    /// A run's private directory, `<runs_dir>/<task_id>` (its launch plan, the supervisor's
+    /// pid file and log): the daemon's, out of every caller's reach. See [`runs_dir`].
     pub fn private_dir(&self, task_id: &str) -> PathBuf {
-        self.state_dir.join("runs").join(task_id)
+        runs_dir(&self.state_dir).join(task_id)
     }
 
     /// Starts a daemon logging at `level` (`SIDEJOB_LOG`) instead of `debug`: for

@@ -27,8 +27,9 @@ pub(super) fn write(
     if plan.files.is_empty() {
         return Ok(None);
     }
-    let dir = private.files();
-    std::fs::create_dir(&dir).map_err(io("create plan file directory", &dir))?;
+    let dir = private
+        .create_files()
+        .map_err(io("create plan file directory", &private.files()))?;
     for f in &plan.files {
         // Plugins are trusted code, but a plan's file names come from a call's arguments as
         // often as not: each must stay beneath the files directory.

@@ -84,7 +84,10 @@ impl Spawner {
         debug_assert_eq!(crate::run::fds::SUPERVISOR_PUBLIC_FD, 3);
         debug_assert_eq!(crate::run::fds::SUPERVISOR_REPORT_FD, 4);
 
-        {
+        // The spawner forks only for private halves directly beneath its runs directory; one
+        // an older daemon made in `<state_dir>/runs` (a run queued before an upgrade) is
+        // started directly.
+        if private.path().parent() == Some(self.runs_dir.as_path()) {
             let mut zygote = self.zygote.lock().unwrap_or_else(|e| e.into_inner());
             if zygote.is_none() {
                 match self.start_zygote() {

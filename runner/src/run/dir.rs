@@ -33,94 +33,205 @@ pub(crate) const BACKGROUND: &str = ".background";
 /// The bridge's socket, in a run's bridge directory ([`socket_dir`]).
 pub(crate) const BRIDGE_SOCKET: &str = "sock";
 
-/// `<state_dir>/runs/<task_id>/`.
+/// `<runs_dir>/<task_id>/`: `<state_dir>/runs`, or a root daemon's directory in `/dev/shm`
+/// ([`memory_runs_dir`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct PrivateDir(PathBuf);
+pub(crate) struct PrivateDir {
+    dir: PathBuf,
+    /// Where [`Self::files`] is made instead of in `dir`, for a private half in `/dev/shm`:
+    /// a plan's files are mounted in the run's view at their own path, and a view's `/dev`
+    /// is its own.
+    files_in: Option<PathBuf>,
+}
 
 impl PrivateDir {
     pub(crate) fn new(runs_dir: &Path, task_id: &str) -> PrivateDir {
-        PrivateDir(runs_dir.join(task_id))
+        PrivateDir::at(runs_dir.join(task_id))
     }
 
     /// A private directory at a given path (`sidejob exec` keeps one in `/dev/shm`).
     pub(crate) fn at(path: PathBuf) -> PrivateDir {
-        PrivateDir(path)
+        PrivateDir {
+            dir: path,
+            files_in: None,
+        }
+    }
+
+    /// The same, with the plan's files in `<dir>/files` instead (made only for a plan that
+    /// has files, and removed with the rest).
+    pub(crate) fn with_files_in(self, dir: PathBuf) -> PrivateDir {
+        PrivateDir {
+            files_in: Some(dir),
+            ..self
+        }
     }
 
     pub(crate) fn path(&self) -> &Path {
-        &self.0
+        &self.dir
     }
 
     /// The launch plan (`LaunchPlan` as JSON), written by the daemon before the run starts.
     pub(crate) fn plan(&self) -> PathBuf {
-        self.0.join("plan.json")
+        self.dir.join("plan.json")
     }
 
     /// Why the daemon asked the run to stop (`CancelRequest`), written before its SIGTERM.
     pub(crate) fn cancel(&self) -> PathBuf {
-        self.0.join("cancel.json")
+        self.dir.join("cancel.json")
     }
 
     /// Where the next cancel request is written before it is renamed to [`Self::cancel`].
     pub(crate) fn cancel_next(&self) -> PathBuf {
-        self.0.join("cancel.json.next")
+        self.dir.join("cancel.json.next")
     }
 
     /// `pid start_time` of the supervisor, for a daemon that restarts before it recorded them:
     /// written by the spawner before the daemon hears the pid (or, started directly, by the
     /// supervisor first thing).
     pub(crate) fn pid_file(&self) -> PathBuf {
-        self.0.join("supervisor.pid")
+        self.dir.join("supervisor.pid")
     }
 
     /// The egress proxy's record of what it refused (`egress::record`), read by the
     /// supervisor into `result.json`.
     pub(crate) fn network_record(&self) -> PathBuf {
-        self.0.join("network.jsonl")
+        self.dir.join("network.jsonl")
     }
 
     /// The resolver configuration of an allow-list run's view (`egress::RESOLV_CONF`).
     pub(crate) fn resolv_conf(&self) -> PathBuf {
-        self.0.join("resolv.conf")
+        self.dir.join("resolv.conf")
     }
 
     /// Where `sidejob exec` serves the egress proxy of its one run (the daemon's runs have
     /// theirs in the bridge directory: [`socket_dir`]).
     pub(crate) fn exec_egress_dir(&self) -> PathBuf {
-        self.0.join("egress")
+        self.dir.join("egress")
     }
 
     /// The supervisor's stderr.
     pub(crate) fn log(&self) -> PathBuf {
-        self.0.join("supervisor.log")
+        self.dir.join("supervisor.log")
     }
 
     /// A plan's fixed stdin.
     pub(crate) fn stdin(&self) -> PathBuf {
-        self.0.join("stdin")
+        self.dir.join("stdin")
     }
 
     /// A plan's files; mounted read-only in the run's view at this same path.
     pub(crate) fn files(&self) -> PathBuf {
-        self.0.join("files")
+        self.files_in.as_ref().unwrap_or(&self.dir).join("files")
     }
 
-    /// Makes the directory (and `runs_dir`), private to the daemon.
+    /// Makes the directory, private to the daemon, in a `runs_dir` that exists: that one is
+    /// made (and checked) once, at the daemon's start, and never made again on the way
+    /// (in `/dev/shm`, a directory of that name made by someone else in between would be
+    /// theirs).
     pub(crate) fn create(&self) -> io::Result<()> {
         use std::os::unix::fs::DirBuilderExt;
-        if let Some(parent) = self.0.parent() {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(parent)?;
+        std::fs::DirBuilder::new().mode(0o700).create(&self.dir)
+    }
+
+    /// Makes [`Self::files`] (and the directory it is in, private to the daemon).
+    pub(crate) fn create_files(&self) -> io::Result<PathBuf> {
+        use std::os::unix::fs::DirBuilderExt;
+        if let Some(dir) = &self.files_in {
+            match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+                _ => {}
+            }
         }
-        std::fs::DirBuilder::new().mode(0o700).create(&self.0)
+        let files = self.files();
+        std::fs::create_dir(&files)?;
+        Ok(files)
     }
 
     /// Removes it and everything in it (nothing in it is needed once the task settled).
     pub(crate) fn remove(&self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        let _ = std::fs::remove_dir_all(&self.dir);
+        if let Some(dir) = &self.files_in {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
+}
+
+/// Where the private halves go when the state directory's filesystem is not the place: the
+/// machine's memory-backed `/dev/shm`.
+const MEMORY_FS: &str = "/dev/shm";
+/// The smallest `/dev/shm` given private halves (a container's is often 64 MiB, which a
+/// plan's stdin or files could fill).
+const MEMORY_FS_MIN_BYTES: u64 = 256 << 20;
+
+/// Where a root daemon keeps its runs' private halves, when it can: a directory of its own
+/// in `/dev/shm`, `sidejob-runs-<dev>-<inode>` of its state directory (so the same daemon
+/// finds it again after a restart, and two daemons never share one), mode 0700.
+///
+/// A private half lives only as long as its run's supervisor, which a reboot or a container
+/// restart ends too, so it needs no disk; on one it costs inode allocations at every run
+/// (four of a run's eight), which some filesystems make slow (docs/performance.md). `None`
+/// (the private halves stay in `<state_dir>/runs`) for a daemon that is not root (a user's
+/// files in `/dev/shm` may be removed at their logout), when `/dev/shm` is not a tmpfs of at
+/// least 256 MiB owned by root and sticky, and when the name is taken by anything but a
+/// directory of root's that only root may enter: a squatter makes sidejob slower, never
+/// makes it write where another user can reach.
+pub(crate) fn memory_runs_dir(state_dir: &Path) -> Result<PathBuf, NoMemoryDir> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    if crate::sys::getuid() != 0 {
+        return Err(NoMemoryDir::Unsuitable("the daemon is not root".into()));
+    }
+    let base = Path::new(MEMORY_FS);
+    let fs = nix::sys::statfs::statfs(base)
+        .map_err(|e| NoMemoryDir::Unsuitable(format!("{MEMORY_FS}: {e}")))?;
+    if fs.filesystem_type() != nix::sys::statfs::TMPFS_MAGIC {
+        return Err(NoMemoryDir::Unsuitable(format!(
+            "{MEMORY_FS} is not a tmpfs"
+        )));
+    }
+    let size = fs.blocks().saturating_mul(fs.block_size() as u64);
+    if size < MEMORY_FS_MIN_BYTES {
+        return Err(NoMemoryDir::Unsuitable(format!(
+            "{MEMORY_FS} holds {} MiB, less than {} MiB",
+            size >> 20,
+            MEMORY_FS_MIN_BYTES >> 20
+        )));
+    }
+    let meta = std::fs::symlink_metadata(base)
+        .map_err(|e| NoMemoryDir::Unsuitable(format!("{MEMORY_FS}: {e}")))?;
+    // Others may make entries there; the sticky bit keeps them from removing or renaming ours.
+    if !meta.is_dir() || meta.uid() != 0 || (meta.mode() & 0o002 != 0 && meta.mode() & 0o1000 == 0)
+    {
+        return Err(NoMemoryDir::Unsuitable(format!(
+            "{MEMORY_FS} is not root's, or is open without the sticky bit"
+        )));
+    }
+    let state = std::fs::metadata(state_dir)
+        .map_err(|e| NoMemoryDir::Unsuitable(format!("{}: {e}", state_dir.display())))?;
+    let dir = base.join(format!("sidejob-runs-{}-{}", state.dev(), state.ino()));
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Ok(()) => return Ok(dir),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(NoMemoryDir::Unsuitable(format!("{}: {e}", dir.display()))),
+    }
+    // Ours from an earlier start, or someone else's.
+    let meta = std::fs::symlink_metadata(&dir)
+        .map_err(|e| NoMemoryDir::Unsuitable(format!("{}: {e}", dir.display())))?;
+    if meta.is_dir() && meta.uid() == 0 && meta.mode() & 0o7777 == 0o700 {
+        Ok(dir)
+    } else {
+        Err(NoMemoryDir::Taken(dir))
+    }
+}
+
+/// Why a daemon keeps its runs' private halves on disk ([`memory_runs_dir`]).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NoMemoryDir {
+    /// Nothing anyone did: the daemon is not root, or `/dev/shm` will not do.
+    #[error("{0}")]
+    Unsuitable(String),
+    /// Someone else made the directory's name first.
+    #[error("{} exists and is not a directory of root's with mode 0700", .0.display())]
+    Taken(PathBuf),
 }
 
 /// The public half's path (as shown to hosts: `output_path`, `result_path`).

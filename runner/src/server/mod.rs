@@ -141,6 +141,7 @@ pub(crate) async fn serve(cfg: Config) -> Result<(), ServeError> {
             }
         }
     };
+    listen::choose_runs_dir(&mut cfg);
     // The socket the service manager bound is the one clients use: report that one.
     if let Some(path) = listener
         .local_addr()
@@ -187,6 +188,10 @@ pub(crate) async fn serve(cfg: Config) -> Result<(), ServeError> {
     // An activated socket belongs to the service manager, which keeps it for the next start.
     if !activated {
         let _ = std::fs::remove_file(&cfg.socket);
+    }
+    // The runs' directory in /dev/shm goes too when no run is left in it.
+    if let Some(dir) = &cfg.memory_runs_dir {
+        let _ = std::fs::remove_dir(dir);
     }
     drop(lock);
     Ok(())

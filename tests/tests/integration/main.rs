@@ -50,6 +50,7 @@ mod protocol_errors;
 mod registry;
 mod restart;
 mod restart_cases;
+mod run_dirs;
 mod schedule_triggers;
 mod schedules;
 mod serve;

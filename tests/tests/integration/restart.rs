@@ -17,17 +17,12 @@ fn run_dir(r: &Value) -> PathBuf {
         .to_path_buf()
 }
 
-/// A run's private directory, `<state_dir>/runs/<task_id>`, from its public one
+/// A run's private directory, `<runs_dir>/<task_id>`, from its public one
 /// `<state_dir>/sessions/<session>/.background/<task_id>` (the daemon chose the session's
 /// directory).
 fn private_dir(run_dir: &Path) -> PathBuf {
     let task = run_dir.file_name().expect("task id");
-    run_dir
-        .ancestors()
-        .nth(4)
-        .expect("state dir")
-        .join("runs")
-        .join(task)
+    sidejob_tests::runs_dir(run_dir.ancestors().nth(4).expect("state dir")).join(task)
 }
 
 /// The supervisor's pid, from `supervisor.pid` in the run's private directory (once it has

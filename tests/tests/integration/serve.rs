@@ -104,11 +104,7 @@ fn sigterm_stops_the_daemon_and_leaves_runs_to_settle() {
     gate.open();
     assert!(d.state_dir.join("sidejob.db").exists());
     assert!(
-        d.state_dir
-            .join("runs")
-            .join(&id)
-            .join("plan.json")
-            .exists(),
+        d.private_dir(&id).join("plan.json").exists(),
         "the run's private files stay"
     );
     assert!(run_dir.exists(), "the run's directory stays");

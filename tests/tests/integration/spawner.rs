@@ -25,7 +25,10 @@ fn comm(pid: i32) -> String {
 /// The live spawner of a daemon: its command line names the daemon's runs directory (as
 /// do the supervisors it forked, which are named `sidejob-run`).
 fn spawners(d: &Daemon) -> Vec<i32> {
-    let needle = format!("spawner {}", d.state_dir.join("runs").display());
+    let needle = format!(
+        "spawner {}",
+        sidejob_tests::runs_dir(&d.state_dir).display()
+    );
     pids_mentioning(&needle)
         .into_iter()
         .filter(|p| stat_field(*p, 4) == Some(d.pid() as i64) && comm(*p) == "sidejob")

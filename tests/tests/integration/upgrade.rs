@@ -350,7 +350,7 @@ fn a_socket_activated_daemon_reloads_in_place_as_systemd_expects() {
         &s,
         &format!("{}; echo reloaded; exit 3", gate.wait_cmd()),
     );
-    sidejob_tests::supervisor_pid(&root.path().join("state/runs").join(&id));
+    sidejob_tests::supervisor_pid(&sidejob_tests::runs_dir(&root.path().join("state")).join(&id));
     let upgraded = Command::new(sidejob_bin())
         .arg("upgrade")
         .arg("--socket")

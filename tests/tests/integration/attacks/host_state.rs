@@ -81,7 +81,10 @@ fn attack_host_state_is_private_to_its_owners() {
             assert_eq!(mode_uid(&p), (0o600, 0), "{f}");
         }
     }
-    let private = state.join("runs").join(&root_task);
+    // The runs' private halves: a root daemon's directory in /dev/shm, or `runs` above.
+    let runs = sidejob_tests::runs_dir(state);
+    assert_eq!(mode_uid(&runs), (0o700, 0), "{}", runs.display());
+    let private = d.private_dir(&root_task);
     assert_eq!(mode_uid(&private).0, 0o700);
     assert_eq!(
         mode_uid(&private.join("plan.json")).0 & 0o077,
