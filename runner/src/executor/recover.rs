@@ -128,15 +128,17 @@ fn recover_one(
             let plan = std::fs::read(live.private.plan())
                 .ok()
                 .and_then(|b| serde_json::from_slice::<LaunchPlan>(&b).ok());
-            let why = match plan {
-                Some(_) if live.public.is_some() => {
+            let why = match (plan, moved) {
+                (Some(_), _) if live.public.is_some() => {
                     ex.reopen_egress(row);
                     return Outcome::Restart(live);
                 }
-                Some(_) => "the run directory is gone or is not the session owner's",
-                None => "the launch plan is missing",
+                (Some(_), _) => "the run directory is gone or is not the session owner's".into(),
+                // A root daemon keeps it in /dev/shm, which a reboot empties.
+                (None, Some(moved)) => format!("its launch plan is gone: {moved}"),
+                (None, None) => "the launch plan is missing".into(),
             };
-            ex.settle_and_finish(&live, live.lock(), lost_settlement(FailReason::Lost, why.into()));
+            ex.settle_and_finish(&live, live.lock(), lost_settlement(FailReason::Lost, why));
             Outcome::Settled { from_result: false }
         }
         None => {

@@ -178,3 +178,60 @@ fn attack_a_name_taken_in_dev_shm_is_never_used() {
         let _ = std::fs::remove_file(&name).or_else(|_| std::fs::remove_dir(&name));
     }
 }
+
+/// A reboot empties `/dev/shm`, and with it the launch plan of a run that was still queued:
+/// it settles `failed/lost` saying so. Played by killing the daemon and the running run,
+/// removing the directory and making the recorded boot another one.
+#[test]
+fn a_run_queued_across_a_reboot_is_lost_saying_so() {
+    if skip_without(&[Need::Root]) {
+        return;
+    }
+    let mut d = Daemon::start_with_config("max_running = 1\n");
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let gate = Gate::new(&d.workspace, "never");
+    let first = background(&mut c, &s, &gate.wait_cmd());
+    let supervisor = sidejob_tests::supervisor_pid(&d.private_dir(&first));
+    let second = background(&mut c, &s, "echo never-runs");
+    assert_eq!(c.task(&second)["state"], "queued");
+    d.kill9();
+    sidejob_tests::signal(-supervisor, libc::SIGKILL);
+    assert!(wait_until(Duration::from_secs(10), || {
+        !Path::new(&format!("/proc/{supervisor}")).exists()
+    }));
+    std::fs::remove_dir_all(memory_dir_of(&d.state_dir)).expect("empty /dev/shm");
+    let record = d.state_dir.join("daemon.instance");
+    let text = std::fs::read_to_string(&record).expect("the daemon records where runs live");
+    let fields: Vec<&str> = text.split_whitespace().collect();
+    std::fs::write(
+        &record,
+        format!("another-boot {} {}\n", fields[1], fields[2]),
+    )
+    .expect("rewrite");
+    d.restart();
+    let mut c = d.client();
+    for id in [&first, &second] {
+        let t = c.wait_settled_quietly(id);
+        assert_eq!(
+            (&t["state"], &t["reason"]),
+            (&json!("failed"), &json!("lost")),
+            "{t}"
+        );
+        assert!(
+            t["error"]
+                .as_str()
+                .unwrap_or("")
+                .contains("the machine restarted"),
+            "{t}"
+        );
+    }
+    let t = c.task(&second);
+    assert!(
+        t["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("launch plan is gone"),
+        "{t}"
+    );
+}
