@@ -89,6 +89,34 @@ fn a_root_daemon_keeps_its_runs_private_halves_in_memory_and_finds_them_after_a_
     assert!(!memory.exists(), "{} left behind", memory.display());
 }
 
+/// A daemon that runs one run at a time, holding `first` at `gate`, with `second` (running
+/// `command`) queued behind it.
+struct Queued {
+    d: Daemon,
+    gate: Gate,
+    first: String,
+    supervisor: i32,
+    second: String,
+}
+
+fn one_queued_behind_a_held_run(command: &str) -> Queued {
+    let d = Daemon::start_with_config("max_running = 1\n");
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let gate = Gate::new(&d.workspace, "held");
+    let first = background(&mut c, &s, &gate.wait_cmd());
+    let supervisor = sidejob_tests::supervisor_pid(&d.private_dir(&first));
+    let second = background(&mut c, &s, command);
+    assert_eq!(c.task(&second)["state"], "queued");
+    Queued {
+        d,
+        gate,
+        first,
+        supervisor,
+        second,
+    }
+}
+
 /// A queued run of an older daemon has its private half in `<state_dir>/runs`: after the
 /// upgrade (played by moving it there while the daemon is down) it still starts, directly
 /// rather than through the spawner, whose requests must name its own directory.
@@ -97,14 +125,12 @@ fn a_run_queued_in_the_older_layout_starts_after_an_upgrade() {
     if skip_without(&[Need::Root]) {
         return;
     }
-    let mut d = Daemon::start_with_config("max_running = 1\n");
-    let mut c = d.client();
-    let s = d.open_session(&mut c);
-    let gate = Gate::new(&d.workspace, "first");
-    let first = background(&mut c, &s, &gate.wait_cmd());
-    sidejob_tests::supervisor_pid(&d.private_dir(&first));
-    let second = background(&mut c, &s, "echo queued-in-the-old-layout");
-    assert_eq!(c.task(&second)["state"], "queued");
+    let Queued {
+        mut d,
+        gate,
+        second,
+        ..
+    } = one_queued_behind_a_held_run("echo queued-in-the-old-layout");
     d.kill9();
     let old = d.state_dir.join("runs").join(&second);
     let moved = std::process::Command::new("mv")
@@ -187,14 +213,13 @@ fn a_run_queued_across_a_reboot_is_lost_saying_so() {
     if skip_without(&[Need::Root]) {
         return;
     }
-    let mut d = Daemon::start_with_config("max_running = 1\n");
-    let mut c = d.client();
-    let s = d.open_session(&mut c);
-    let gate = Gate::new(&d.workspace, "never");
-    let first = background(&mut c, &s, &gate.wait_cmd());
-    let supervisor = sidejob_tests::supervisor_pid(&d.private_dir(&first));
-    let second = background(&mut c, &s, "echo never-runs");
-    assert_eq!(c.task(&second)["state"], "queued");
+    let Queued {
+        mut d,
+        first,
+        supervisor,
+        second,
+        ..
+    } = one_queued_behind_a_held_run("echo never-runs");
     d.kill9();
     sidejob_tests::signal(-supervisor, libc::SIGKILL);
     assert!(wait_until(Duration::from_secs(10), || {
