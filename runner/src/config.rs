@@ -4,7 +4,6 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::run::dir::PrivateDir;
 use crate::sys;
 
 /// Everything the daemon can be configured with. Every field has a default, so `sidejob serve`
@@ -70,10 +69,6 @@ pub(crate) struct Config {
     pub egress: EgressConfig,
     /// What a caller may grant one call beyond its profile (`[grants]`, `tool.call` `grants`).
     pub grants: GrantsConfig,
-    /// Where new runs' private halves go, chosen at start (`run::dir::memory_runs_dir`);
-    /// `None`: `<state_dir>/runs`. Not a setting.
-    #[serde(skip)]
-    pub memory_runs_dir: Option<PathBuf>,
 }
 
 /// `[per_user]`: what one uid may hold of the daemon at once. A request past a limit is
@@ -151,7 +146,6 @@ impl Default for Config {
             metrics_addr: None,
             egress: EgressConfig::default(),
             grants: GrantsConfig::default(),
-            memory_runs_dir: None,
         }
     }
 }
@@ -418,42 +412,11 @@ impl Config {
             .unwrap_or_else(|| self.state_dir.join("sessions"))
     }
 
-    /// Where new runs' private halves go (`<runs_dir>/<task_id>`: the launch plan, cancel
-    /// requests, the supervisor's pid and log; nothing a caller can write): a root daemon's
-    /// directory in `/dev/shm` where it has one, else [`Self::disk_runs_dir`].
+    /// `<state_dir>/runs`: the private halves of runs (`run::dir::RunsDirs`) of a daemon that
+    /// keeps none in `/dev/shm`, and of those an older daemon started here. Nothing a caller
+    /// can write.
     pub(crate) fn runs_dir(&self) -> PathBuf {
-        self.memory_runs_dir
-            .clone()
-            .unwrap_or_else(|| self.disk_runs_dir())
-    }
-
-    /// `<state_dir>/runs`: the private halves of a daemon without a directory in `/dev/shm`,
-    /// and of runs an earlier daemon started there (before an upgrade).
-    pub(crate) fn disk_runs_dir(&self) -> PathBuf {
         self.state_dir.join("runs")
-    }
-
-    /// A new run's private half: in [`Self::runs_dir`], with a plan's files (mounted in the
-    /// run's view at their own path) in `<state_dir>/runs` when that is in `/dev/shm`.
-    pub(crate) fn new_private_dir(&self, task_id: &str) -> PrivateDir {
-        let dir = PrivateDir::new(&self.runs_dir(), task_id);
-        match self.memory_runs_dir {
-            Some(_) => dir.with_files_in(self.disk_runs_dir().join(task_id)),
-            None => dir,
-        }
-    }
-
-    /// The private half of a run that already exists: where this daemon puts them, or in
-    /// `<state_dir>/runs` when it is there instead (started by an older daemon).
-    pub(crate) fn private_dir_of(&self, task_id: &str) -> PrivateDir {
-        let here = self.new_private_dir(task_id);
-        if self.memory_runs_dir.is_some() && !here.path().exists() {
-            let before = PrivateDir::new(&self.disk_runs_dir(), task_id);
-            if before.path().exists() {
-                return before;
-            }
-        }
-        here
     }
 
     /// The directories only the daemon may use, each with what it is: a workspace that is,
@@ -466,9 +429,6 @@ impl Config {
         ];
         if let Some(dir) = self.socket.parent() {
             dirs.push(("the control socket's directory", dir.to_path_buf()));
-        }
-        if let Some(dir) = &self.memory_runs_dir {
-            dirs.push(("the directory of runs' private halves", dir.clone()));
         }
         dirs
     }

@@ -46,7 +46,11 @@ fn fixture() -> Fixture {
     t1.bridge_session_id = Some("sub-t1".into());
     registry.insert_task(&t1).unwrap();
     let tools = ToolHost::start(&cfg, None);
-    let exec = Executor::new(cfg, registry, tools, PathBuf::from("/nonexistent"));
+    let runs = crate::run::dir::RunsDirs {
+        disk: cfg.runs_dir(),
+        memory: None,
+    };
+    let exec = Executor::new(cfg, registry, tools, PathBuf::from("/nonexistent"), runs);
     Fixture { exec, _dir: dir }
 }
 

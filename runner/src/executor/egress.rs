@@ -121,7 +121,7 @@ impl Executor {
     /// After a restart: serves the proxy of a run a previous daemon started, with the policy
     /// from its launch plan. Failing to leaves the run's network closed.
     pub(super) fn reopen_egress(self: &Arc<Self>, row: &TaskRow) {
-        let private = self.cfg.private_dir_of(&row.task_id);
+        let private = self.runs.existing_private(&row.task_id);
         let Some(plan) = std::fs::read(private.plan())
             .ok()
             .and_then(|b| serde_json::from_slice::<LaunchPlan>(&b).ok())

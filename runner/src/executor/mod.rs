@@ -53,7 +53,7 @@ use crate::protocol::{
 };
 use crate::registry::{Holding, Registry, RegistryError, SessionRow, TaskRow};
 use crate::run::cancel::{CancelRequest, StopReason};
-use crate::run::dir::PrivateDir;
+use crate::run::dir::{PrivateDir, RunsDirs};
 use crate::run::result::RunResult;
 use crate::sandbox;
 use crate::sys;
@@ -263,6 +263,8 @@ pub(crate) struct Executor {
     polling: Polling,
     /// The socket directories no run may be handed (`Config::socket_dirs`), resolved once.
     socket_dirs: Vec<PathBuf>,
+    /// Where the runs' private halves are.
+    runs: RunsDirs,
     /// What the layer above hears of each run (set once, before any run starts).
     hooks: std::sync::OnceLock<Arc<dyn RunHooks>>,
 }
@@ -273,6 +275,7 @@ impl Executor {
         registry: Arc<Registry>,
         tools: Arc<ToolHost>,
         exe: PathBuf,
+        runs: RunsDirs,
     ) -> Arc<Executor> {
         let profiles_dir = cfg
             .profiles_dir
@@ -281,7 +284,8 @@ impl Executor {
         Arc::new_cyclic(|me| Executor {
             me: me.clone(),
             global: Arc::new(Semaphore::new(cfg.max_running.max(1))),
-            spawner: spawn::Spawner::new(exe, cfg.runs_dir()),
+            spawner: spawn::Spawner::new(exe, runs.current().to_path_buf()),
+            runs,
             egress_shares: crate::egress::share::Shares::new(cfg.per_user.egress_connections),
             catalog: Arc::new(sandbox::Catalog::new(profiles_dir)),
             socket_dirs: cfg.socket_dirs(),

@@ -87,7 +87,7 @@ fn recover_one(
     row: &crate::registry::TaskRow,
     moved: Option<&'static str>,
 ) -> Outcome {
-    let private = ex.cfg.private_dir_of(&row.task_id);
+    let private = ex.runs.existing_private(&row.task_id);
     let public = Path::new(&row.public_dir)
         .parent()
         .and_then(Path::parent)

@@ -42,7 +42,7 @@ impl Executor {
         foreground: bool,
     ) -> Result<(TaskRow, Option<oneshot::Receiver<FgEvent>>), ExecError> {
         let task_id = ids::ulid();
-        let private = self.cfg.new_private_dir(&task_id);
+        let private = self.runs.new_private(&task_id);
         let (tool_plan, sb) = self.plan_call(&req, &task_id, &private)?;
         private
             .create()

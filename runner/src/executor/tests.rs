@@ -40,7 +40,11 @@ fn fixture() -> Fixture {
     };
     registry.insert_session(&session).expect("session");
     let tools = ToolHost::start(&cfg, None);
-    let ex = Executor::new(cfg, registry, tools, PathBuf::from("/nonexistent"));
+    let runs = crate::run::dir::RunsDirs {
+        disk: cfg.runs_dir(),
+        memory: None,
+    };
+    let ex = Executor::new(cfg, registry, tools, PathBuf::from("/nonexistent"), runs);
     Fixture {
         ex,
         session,

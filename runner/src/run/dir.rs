@@ -156,6 +156,45 @@ impl PrivateDir {
     }
 }
 
+/// Where a daemon's runs' private halves are: new runs' in `memory` when it has a directory
+/// there ([`memory_runs_dir`]), else in `disk` (`<state_dir>/runs`), which also holds those
+/// an older daemon started (before an upgrade).
+#[derive(Debug, Clone)]
+pub(crate) struct RunsDirs {
+    pub disk: PathBuf,
+    pub memory: Option<PathBuf>,
+}
+
+impl RunsDirs {
+    /// Where new runs' private halves go.
+    pub(crate) fn current(&self) -> &Path {
+        self.memory.as_deref().unwrap_or(&self.disk)
+    }
+
+    /// A new run's private half, with a plan's files (mounted in the run's view at their
+    /// own path, and a view's `/dev` is its own) on disk when the rest is in `/dev/shm`.
+    pub(crate) fn new_private(&self, task_id: &str) -> PrivateDir {
+        let dir = PrivateDir::new(self.current(), task_id);
+        match self.memory {
+            Some(_) => dir.with_files_in(self.disk.join(task_id)),
+            None => dir,
+        }
+    }
+
+    /// The private half of a run that exists: where new ones go, or on disk where it is
+    /// there instead (started by an older daemon).
+    pub(crate) fn existing_private(&self, task_id: &str) -> PrivateDir {
+        let here = self.new_private(task_id);
+        if self.memory.is_some() && !here.path().exists() {
+            let before = PrivateDir::new(&self.disk, task_id);
+            if before.path().exists() {
+                return before;
+            }
+        }
+        here
+    }
+}
+
 /// Where the private halves go when the state directory's filesystem is not the place: the
 /// machine's memory-backed `/dev/shm`.
 const MEMORY_FS: &str = "/dev/shm";

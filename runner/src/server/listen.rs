@@ -11,6 +11,7 @@ use tracing::{info, warn};
 
 use super::ServeError;
 use crate::config::Config;
+use crate::run::dir::{NoMemoryDir, RunsDirs};
 
 /// The state directory's mode: see [`prepare_state_dir`].
 const STATE_DIR_MODE: u32 = 0o711;
@@ -54,7 +55,7 @@ pub(super) fn prepare_state_dir(cfg: &mut Config) -> Result<(), ServeError> {
         .map_err(io("resolve", &cfg.state_dir))?;
     // Sessions' directories belong to their owners (0700 each); their parent only needs to
     // be passable, for a sessions_dir configured outside the state directory.
-    for (dir, mode) in [(cfg.sessions_dir(), 0o711), (cfg.disk_runs_dir(), 0o700)] {
+    for (dir, mode) in [(cfg.sessions_dir(), 0o711), (cfg.runs_dir(), 0o700)] {
         match std::fs::DirBuilder::new().mode(mode).create(&dir) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
@@ -66,28 +67,23 @@ pub(super) fn prepare_state_dir(cfg: &mut Config) -> Result<(), ServeError> {
     Ok(())
 }
 
-/// Chooses where new runs' private halves go: a root daemon's directory in `/dev/shm` where it
-/// can have one (`run::dir::memory_runs_dir`), else `<state_dir>/runs`. Called with the state
+/// Where the runs' private halves go: a root daemon's directory in `/dev/shm` where it can
+/// have one (`run::dir::memory_runs_dir`), else `<state_dir>/runs`. Called with the state
 /// directory locked, so no other daemon of it removes the directory in between.
-pub(super) fn choose_runs_dir(cfg: &mut Config) {
-    use crate::run::dir::NoMemoryDir;
-    cfg.memory_runs_dir = match crate::run::dir::memory_runs_dir(&cfg.state_dir) {
+pub(super) fn runs_dirs(cfg: &Config) -> RunsDirs {
+    let disk = cfg.runs_dir();
+    let memory = match crate::run::dir::memory_runs_dir(&cfg.state_dir) {
         Ok(dir) => Some(dir),
         Err(why @ NoMemoryDir::Taken(_)) => {
-            warn!(
-                "runs' private halves stay in {}: {why}",
-                cfg.disk_runs_dir().display()
-            );
+            warn!("runs' private halves stay in {}: {why}", disk.display());
             None
         }
         Err(why) => {
-            info!(
-                "runs' private halves stay in {}: {why}",
-                cfg.disk_runs_dir().display()
-            );
+            info!("runs' private halves stay in {}: {why}", disk.display());
             None
         }
     };
+    RunsDirs { disk, memory }
 }
 
 /// Every live run holds a pidfd and a directory descriptor: lift the soft limit on open

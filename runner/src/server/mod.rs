@@ -32,6 +32,7 @@ use crate::config::Config;
 use crate::executor::Executor;
 use crate::plugin_host::ToolHost;
 use crate::registry::Registry;
+use crate::run::dir::RunsDirs;
 use crate::schedule::Scheduler;
 use crate::wake::{Hub, PushChannel};
 
@@ -141,7 +142,7 @@ pub(crate) async fn serve(cfg: Config) -> Result<(), ServeError> {
             }
         }
     };
-    listen::choose_runs_dir(&mut cfg);
+    let runs = listen::runs_dirs(&cfg);
     // The socket the service manager bound is the one clients use: report that one.
     if let Some(path) = listener
         .local_addr()
@@ -152,7 +153,7 @@ pub(crate) async fn serve(cfg: Config) -> Result<(), ServeError> {
         cfg.socket = path;
     }
     let cfg = Arc::new(cfg);
-    let daemon = start(cfg.clone(), activated)?;
+    let daemon = start(cfg.clone(), activated, runs.clone())?;
     if upgraded {
         info!(
             version = env!("CARGO_PKG_VERSION"),
@@ -190,7 +191,7 @@ pub(crate) async fn serve(cfg: Config) -> Result<(), ServeError> {
         let _ = std::fs::remove_file(&cfg.socket);
     }
     // The runs' directory in /dev/shm goes too when no run is left in it.
-    if let Some(dir) = &cfg.memory_runs_dir {
+    if let Some(dir) = &runs.memory {
         let _ = std::fs::remove_dir(dir);
     }
     drop(lock);
@@ -261,7 +262,7 @@ async fn upgrade_in_place(daemon: &Arc<Daemon>, kept: upgrade::Kept<'_>) {
 
 /// Builds the daemon's parts, takes over the runs a previous daemon left (their tasks, then
 /// their bridges), and starts the hub, the scheduler and the backups.
-fn start(cfg: Arc<Config>, activated: bool) -> Result<Arc<Daemon>, ServeError> {
+fn start(cfg: Arc<Config>, activated: bool, runs: RunsDirs) -> Result<Arc<Daemon>, ServeError> {
     let registry = Arc::new(Registry::open(&cfg.state_dir)?);
     let exe = std::env::current_exe().map_err(|source| ServeError::Io {
         step: "locate",
@@ -273,6 +274,7 @@ fn start(cfg: Arc<Config>, activated: bool) -> Result<Arc<Daemon>, ServeError> {
         registry,
         ToolHost::start(&cfg, Some(exe.clone())),
         exe,
+        runs,
     );
     let hub = Hub::new(executor.registry().clone())?;
     let scheduler = Scheduler::new(
