@@ -68,6 +68,9 @@ impl Machine {
             .args(["--ulimit", &format!("nofile={hard}:{hard}")])
             .args(["--ulimit", "nproc=4096:4096"])
             .args(["--privileged", "--systemd=always"])
+            // A host's /dev/shm (podman's default is 64 MiB, which the daemon leaves alone): a
+            // root daemon keeps its runs' private halves there.
+            .args(["--shm-size", "1g"])
             .args(["-v", &format!("{}:/src:ro", workspace().display())])
             .args(["-v", &format!("{}:/build:ro", built.display())])
             .arg(IMAGE)
@@ -236,7 +239,18 @@ fn systemctl_reload_upgrades_in_place_and_restart_keeps_the_runs_under_real_syst
     // A restart is a new daemon (the installed binary, a new MainPID); KillMode=process leaves
     // the runs' supervisors alone, and it re-attaches to them.
     let held = m.background("echo held; while [ ! -e go-3 ]; do sleep 0.05; done; exit 9");
+    let stopped = m.background("while :; do sleep 0.05; done");
     assert_eq!(m.task(&held)["state"], "running");
+    // Their private halves are in the daemon's directory in /dev/shm, which the service
+    // shares with the host (a restart finds them again), none in the state directory.
+    let private = m.sh(&format!(
+        "ls -d /dev/shm/sidejob-runs-*/{held}/plan.json; ls -A /var/lib/sidejob/runs"
+    ));
+    assert!(
+        private.starts_with("/dev/shm/sidejob-runs-") && private.ends_with("/plan.json"),
+        "{private}\n{}",
+        m.journal()
+    );
     m.sh("systemctl restart sidejob");
     let restarted = m.property("MainPID");
     assert_ne!(restarted, pid, "systemctl restart kept the daemon");
@@ -246,6 +260,16 @@ fn systemctl_reload_upgrades_in_place_and_restart_keeps_the_runs_under_real_syst
         "/usr/local/bin/sidejob"
     );
     assert_eq!(m.task(&held)["state"], "running", "{}", m.journal());
+    // The new daemon's cancel request reaches a supervisor the old one started.
+    m.sh(&format!("sidejob cancel {stopped}"));
+    let t = m.task(&stopped);
+    let t = if t["state"] == "running" {
+        m.sh_status(&format!("sidejob wait {stopped}"));
+        m.task(&stopped)
+    } else {
+        t
+    };
+    assert_eq!(t["state"], "canceled", "{t}\n{}", m.journal());
     m.sh("touch go-3");
     assert_eq!(m.settled(&held), (Some(9), "held".into()));
     assert!(
