@@ -19,9 +19,17 @@ use super::plugins::{built_plugin, install};
 pub(crate) struct Serve(pub(crate) Child);
 
 impl Drop for Serve {
+    /// A clean stop first (SIGTERM), so the daemon removes what it made outside the test's
+    /// directory (its runs' directory in /dev/shm); SIGKILL if it is not gone in 5 s.
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        signal(self.0.id() as i32, libc::SIGTERM);
+        let stopped = sidejob_tests::wait_until(std::time::Duration::from_secs(5), || {
+            matches!(self.0.try_wait(), Ok(Some(_)))
+        });
+        if !stopped {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
     }
 }
 

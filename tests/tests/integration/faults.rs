@@ -47,6 +47,8 @@ impl Tmpfs {
 
 impl Drop for Tmpfs {
     fn drop(&mut self) {
+        // A daemon whose state directory this was named its runs' directory after it.
+        sidejob_tests::remove_memory_runs_dir(&self.0);
         let _ = Command::new("umount").arg("-l").arg(&self.0).status();
     }
 }
