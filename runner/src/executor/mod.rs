@@ -267,6 +267,8 @@ pub(crate) struct Executor {
     runs: RunsDirs,
     /// What the layer above hears of each run (set once, before any run starts).
     hooks: std::sync::OnceLock<Arc<dyn RunHooks>>,
+    /// The hub, told to push as soon as a run has settled (set once, by the daemon).
+    hub: std::sync::OnceLock<Arc<crate::wake::Hub>>,
 }
 
 impl Executor {
@@ -298,6 +300,7 @@ impl Executor {
             kept: Mutex::new(HashMap::new()),
             polling: Polling::default(),
             hooks: std::sync::OnceLock::new(),
+            hub: std::sync::OnceLock::new(),
         })
     }
 
@@ -307,6 +310,11 @@ impl Executor {
         self.hooks
             .set(hooks)
             .map_err(|_| ExecError::InvalidState("the executor's run hooks are set already".into()))
+    }
+
+    /// The hub whose pushes a settlement sends at once (`Hub::publish_now`). Once.
+    pub(crate) fn set_hub(&self, hub: Arc<crate::wake::Hub>) {
+        let _ = self.hub.set(hub);
     }
 
     /// The sandbox profiles this daemon uses.

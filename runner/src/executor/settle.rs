@@ -180,9 +180,13 @@ impl Executor {
         let settled = self.settle_locked(live, &mut live.lock(), settlement);
         if let Settled::Now = settled {
             // Whoever waited for the result (a foreground call, a `task.wait`) was woken on
-            // this thread and runs as soon as this task yields: it answers first, and the
-            // run's files are cleaned up after.
+            // this thread and runs as soon as this task yields: it answers first, then the
+            // subscribers hear of it from this thread, and the run's files are cleaned up
+            // after.
             tokio::task::yield_now().await;
+            if let Some(hub) = self.hub.get() {
+                hub.publish_now();
+            }
             self.finish(live);
         }
     }

@@ -277,6 +277,7 @@ fn start(cfg: Arc<Config>, activated: bool, runs: RunsDirs) -> Result<Arc<Daemon
         runs,
     );
     let hub = Hub::new(executor.registry().clone())?;
+    executor.set_hub(hub.clone());
     let scheduler = Scheduler::new(
         executor.registry().clone(),
         executor.clone(),

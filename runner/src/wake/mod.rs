@@ -133,6 +133,20 @@ impl Hub {
         }
     }
 
+    /// Pushes what has been committed, now, on the calling thread, unless the hub's thread
+    /// is at it. A runtime worker that has just settled a task calls it: the push then wakes
+    /// the connection's writer on that same worker, where through the hub's thread it took
+    /// two more wake-ups (the hub's thread, then another worker), each of which a busy
+    /// machine can delay by a scheduler slice. Nothing depends on it: the hub's thread
+    /// follows every commit, and whoever holds the state pushes in seq order.
+    pub(crate) fn publish_now(&self) {
+        if let Ok(mut st) = self.state.try_lock() {
+            if let Err(e) = self.publish_new(&mut st) {
+                warn!("cannot publish events: {e}");
+            }
+        }
+    }
+
     fn owner(&self, st: &mut State, session_id: &str) -> Option<u32> {
         if let Some(uid) = st.owners.get(session_id) {
             return Some(*uid);
