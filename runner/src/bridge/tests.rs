@@ -46,10 +46,7 @@ fn fixture() -> Fixture {
     t1.bridge_session_id = Some("sub-t1".into());
     registry.insert_task(&t1).unwrap();
     let tools = ToolHost::start(&cfg, None);
-    let runs = crate::run::dir::RunsDirs {
-        disk: cfg.runs_dir(),
-        memory: None,
-    };
+    let runs = crate::run::dir::RunsDirs::new(cfg.runs_dir(), None);
     let exec = Executor::new(cfg, registry, tools, PathBuf::from("/nonexistent"), runs);
     Fixture { exec, _dir: dir }
 }

@@ -201,6 +201,7 @@ fn settle_from_result_or_lost(ex: &Executor, live: &Arc<Live>, why: String) -> O
 }
 
 pub(super) fn read_pid_file(private: &PrivateDir) -> Option<(i32, u64)> {
+    private.check().ok()?;
     let text = std::fs::read_to_string(private.pid_file()).ok()?;
     let mut it = text.split_whitespace();
     Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))

@@ -44,9 +44,11 @@ impl Executor {
         let task_id = ids::ulid();
         let private = self.runs.new_private(&task_id);
         let (tool_plan, sb) = self.plan_call(&req, &task_id, &private)?;
-        private
-            .create()
-            .map_err(io("create the run's private directory", private.path()))?;
+        let path = private.path().to_path_buf();
+        let private = self
+            .runs
+            .create(private, &task_id)
+            .map_err(io("create the run's private directory", &path))?;
         let staged = self
             .stage(&req, &task_id, &private, tool_plan, sb)
             .inspect_err(|_| private.remove())?;

@@ -40,10 +40,7 @@ fn fixture() -> Fixture {
     };
     registry.insert_session(&session).expect("session");
     let tools = ToolHost::start(&cfg, None);
-    let runs = crate::run::dir::RunsDirs {
-        disk: cfg.runs_dir(),
-        memory: None,
-    };
+    let runs = crate::run::dir::RunsDirs::new(cfg.runs_dir(), None);
     let ex = Executor::new(cfg, registry, tools, PathBuf::from("/nonexistent"), runs);
     Fixture {
         ex,

@@ -35,6 +35,7 @@ impl CancelRequest {
     /// cancel that stands: the run was killed after `call` said it was left running).
     pub(crate) fn write(&self, private: &PrivateDir) -> std::io::Result<()> {
         let bytes = serde_json::to_vec(self).map_err(std::io::Error::other)?;
+        private.check()?;
         std::fs::write(private.cancel_next(), bytes)?;
         std::fs::rename(private.cancel_next(), private.cancel())
     }

@@ -42,6 +42,42 @@ pub(crate) struct PrivateDir {
     /// a plan's files are mounted in the run's view at their own path, and a view's `/dev`
     /// is its own.
     files_in: Option<PathBuf>,
+    /// For a private half in `/dev/shm`: the directory it must still be in ([`Self::check`]).
+    guard: Option<Guard>,
+}
+
+/// A daemon's directory in `/dev/shm` as it made or found it at start: root's, mode 0700,
+/// this device and inode. Nobody but root can remove it or rename it there (the sticky bit);
+/// should root remove it all the same, another user could make one of that name, and a path
+/// through it would lead into theirs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Guard {
+    path: PathBuf,
+    dev: u64,
+    ino: u64,
+}
+
+impl Guard {
+    fn of(path: &Path) -> io::Result<Guard> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::symlink_metadata(path)?;
+        Ok(Guard {
+            path: path.to_path_buf(),
+            dev: m.dev(),
+            ino: m.ino(),
+        })
+    }
+
+    /// Whether `path` is still that directory, as it was.
+    fn holds(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::symlink_metadata(&self.path).is_ok_and(|m| {
+            m.is_dir()
+                && m.uid() == 0
+                && m.mode() & 0o7777 == 0o700
+                && (m.dev(), m.ino()) == (self.dev, self.ino)
+        })
+    }
 }
 
 impl PrivateDir {
@@ -54,6 +90,22 @@ impl PrivateDir {
         PrivateDir {
             dir: path,
             files_in: None,
+            guard: None,
+        }
+    }
+
+    /// Refuses to go on with a private half in `/dev/shm` whose directory there is not the
+    /// one the daemon made (see [`Guard`]): the daemon writes and trusts what is in it.
+    pub(crate) fn check(&self) -> io::Result<()> {
+        match &self.guard {
+            Some(g) if !g.holds() => Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "{} is no longer the directory this daemon made for its runs",
+                    g.path.display()
+                ),
+            )),
+            _ => Ok(()),
         }
     }
 
@@ -149,7 +201,9 @@ impl PrivateDir {
 
     /// Removes it and everything in it (nothing in it is needed once the task settled).
     pub(crate) fn remove(&self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if self.check().is_ok() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
         if let Some(dir) = &self.files_in {
             let _ = std::fs::remove_dir_all(dir);
         }
@@ -162,30 +216,65 @@ impl PrivateDir {
 #[derive(Debug, Clone)]
 pub(crate) struct RunsDirs {
     pub disk: PathBuf,
-    pub memory: Option<PathBuf>,
+    memory: Option<Guard>,
 }
 
 impl RunsDirs {
+    /// `memory`: the directory [`memory_runs_dir`] made or found, if any.
+    pub(crate) fn new(disk: PathBuf, memory: Option<PathBuf>) -> RunsDirs {
+        let memory = memory.and_then(|m| Guard::of(&m).ok());
+        RunsDirs { disk, memory }
+    }
+
+    /// The directory in `/dev/shm`, if there is one.
+    pub(crate) fn memory(&self) -> Option<&Path> {
+        self.memory.as_ref().map(|g| g.path.as_path())
+    }
+
     /// Where new runs' private halves go.
     pub(crate) fn current(&self) -> &Path {
-        self.memory.as_deref().unwrap_or(&self.disk)
+        self.memory().unwrap_or(&self.disk)
     }
 
     /// A new run's private half, with a plan's files (mounted in the run's view at their
     /// own path, and a view's `/dev` is its own) on disk when the rest is in `/dev/shm`.
     pub(crate) fn new_private(&self, task_id: &str) -> PrivateDir {
         let dir = PrivateDir::new(self.current(), task_id);
-        match self.memory {
-            Some(_) => dir.with_files_in(self.disk.join(task_id)),
+        match &self.memory {
+            Some(g) => PrivateDir {
+                guard: Some(g.clone()),
+                ..dir.with_files_in(self.disk.join(task_id))
+            },
             None => dir,
         }
+    }
+
+    /// Makes `private` (from [`Self::new_private`]). Should the directory in `/dev/shm` be
+    /// gone (removed by someone, or `/dev/shm` mounted anew), it is made again with the same
+    /// checks as at start, or, where that fails, this run's private half is made on disk:
+    /// a run never fails for it.
+    pub(crate) fn create(&self, private: PrivateDir, task_id: &str) -> io::Result<PrivateDir> {
+        if private.check().is_ok() {
+            match private.create() {
+                // Made in the daemon's directory, which nobody else can have swapped since.
+                Ok(()) if private.check().is_ok() => return Ok(private),
+                Ok(()) => {}
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                Err(_) => {}
+            }
+        }
+        // The directory in /dev/shm is gone, or is not the daemon's any more: this run's
+        // private half goes on disk (the daemon's next start makes or refuses it again).
+        let disk = PrivateDir::new(&self.disk, task_id);
+        disk.create()?;
+        Ok(disk)
     }
 
     /// The private half of a run that exists: where new ones go, or on disk where it is
     /// there instead (started by an older daemon).
     pub(crate) fn existing_private(&self, task_id: &str) -> PrivateDir {
         let here = self.new_private(task_id);
-        if self.memory.is_some() && !here.path().exists() {
+        if self.memory.is_some() && (here.check().is_err() || !here.path().exists()) {
             let before = PrivateDir::new(&self.disk, task_id);
             if before.path().exists() {
                 return before;

@@ -83,7 +83,7 @@ pub(super) fn runs_dirs(cfg: &Config) -> RunsDirs {
             None
         }
     };
-    RunsDirs { disk, memory }
+    RunsDirs::new(disk, memory)
 }
 
 /// Every live run holds a pidfd and a directory descriptor: lift the soft limit on open

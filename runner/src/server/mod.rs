@@ -191,7 +191,7 @@ pub(crate) async fn serve(cfg: Config) -> Result<(), ServeError> {
         let _ = std::fs::remove_file(&cfg.socket);
     }
     // The runs' directory in /dev/shm goes too when no run is left in it.
-    if let Some(dir) = &runs.memory {
+    if let Some(dir) = runs.memory() {
         let _ = std::fs::remove_dir(dir);
     }
     drop(lock);

@@ -139,6 +139,12 @@ fn a_run_queued_in_the_older_layout_starts_after_an_upgrade() {
         .status()
         .expect("mv");
     assert!(moved.success());
+    // An older daemon's plan names the private directory it made.
+    let plan_file = old.join("plan.json");
+    let mut plan: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&plan_file).expect("plan")).expect("plan json");
+    plan["private_dir"] = json!(old);
+    std::fs::write(&plan_file, serde_json::to_vec(&plan).expect("plan")).expect("plan");
     d.restart();
     let mut c = d.client();
     assert_eq!(c.task(&second)["state"], "queued");
@@ -259,4 +265,58 @@ fn a_run_queued_across_a_reboot_is_lost_saying_so() {
             .contains("launch plan is gone"),
         "{t}"
     );
+}
+
+/// The directory in /dev/shm removed while the daemon serves (as `rm -rf /dev/shm/*` would),
+/// then made again by uid 65534: the runs after keep their private halves on disk, and
+/// nothing is written in theirs; a run that was going on when it went still settles.
+#[test]
+fn runs_go_on_on_disk_when_the_directory_in_dev_shm_is_removed_or_taken() {
+    if skip_without(&[Need::Root]) {
+        return;
+    }
+    let d = Daemon::start();
+    let mut c = d.client();
+    let s = d.open_session(&mut c);
+    let memory = memory_dir_of(&d.state_dir);
+    let gate = Gate::new(&d.workspace, "going");
+    let ready = d.workspace.join("going-ready");
+    let going = background(
+        &mut c,
+        &s,
+        &format!("touch {}; {}; echo going", ready.display(), gate.wait_cmd()),
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), || ready.exists()),
+        "the run never started"
+    );
+    std::fs::remove_dir_all(&memory).expect("remove it");
+    let on_disk = |c: &mut Client, word: &str| {
+        let id = background(c, &s, &format!("{}; echo {word}", gate.wait_cmd()));
+        sidejob_tests::supervisor_pid(&d.state_dir.join("runs").join(&id));
+        id
+    };
+    let removed = on_disk(&mut c, "removed");
+    assert!(!memory.exists(), "made again where anyone could have");
+    std::fs::create_dir(&memory).expect("squat");
+    std::fs::set_permissions(&memory, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    std::os::unix::fs::chown(&memory, Some(NOBODY), Some(NOBODY)).expect("chown");
+    let taken = on_disk(&mut c, "taken");
+    // A cancel of the run that was going writes nothing in theirs either.
+    let r = c.ok("task.cancel", json!({"task_id": going, "grace_ms": 100}));
+    assert_eq!(r["result"], "canceled", "{r}");
+    assert_eq!(c.wait_settled(&going)["state"], "canceled");
+    assert_eq!(entries(&memory), Vec::<String>::new());
+    gate.open();
+    for (id, word) in [(&removed, "removed"), (&taken, "taken")] {
+        assert_eq!(c.wait_settled(id)["state"], "succeeded");
+        assert_eq!(c.output(id), format!("{word}\n"));
+        let private = d.state_dir.join("runs").join(id);
+        assert!(
+            wait_until(Duration::from_secs(10), || !private.exists()),
+            "its private half is removed once it has settled"
+        );
+    }
+    assert_eq!(entries(&memory), Vec::<String>::new());
+    std::fs::remove_dir(&memory).expect("unsquat");
 }

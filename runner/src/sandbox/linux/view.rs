@@ -269,8 +269,18 @@ fn bind_listed(
 const REBIND_TRIES: usize = 3;
 
 /// The new root: an empty tmpfs (made read-only with the read-only binds, below).
+/// Mounts the view's root over the run's private directory, which must exist: it is the
+/// daemon's (or `sidejob exec`'s) to make, and nothing is made on the way to it (in
+/// `/dev/shm`, a directory made there by someone else in the meantime would be theirs).
 pub(crate) fn mount_root(staging: &Path) -> Result<(), LaunchError> {
-    tmpfs(staging, NOSUID | NODEV, c"mode=0755,size=1m,nr_inodes=4096")
+    sys::mount(
+        Some(Path::new("tmpfs")),
+        staging,
+        Some(c"tmpfs"),
+        NOSUID | NODEV,
+        Some(c"mode=0755,size=1m,nr_inodes=4096"),
+    )
+    .map_err(err("mount tmpfs", staging))
 }
 
 fn mount_point(dst: &Path, dir: bool) -> Result<(), LaunchError> {
