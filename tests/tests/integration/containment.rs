@@ -261,13 +261,14 @@ fn exec_whose_output_reader_goes_away_still_reports_the_commands_exit() {
 fn a_root_run_starts_while_files_of_its_workspace_come_and_go() {
     let Some(ws) = Ws::new() else { return };
     let churn = ws.path().join("churn");
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let rounds = std::sync::Arc::new(AtomicU64::new(0));
     let churner = {
-        let (stop, churn) = (stop.clone(), churn.clone());
+        let (stop, rounds, churn) = (stop.clone(), rounds.clone(), churn.clone());
         std::thread::spawn(move || {
-            let mut n = 0u64;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                n += 1;
+            while !stop.load(Ordering::Relaxed) {
+                let n = rounds.fetch_add(1, Ordering::Relaxed) + 1;
                 // Directories of files made and removed whole, as a build tree is.
                 let d = churn.join(format!("d{}", n % 8));
                 let _ = std::fs::remove_dir_all(&d);
@@ -276,22 +277,26 @@ fn a_root_run_starts_while_files_of_its_workspace_come_and_go() {
                     std::fs::write(d.join(format!("f{f}")), "x").expect("write");
                 }
             }
-            n
         })
     };
+    // At least 40 starts, and as many more as it takes for the tree to change 100 times
+    // while they start (a filesystem slow to allocate inodes churns slowly).
     let mut failures = Vec::new();
-    for _ in 0..40 {
+    let mut runs = 0;
+    while runs < 40 || (rounds.load(Ordering::Relaxed) <= 100 && runs < 400) {
+        runs += 1;
         let out = exec(&ws, &[], &["/bin/true"]);
         if out.code != 0 {
             failures.push(format!("{} {:?}", out.code, out.stderr));
         }
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let rounds = churner.join().expect("churner");
+    stop.store(true, Ordering::Relaxed);
+    churner.join().expect("churner");
+    let rounds = rounds.load(Ordering::Relaxed);
     assert!(rounds > 100, "the tree changed only {rounds} times");
     assert!(
         failures.is_empty(),
-        "{} of 40 runs failed: {failures:?}",
+        "{} of {runs} runs failed: {failures:?}",
         failures.len()
     );
 }
