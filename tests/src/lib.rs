@@ -872,14 +872,22 @@ impl Daemon {
     }
 }
 
-/// Where a daemon whose state directory is `state_dir` keeps its runs' private halves: a root
-/// daemon's directory in `/dev/shm` (`sidejob-runs-<dev>-<inode>` of the state directory)
-/// once it has one, else `<state_dir>/runs`.
-pub fn runs_dir(state_dir: &Path) -> PathBuf {
+/// The name a root daemon whose state directory is `state_dir` gives its directory in
+/// `/dev/shm`: `sidejob-runs-<dev>-<inode>` of the state directory (`None` without one).
+pub fn memory_runs_dir(state_dir: &Path) -> Option<PathBuf> {
     use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(state_dir)
-        .ok()
-        .map(|m| PathBuf::from(format!("/dev/shm/sidejob-runs-{}-{}", m.dev(), m.ino())))
+    let m = std::fs::metadata(state_dir).ok()?;
+    Some(PathBuf::from(format!(
+        "/dev/shm/sidejob-runs-{}-{}",
+        m.dev(),
+        m.ino()
+    )))
+}
+
+/// Where a daemon whose state directory is `state_dir` keeps its runs' private halves: its
+/// directory in `/dev/shm` ([`memory_runs_dir`]) once it has one, else `<state_dir>/runs`.
+pub fn runs_dir(state_dir: &Path) -> PathBuf {
+    memory_runs_dir(state_dir)
         .filter(|d| d.is_dir())
         .unwrap_or_else(|| state_dir.join("runs"))
 }

@@ -71,13 +71,15 @@ impl Guard {
     /// Whether `path` is still that directory, as it was.
     fn holds(&self) -> bool {
         use std::os::unix::fs::MetadataExt;
-        std::fs::symlink_metadata(&self.path).is_ok_and(|m| {
-            m.is_dir()
-                && m.uid() == 0
-                && m.mode() & 0o7777 == 0o700
-                && (m.dev(), m.ino()) == (self.dev, self.ino)
-        })
+        std::fs::symlink_metadata(&self.path)
+            .is_ok_and(|m| roots_alone(&m) && (m.dev(), m.ino()) == (self.dev, self.ino))
     }
+}
+
+/// A directory (not a symlink to one) of root's that only root may enter: mode 0700.
+fn roots_alone(m: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    m.is_dir() && m.uid() == 0 && m.mode() & 0o7777 == 0o700
 }
 
 impl PrivateDir {
@@ -250,9 +252,9 @@ impl RunsDirs {
     }
 
     /// Makes `private` (from [`Self::new_private`]). Should the directory in `/dev/shm` be
-    /// gone (removed by someone, or `/dev/shm` mounted anew), it is made again with the same
-    /// checks as at start, or, where that fails, this run's private half is made on disk:
-    /// a run never fails for it.
+    /// gone (removed by someone, or `/dev/shm` mounted anew) or not be the one found at start
+    /// ([`PrivateDir::check`]), this run's private half is made on disk instead: a run never
+    /// fails for it, and nothing is made where another user may have made the name.
     pub(crate) fn create(&self, private: PrivateDir, task_id: &str) -> io::Result<PrivateDir> {
         if private.check().is_ok() {
             match private.create() {
@@ -344,7 +346,7 @@ pub(crate) fn memory_runs_dir(state_dir: &Path) -> Result<PathBuf, NoMemoryDir> 
     // Ours from an earlier start, or someone else's.
     let meta = std::fs::symlink_metadata(&dir)
         .map_err(|e| NoMemoryDir::Unsuitable(format!("{}: {e}", dir.display())))?;
-    if meta.is_dir() && meta.uid() == 0 && meta.mode() & 0o7777 == 0o700 {
+    if roots_alone(&meta) {
         Ok(dir)
     } else {
         Err(NoMemoryDir::Taken(dir))

@@ -109,9 +109,7 @@ impl Hub {
         loop {
             let idle = {
                 let mut st = self.state.lock().await;
-                if let Err(e) = self.publish_new(&mut st) {
-                    warn!("cannot publish events: {e}");
-                }
+                self.publish(&mut st);
                 st.routes.is_empty()
             };
             // With nobody subscribed, a commit has nothing to push: this thread sleeps until
@@ -141,9 +139,14 @@ impl Hub {
     /// follows every commit, and whoever holds the state pushes in seq order.
     pub(crate) fn publish_now(&self) {
         if let Ok(mut st) = self.state.try_lock() {
-            if let Err(e) = self.publish_new(&mut st) {
-                warn!("cannot publish events: {e}");
-            }
+            self.publish(&mut st);
+        }
+    }
+
+    /// [`Hub::publish_new`], its failure logged (the next commit tries again).
+    fn publish(&self, st: &mut State) {
+        if let Err(e) = self.publish_new(st) {
+            warn!("cannot publish events: {e}");
         }
     }
 

@@ -12,8 +12,14 @@ use sidejob_tests::{skip_without, wait_until, Client, Daemon, Gate, Need, NOBODY
 
 /// The name a daemon with this state directory gives its directory in `/dev/shm`.
 fn memory_dir_of(state_dir: &Path) -> PathBuf {
-    let m = std::fs::metadata(state_dir).expect("state dir");
-    PathBuf::from(format!("/dev/shm/sidejob-runs-{}-{}", m.dev(), m.ino()))
+    sidejob_tests::memory_runs_dir(state_dir).expect("state dir")
+}
+
+/// Makes `dir` as uid 65534 would: theirs, open to all.
+fn make_theirs(dir: &Path) {
+    std::fs::create_dir(dir).expect("mkdir");
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    std::os::unix::fs::chown(dir, Some(NOBODY), Some(NOBODY)).expect("chown");
 }
 
 fn is_tmpfs(path: &Path) -> bool {
@@ -173,16 +179,9 @@ fn attack_a_name_taken_in_dev_shm_is_never_used() {
             .expect("chmod");
         let name = memory_dir_of(&d.state_dir);
         let theirs = d.root.path().join("theirs");
-        std::fs::create_dir(&theirs).expect("their dir");
-        std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o777)).expect("chmod");
-        std::os::unix::fs::chown(&theirs, Some(NOBODY), Some(NOBODY)).expect("chown");
+        make_theirs(&theirs);
         match squat {
-            "directory" => {
-                std::fs::create_dir(&name).expect("squat");
-                std::fs::set_permissions(&name, std::fs::Permissions::from_mode(0o777))
-                    .expect("chmod");
-                std::os::unix::fs::chown(&name, Some(NOBODY), Some(NOBODY)).expect("chown");
-            }
+            "directory" => make_theirs(&name),
             _ => std::os::unix::fs::symlink(&theirs, &name).expect("squat"),
         }
         d.launch();
@@ -298,9 +297,7 @@ fn runs_go_on_on_disk_when_the_directory_in_dev_shm_is_removed_or_taken() {
     };
     let removed = on_disk(&mut c, "removed");
     assert!(!memory.exists(), "made again where anyone could have");
-    std::fs::create_dir(&memory).expect("squat");
-    std::fs::set_permissions(&memory, std::fs::Permissions::from_mode(0o777)).expect("chmod");
-    std::os::unix::fs::chown(&memory, Some(NOBODY), Some(NOBODY)).expect("chown");
+    make_theirs(&memory);
     let taken = on_disk(&mut c, "taken");
     // A cancel of the run that was going writes nothing in theirs either.
     let r = c.ok("task.cancel", json!({"task_id": going, "grace_ms": 100}));

@@ -206,8 +206,13 @@ fn create_in_view(
     .map_err(err(step, path))
 }
 
+/// A tmpfs at `target` in the view, made first if it is missing.
 fn tmpfs(target: &Path, flags: libc::c_ulong, data: &CStr) -> Result<(), LaunchError> {
     std::fs::create_dir_all(target).map_err(err("mkdir", target))?;
+    mount_tmpfs(target, flags, data)
+}
+
+fn mount_tmpfs(target: &Path, flags: libc::c_ulong, data: &CStr) -> Result<(), LaunchError> {
     sys::mount(
         Some(Path::new("tmpfs")),
         target,
@@ -268,19 +273,12 @@ fn bind_listed(
 /// How often [`bind_listed`] opens a replaced file again.
 const REBIND_TRIES: usize = 3;
 
-/// The new root: an empty tmpfs (made read-only with the read-only binds, below).
-/// Mounts the view's root over the run's private directory, which must exist: it is the
-/// daemon's (or `sidejob exec`'s) to make, and nothing is made on the way to it (in
-/// `/dev/shm`, a directory made there by someone else in the meantime would be theirs).
+/// The new root: an empty tmpfs (made read-only with the read-only binds, below), mounted
+/// over the run's private directory, which must exist: it is the daemon's (or `sidejob
+/// exec`'s) to make, and nothing is made on the way to it (in `/dev/shm`, a directory made
+/// there by someone else in the meantime would be theirs).
 pub(crate) fn mount_root(staging: &Path) -> Result<(), LaunchError> {
-    sys::mount(
-        Some(Path::new("tmpfs")),
-        staging,
-        Some(c"tmpfs"),
-        NOSUID | NODEV,
-        Some(c"mode=0755,size=1m,nr_inodes=4096"),
-    )
-    .map_err(err("mount tmpfs", staging))
+    mount_tmpfs(staging, NOSUID | NODEV, c"mode=0755,size=1m,nr_inodes=4096")
 }
 
 fn mount_point(dst: &Path, dir: bool) -> Result<(), LaunchError> {
