@@ -83,15 +83,22 @@ pub(super) fn run(cmd: &Command, sandbox: &Prepared, pipes: Pipes) -> ! {
         Signal::SIGINT,
         Signal::SIGHUP,
     ]);
-    let ended = loop {
-        let mut ended = None;
-        while let Ok(Some((pid, exit))) = sys::waitpid(-1, true) {
-            if pid == child {
-                ended = Some(exit);
-            }
+    // Reaps what has exited; says whether any child is left. Every process of the namespace
+    // descends from init (orphans are handed to it), so none left means the namespace holds
+    // init alone.
+    let reap = |ended: &mut Option<sys::Exit>| loop {
+        match sys::waitpid(-1, true) {
+            Ok(Some((pid, exit))) if pid == child => *ended = Some(exit),
+            Ok(Some(_)) => {}
+            Ok(None) => return true,
+            Err(_) => return false, // ECHILD
         }
+    };
+    let (ended, others_left) = loop {
+        let mut ended = None;
+        let left = reap(&mut ended);
         if let Some(exit) = ended {
-            break exit;
+            break (exit, left);
         }
         match waitset.wait() {
             Ok(libc::SIGTERM) | Ok(libc::SIGINT) => {
@@ -103,14 +110,18 @@ pub(super) fn run(cmd: &Command, sandbox: &Prepared, pipes: Pipes) -> ! {
     };
 
     // The command is gone: stop whatever it left behind (setsid and double-forked
-    // processes included: they are all in this namespace) and count them.
+    // processes included: they are all in this namespace) and count them. kill(-1) looks at
+    // every process of the machine, not only this namespace's, so it is skipped when there
+    // is nothing to stop.
     let mut leftovers = 0u32;
-    let _ = sys::kill(-1, libc::SIGKILL);
-    loop {
-        match sys::waitpid(-1, false) {
-            Ok(Some(_)) => leftovers += 1,
-            Ok(None) => continue,
-            Err(_) => break, // ECHILD: nobody left
+    if others_left {
+        let _ = sys::kill(-1, libc::SIGKILL);
+        loop {
+            match sys::waitpid(-1, false) {
+                Ok(Some(_)) => leftovers += 1,
+                Ok(None) => continue,
+                Err(_) => break, // ECHILD: nobody left
+            }
         }
     }
     // A repository the run made on the `.git` stand-in (it stays in the run's tmpfs).
