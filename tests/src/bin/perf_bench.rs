@@ -284,7 +284,13 @@ fn spawn_section() {
         }
         c.call("session.close", json!({"session_id": s}));
         let _ = ids;
-        assert!(wait_status(&mut c, &s, "running", 0, Duration::from_secs(120)));
+        assert!(wait_status(
+            &mut c,
+            &s,
+            "running",
+            0,
+            Duration::from_secs(120)
+        ));
         drop(c);
         let mut d = d;
         d.kill9();

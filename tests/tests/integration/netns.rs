@@ -286,6 +286,9 @@ fn exec_lets_go_of_idle_namespaces_and_trusts_only_roots_directory() {
         .into_iter()
         .find(|(_, ns)| *ns == first)
         .expect("the workspace's namespace is kept");
+    // Held open here, so that once it is let go its inode number is not handed to the next
+    // namespace made (the kernel reuses the numbers of freed namespaces at once).
+    let _first_held = std::fs::File::open(&point).expect("open the kept namespace");
     // Last joined eleven minutes ago.
     let old = std::time::SystemTime::now() - std::time::Duration::from_secs(660);
     std::fs::File::options()
