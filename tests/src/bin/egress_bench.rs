@@ -116,13 +116,29 @@ fn pump(from: &TcpStream, to: &TcpStream) {
     let _ = to.shutdown(Shutdown::Write);
 }
 
+const USAGE: &str = "usage: sidejob-egress-bench [ROUNDS]   (default 100)
+Measures what a network allow-list costs: exec and round trip with and without one, and a
+1 GiB loopback download direct, through the egress proxy and through a bare relay, idle and
+with two CPU burners (target: through the proxy >= 0.8x direct). Exits 1 on a missed target.
+SIDEJOB_BIN: the sidejob binary to measure [default: the one beside this bench]";
+
 fn main() -> std::process::ExitCode {
     burn_if_asked();
     relay_if_asked();
-    let rounds: usize = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(100);
+    let rounds: usize = match std::env::args().nth(1).as_deref() {
+        None => 100,
+        Some("-h" | "--help") => {
+            println!("{USAGE}");
+            return std::process::ExitCode::SUCCESS;
+        }
+        Some(a) => match a.parse() {
+            Ok(n) if n > 0 => n,
+            _ => {
+                eprintln!("sidejob-egress-bench: {a:?} is not a number of rounds\n{USAGE}");
+                return std::process::ExitCode::from(2);
+            }
+        },
+    };
     if std::env::var_os("SIDEJOB_BIN").is_none() {
         if let Some(dir) = std::env::current_exe()
             .ok()
