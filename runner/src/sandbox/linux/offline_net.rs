@@ -73,16 +73,20 @@ pub(crate) fn kept_for_exec(caller: u32, run_uid: u32, workspace: &Path) -> Opti
         "net-{caller}-{run_uid}-{}",
         crate::sandbox::caches::workspace_key(workspace)
     );
-    let ns = match open_netns(&dir, &name) {
-        Some(ns) => ns,
-        None => make_kept(&dir, &name)?,
-    };
-    mark_used(&dir, &name);
-    Some(ns)
+    match open_netns(&dir, &name) {
+        Some(ns) => {
+            mark_used(&dir, &name);
+            Some(ns)
+        }
+        None => make_kept(&dir, &name),
+    }
 }
 
 /// Makes the namespace kept at `name` (unless another run just did), and lets go of those
-/// no run has joined for [`KEPT_IDLE`].
+/// no run has joined for [`KEPT_IDLE`]. The namespace is marked used before the lock is let
+/// go: one without a mark is idle to the next maker's `let_go_of_idle`, which would
+/// otherwise unmount it before its run marked it (seen: two runs of one workspace, started
+/// together beside a run of another, each in a namespace of its own).
 fn make_kept(dir: &OwnedFd, name: &str) -> Option<OwnedFd> {
     // One maker at a time: two runs that both found none would each mount one.
     let lock = dirfd::open_at(
@@ -94,6 +98,7 @@ fn make_kept(dir: &OwnedFd, name: &str) -> Option<OwnedFd> {
     .ok()?;
     sys::flock(lock.as_fd(), libc::LOCK_EX).ok()?;
     if let Some(ns) = open_netns(dir, name) {
+        mark_used(dir, name);
         return Some(ns);
     }
     let_go_of_idle(dir);
@@ -112,6 +117,7 @@ fn make_kept(dir: &OwnedFd, name: &str) -> Option<OwnedFd> {
     let ns = make(&home).ok()?;
     let tree = ssys::open_tree_clone(&ns).ok()?;
     ssys::move_mount(&tree, &point).ok()?;
+    mark_used(dir, name);
     Some(ns)
 }
 
