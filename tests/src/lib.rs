@@ -84,7 +84,28 @@ impl TempDir {
 }
 
 impl Drop for TempDir {
+    /// Also removes the `/dev/shm` directory of any daemon whose state directory was in here
+    /// (see [`memory_runs_dir`]): a daemon a test started itself and killed, or stopped while
+    /// a run's supervisor was finishing, leaves it, and it is named after a directory about
+    /// to be gone.
     fn drop(&mut self) {
+        let mut dirs = vec![(self.0.clone(), 0)];
+        let mut looked = 0;
+        while let Some((dir, depth)) = dirs.pop() {
+            if let Some(runs) = memory_runs_dir(&dir).filter(|r| r.is_dir()) {
+                let _ = std::fs::remove_dir_all(runs);
+            }
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            // State directories are near the top; a big workspace is not walked.
+            for e in entries.flatten().take(200) {
+                looked += 1;
+                if depth < 3 && looked < 2000 && e.file_type().is_ok_and(|t| t.is_dir()) {
+                    dirs.push((e.path(), depth + 1));
+                }
+            }
+        }
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
