@@ -89,9 +89,11 @@ impl Drop for TempDir {
     /// a run's supervisor was finishing, leaves it, and it is named after a directory about
     /// to be gone.
     fn drop(&mut self) {
-        let mut dirs = vec![(self.0.clone(), 0)];
+        // Level by level, so that the shallow directories, where state directories are, are
+        // all looked at before the entry bound below is reached.
+        let mut dirs = std::collections::VecDeque::from([(self.0.clone(), 0)]);
         let mut looked = 0;
-        while let Some((dir, depth)) = dirs.pop() {
+        while let Some((dir, depth)) = dirs.pop_front() {
             if let Some(runs) = memory_runs_dir(&dir).filter(|r| r.is_dir()) {
                 let _ = std::fs::remove_dir_all(runs);
             }
@@ -102,7 +104,7 @@ impl Drop for TempDir {
             for e in entries.flatten().take(200) {
                 looked += 1;
                 if depth < 3 && looked < 2000 && e.file_type().is_ok_and(|t| t.is_dir()) {
-                    dirs.push((e.path(), depth + 1));
+                    dirs.push_back((e.path(), depth + 1));
                 }
             }
         }
@@ -279,13 +281,13 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         self.kill9();
         // Stop every supervisor of this daemon's runs (their command lines name our root, or
-        // the runs directory the daemon keeps in /dev/shm), then remove that directory.
+        // the runs directory the daemon keeps in /dev/shm); `root`, dropped next, removes
+        // that directory with the state directory it is named after.
         kill_processes_mentioning(&self.root.path().display().to_string());
         let runs = runs_dir(&self.state_dir);
         if !runs.starts_with(self.root.path()) {
             kill_processes_mentioning(&runs.display().to_string());
         }
-        remove_memory_runs_dir(&self.state_dir);
     }
 }
 

@@ -16,14 +16,12 @@ use sidejob_tests::{sidejob_bin, signal, Client, Daemon, TempDir};
 use super::plugins::{built_plugin, install};
 
 /// A daemon this file started; killed if a test fails before it stops it.
-/// A `sidejob serve` a test started itself, and its state directory.
-pub(crate) struct Serve(pub(crate) Child, pub(crate) PathBuf);
+pub(crate) struct Serve(pub(crate) Child);
 
 impl Drop for Serve {
     /// A clean stop first (SIGTERM), so the daemon removes what it made outside the test's
-    /// directory; SIGKILL if it is not gone in 5 s. Then its runs' directory in /dev/shm is
-    /// removed, which a daemon leaves when a run's supervisor was still finishing as it
-    /// stopped (or when it was killed).
+    /// directory; SIGKILL if it is not gone in 5 s. (What it leaves in /dev/shm, the test's
+    /// `TempDir` removes.) A child already reaped is not signalled: its pid may be reused.
     fn drop(&mut self) {
         if !matches!(self.0.try_wait(), Ok(Some(_))) {
             signal(self.0.id() as i32, libc::SIGTERM);
@@ -35,7 +33,6 @@ impl Drop for Serve {
                 let _ = self.0.wait();
             }
         }
-        sidejob_tests::remove_memory_runs_dir(&self.1);
     }
 }
 
@@ -70,10 +67,7 @@ impl Notify {
 /// (set by a shell that then execs, keeping its pid), and `NOTIFY_SOCKET` is set.
 pub(crate) fn serve_activated(listener: &UnixListener, state_dir: &Path, notify: &Notify) -> Serve {
     let mut cmd = activated(listener.as_raw_fd(), state_dir, notify);
-    Serve(
-        cmd.spawn().expect("spawn sidejob serve"),
-        state_dir.to_path_buf(),
-    )
+    Serve(cmd.spawn().expect("spawn sidejob serve"))
 }
 
 /// The command of [`serve_activated`], handed descriptor `fd` as its descriptor 3.
@@ -173,7 +167,7 @@ fn serve_with(root: &Path, args: &[&str], notify: &Notify) -> (Serve, PathBuf) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn");
-    let child = Serve(child, root.join("state"));
+    let child = Serve(child);
     assert_eq!(notify.next(), "READY=1");
     (child, socket)
 }
@@ -343,7 +337,6 @@ fn the_install_script_puts_the_plugins_where_the_installed_daemon_finds_them() {
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn the installed sidejob"),
-        root.path().join("state"),
     );
     assert_eq!(notify.next(), "READY=1");
     let status = Client::connect(&socket).ok("daemon.status", json!({}));

@@ -140,7 +140,6 @@ fn status_ready_fails_while_a_shipped_tool_is_missing() {
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn sidejob"),
-        root.path().join("state"),
     );
     assert_eq!(notify.next(), "READY=1");
     let tools = tool_names(&mut Client::connect(&socket));
@@ -287,7 +286,6 @@ fn the_pod_manifests_capabilities_are_enough_for_another_users_runs() {
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn sidejob under setpriv"),
-        root.path().join("state"),
     );
     assert_eq!(notify.next(), "READY=1");
     // The agent's uid reaches the socket (in the pod: through the fsGroup).
