@@ -4,6 +4,7 @@
 //! appends its event (the same column patch) in one transaction. The event log is therefore
 //! authoritative, and [`replay`] rebuilds identical rows from it.
 
+mod checkpoint;
 #[cfg(test)]
 pub(crate) mod fixtures;
 mod inbox;
@@ -167,9 +168,13 @@ pub(crate) enum Holding {
 /// See [`Registry::hold_writes`].
 pub(crate) struct WritesHeld<'a> {
     _writer: MutexGuard<'a, Connection>,
+    _checkpoint: MutexGuard<'a, ()>,
 }
 
 pub(crate) struct Registry {
+    /// Checkpoints of the log, off the writers' path (see [`checkpoint`]). Declared first:
+    /// its thread and connection are gone before the others close.
+    checkpoints: checkpoint::Checkpoints,
     /// A second, read-only connection for the wake hub, which reads every committed event and
     /// the rows they name: with WAL it never waits for the writers, nor they for it. Declared
     /// (so dropped) before `conn`: the writer closing last checkpoints the WAL into the file.
@@ -233,6 +238,7 @@ impl Registry {
         conn.set_prepared_statement_cache_capacity(64);
         let mut conn = conn;
         migrate(&mut conn)?;
+        let checkpoints = checkpoint::Checkpoints::start(&path, &conn);
         let last: i64 =
             conn.query_row("SELECT COALESCE(MAX(seq), 0) FROM events", [], |r| r.get(0))?;
         let follower = Connection::open_with_flags(
@@ -246,6 +252,7 @@ impl Registry {
         follower.busy_timeout(std::time::Duration::from_secs(5))?;
         follower.pragma_update(None, "cache_size", -512)?;
         Ok(Registry {
+            checkpoints,
             conn: Mutex::new(conn),
             follower: Mutex::new(follower),
             path,
@@ -258,11 +265,13 @@ impl Registry {
     }
 
     /// Holds the writer until the value is dropped: no transaction is under way, nor can
-    /// one start. The daemon holds it across an in-place re-exec (`server/upgrade/`), so the
-    /// new image finds the registry at a commit boundary.
+    /// one start, and no checkpoint either. The daemon holds it across an in-place re-exec
+    /// (`server/upgrade/`), so the new image finds the registry at a commit boundary.
     pub(crate) fn hold_writes(&self) -> WritesHeld<'_> {
+        let writer = self.lock();
         WritesHeld {
-            _writer: self.lock(),
+            _checkpoint: self.checkpoints.hold(),
+            _writer: writer,
         }
     }
 
@@ -278,6 +287,7 @@ impl Registry {
         let tx = conn.transaction()?;
         let out = f(&tx)?;
         tx.commit()?;
+        self.checkpoints.committed();
         // Every insert goes through `apply`, which inserts the event last, and only this
         // connection writes: the last inserted rowid is the newest event's seq.
         let last = conn.last_insert_rowid();

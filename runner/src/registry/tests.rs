@@ -156,3 +156,47 @@ fn a_row_changed_behind_the_log_is_found() {
         report.differences
     );
 }
+
+/// The log's frames, and how many of them are in the database, as the wal-index (the
+/// `-shm` file, https://www.sqlite.org/walformat.html) says: `mxFrame` in its header,
+/// `nBackfill` after the header's two copies.
+fn log_frames(db: &std::path::Path) -> (u32, u32) {
+    let mut shm = db.as_os_str().to_owned();
+    shm.push("-shm");
+    let b = std::fs::read(&shm).unwrap();
+    let word = |at: usize| u32::from_ne_bytes(b[at..at + 4].try_into().unwrap());
+    (word(16), word(96))
+}
+
+#[test]
+fn commits_leave_checkpoints_to_their_thread_which_keeps_up() {
+    let (_dir, r, s) = with_a_task();
+    // The writer checkpoints only far past SQLite's usual 1 000 pages...
+    let limit: u32 = r
+        .read(|c| Ok(c.pragma_query_value(None, "wal_autocheckpoint", |v| v.get(0))?))
+        .unwrap();
+    assert_eq!(limit, checkpoint::WRITER_LIMIT_PAGES);
+    // ...so a few thousand pages of commits are left in the log by their commits,
+    for i in 0..1500 {
+        r.insert_task(&task(&format!("t-{i}"), &s)).unwrap();
+    }
+    let (frames, _) = log_frames(r.path());
+    assert!(frames > 1000, "{frames} frames");
+    // and the thread has them all in the database soon after the last.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (frames, copied) = log_frames(r.path());
+        if copied == frames {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{copied} of {frames} frames checkpointed after 10 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let n: i64 = r
+        .read(|c| Ok(c.query_row("SELECT COUNT(*) FROM tasks", [], |row| row.get(0))?))
+        .unwrap();
+    assert_eq!(n, 1501);
+}
