@@ -794,7 +794,16 @@ pub(crate) fn launch(
     // 8. Make it the root; the host's tree is detached and unreachable from here on.
     view::pivot(&p.staging)?;
 
-    // 9. The command. Init stays here to reap and to stop what the command leaves behind.
+    // 9. Seccomp, in init rather than in the command, which inherits it: init's reference
+    //    keeps the filter when the command exits. The last one's exit frees it through a
+    //    kernel worker woken on that CPU, which preempted the command at its exit and, on a
+    //    busy machine, left it behind another process for a whole slice. Init makes no call
+    //    the filter denies from here on, and neither does the command before its exec.
+    if let Some(filter) = &p.seccomp {
+        ssys::seccomp_install(filter).map_err(step("install the seccomp filter"))?;
+    }
+
+    // 10. The command. Init stays here to reap and to stop what the command leaves behind.
     //    Its process shares init's memory until it execs (see `spawn_sharing_memory`): it
     //    only reads the plan, and init waits meanwhile.
     //    When init can, the command keeps this CPU through its exec (see `ExecHold`).
@@ -875,8 +884,8 @@ fn confine_and_exec(
     if let Err(e) = ssys::clear_caps() {
         fail("clear capabilities", &e);
     }
-    // h. no_new_privs: setuid bits and file capabilities stop working; landlock and seccomp
-    //    require it.
+    // h. no_new_privs: setuid bits and file capabilities stop working; landlock requires it
+    //    (init installed the seccomp filter with its own privilege).
     if let Err(e) = ssys::set_no_new_privs() {
         fail("no_new_privs", &e);
     }
@@ -887,17 +896,11 @@ fn confine_and_exec(
             fail_with(&e);
         }
     }
-    // j. Seccomp last: from here on only the calls needed to exec remain to be made.
-    if let Some(filter) = &p.seccomp {
-        if let Err(e) = ssys::seccomp_install(filter) {
-            fail("seccomp", &e);
-        }
-    }
-    // k. Nothing beyond stdio crosses into the command (the error pipe closes on exec).
+    // j. Nothing beyond stdio crosses into the command (the error pipe closes on exec).
     if let Err(e) = sys::cloexec_from(3) {
         fail("close inherited descriptors", &e);
     }
-    // l. A plain simple command skips bash's start-up; back here only if bash must run it.
+    // k. A plain simple command skips bash's start-up; back here only if bash must run it.
     if let Some(o) = &cmd.oneshot {
         oneshot::exec(o);
     }
