@@ -15,6 +15,12 @@
 //! ([`WRITER_LIMIT_PAGES`]). A commit is made durable by the next checkpoint
 //! (`synchronous = NORMAL`), so with this thread that is within a second of the last write,
 //! where before it waited for the next thousand pages.
+//!
+//! Once the registry is idle and its log all copied, the thread empties the log file
+//! (`TRUNCATE`, which finds nothing left to copy and so holds the writer's lock only for the
+//! `ftruncate`). A log left at its longest would keep that disk space for good (up to the
+//! writer's limit, 64 MiB), and a full disk would be met not by the next commit but at
+//! whatever later moment the space the log once took ran out.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -114,21 +120,28 @@ impl Drop for Checkpoints {
 }
 
 fn run(conn: Connection, asked: mpsc::Receiver<()>, commits: Arc<AtomicU64>, busy: Arc<Mutex<()>>) {
-    let mut done = commits.load(Ordering::Relaxed);
+    // The commits the log held when it was last emptied.
+    let mut emptied = commits.load(Ordering::Relaxed);
     loop {
-        match asked.recv_timeout(IDLE) {
-            Ok(()) => {}
-            // Idle: checkpoint what the last commits left, once.
-            Err(RecvTimeoutError::Timeout) if commits.load(Ordering::Relaxed) != done => {}
+        let idle = match asked.recv_timeout(IDLE) {
+            Ok(()) => false,
+            Err(RecvTimeoutError::Timeout) if commits.load(Ordering::Relaxed) != emptied => true,
             Err(RecvTimeoutError::Timeout) => continue,
             Err(RecvTimeoutError::Disconnected) => return,
-        }
+        };
         let upto = commits.load(Ordering::Relaxed);
         let _held = busy.lock().unwrap_or_else(|e| e.into_inner());
-        match checkpoint(&conn) {
+        match checkpoint(&conn, "PASSIVE") {
             Ok((false, log, copied)) if copied >= log => {
                 debug!(log, copied, "registry checkpoint");
-                done = upto;
+                if idle {
+                    match checkpoint(&conn, "TRUNCATE") {
+                        Ok((false, 0, _)) => emptied = upto,
+                        // A reader or the writer came first: the next idle moment tries again.
+                        Ok(_) => debug!("registry log not emptied: in use"),
+                        Err(e) => warn!("registry log not emptied: {e}"),
+                    }
+                }
             }
             // Stopped short (a reader still on old frames, or the writer's commits coming
             // faster): the next nudge or idle moment goes on.
@@ -138,10 +151,10 @@ fn run(conn: Connection, asked: mpsc::Receiver<()>, commits: Arc<AtomicU64>, bus
     }
 }
 
-/// One `PASSIVE` checkpoint: whether it was stopped short, the log's frames, and how many of
-/// them are in the database now.
-pub(super) fn checkpoint(conn: &Connection) -> rusqlite::Result<(bool, i64, i64)> {
-    conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+/// One checkpoint in `mode` (`PASSIVE` or `TRUNCATE`): whether it was stopped short, the
+/// log's frames, and how many of them are in the database now.
+pub(super) fn checkpoint(conn: &Connection, mode: &str) -> rusqlite::Result<(bool, i64, i64)> {
+    conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| {
         Ok((r.get::<_, i64>(0)? != 0, r.get(1)?, r.get(2)?))
     })
 }

@@ -199,4 +199,26 @@ fn commits_leave_checkpoints_to_their_thread_which_keeps_up() {
         .read(|c| Ok(c.query_row("SELECT COUNT(*) FROM tasks", [], |row| row.get(0))?))
         .unwrap();
     assert_eq!(n, 1501);
+    // Left alone, the log file is emptied: its disk space given back.
+    let mut wal = r.path().as_os_str().to_owned();
+    wal.push("-wal");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let len = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+        if len == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the log still holds {len} bytes 10 s after the last commit"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // And the next commit starts it again.
+    r.insert_task(&task("t-after", &s)).unwrap();
+    assert!(std::fs::metadata(&wal).unwrap().len() > 0);
+    let n: i64 = r
+        .read(|c| Ok(c.query_row("SELECT COUNT(*) FROM tasks", [], |row| row.get(0))?))
+        .unwrap();
+    assert_eq!(n, 1502);
 }

@@ -145,6 +145,15 @@ fn a_settlement_the_full_registry_cannot_record_is_retried_until_it_is() {
         json!({"background": true}),
     );
     let id = r["task_id"].as_str().expect("id").to_owned();
+    // The daemon, left alone, empties the registry's log file, so that the next commit needs
+    // room of its own (where a log holding old pages would take it, and not say so).
+    let wal = d.state_dir.join("sidejob.db-wal");
+    assert!(
+        wait_until(Duration::from_secs(10), || std::fs::metadata(&wal)
+            .is_ok_and(|m| m.len() == 0)),
+        "the registry's log is not emptied while the daemon is idle: {:?}",
+        std::fs::metadata(&wal).map(|m| m.len())
+    );
     // Fill the registry's disk to the last byte.
     let filler = d.state_dir.join("filler");
     let _ = Command::new("dd")
