@@ -281,10 +281,12 @@ impl Registry {
         self.conn.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Runs `f` in one write transaction.
+    /// Runs `f` in one write transaction, which holds the log's write lock from its start:
+    /// begun as a reader, a transaction that then writes fails (`SQLITE_BUSY_SNAPSHOT`, with
+    /// no wait) when the checkpoint thread empties the log between the two (`checkpoint.rs`).
     pub(crate) fn write<T>(&self, f: impl FnOnce(&Transaction) -> Result<T>) -> Result<T> {
         let mut conn = self.lock();
-        let tx = conn.transaction()?;
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         let out = f(&tx)?;
         tx.commit()?;
         self.checkpoints.committed();

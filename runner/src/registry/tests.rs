@@ -169,6 +169,26 @@ fn log_frames(db: &std::path::Path) -> (u32, u32) {
 }
 
 #[test]
+fn a_write_that_reads_first_survives_the_log_being_emptied_under_it() {
+    let (_dir, r, _) = with_a_task();
+    // The checkpoint thread's side: the log all copied, so the writer's reads come from the
+    // database file alone, the one kind of reader an emptying of the log does not wait for.
+    let other = rusqlite::Connection::open(r.path()).unwrap();
+    other.busy_timeout(std::time::Duration::ZERO).unwrap();
+    let (_, log, copied) = checkpoint::checkpoint(&other, "PASSIVE").unwrap();
+    assert_eq!(log, copied);
+    // The registry left idle and emptied between a write's read and its change (a settlement
+    // reads the row it settles): the change must still commit.
+    r.write(|tx| {
+        let n: i64 = tx.query_row("SELECT COUNT(*) FROM tasks", [], |row| row.get(0))?;
+        let _ = checkpoint::checkpoint(&other, "TRUNCATE");
+        tx.execute("UPDATE tasks SET exit_code = ?1 WHERE task_id = 't1'", [n])?;
+        Ok(())
+    })
+    .unwrap();
+}
+
+#[test]
 fn commits_leave_checkpoints_to_their_thread_which_keeps_up() {
     let (_dir, r, s) = with_a_task();
     // The writer checkpoints only far past SQLite's usual 1 000 pages...
