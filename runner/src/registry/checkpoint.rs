@@ -10,16 +10,15 @@
 //!
 //! Here the writer only counts its commits; this thread checkpoints on a connection of its
 //! own (`PASSIVE`: it never waits for the writer, nor the writer for it) after every
-//! [`NUDGE_EVERY`] commits, and every [`IDLE`] that had a commit. The
+//! [`NUDGE_EVERY`] commits, and once the registry has been left alone for [`IDLE`]. The
 //! writer keeps SQLite's checkpoint only as a bound the log should never reach
 //! ([`WRITER_LIMIT_PAGES`]). A commit is made durable by the next checkpoint
 //! (`synchronous = NORMAL`), so with this thread that is within a second of the last write,
 //! where before it waited for the next thousand pages.
 //!
-//! Once the registry has had no commit for [`IDLE`] and its log is all copied, the thread
-//! empties the log file (`TRUNCATE`, which finds nothing left to copy and so holds the
-//! writer's lock only for the `ftruncate`; made while commits flow, it would copy theirs and
-//! `fsync` with that lock held). A log left at its longest would keep that disk space for good (up to the
+//! Once the registry is idle and its log all copied, the thread empties the log file
+//! (`TRUNCATE`, which finds nothing left to copy and so holds the writer's lock only for the
+//! `ftruncate`). A log left at its longest would keep that disk space for good (up to the
 //! writer's limit, 64 MiB), and a full disk would be met not by the next commit but at
 //! whatever later moment the space the log once took ran out.
 
@@ -121,31 +120,23 @@ impl Drop for Checkpoints {
 }
 
 fn run(conn: Connection, asked: mpsc::Receiver<()>, commits: Arc<AtomicU64>, busy: Arc<Mutex<()>>) {
-    // The commits the log held when it was last emptied, and at the thread's last look.
+    // The commits the log held when it was last emptied.
     let mut emptied = commits.load(Ordering::Relaxed);
-    let mut seen = emptied;
     loop {
-        let nudged = match asked.recv_timeout(IDLE) {
-            Ok(()) => true,
-            Err(RecvTimeoutError::Timeout) => false,
+        let idle = match asked.recv_timeout(IDLE) {
+            Ok(()) => false,
+            Err(RecvTimeoutError::Timeout) if commits.load(Ordering::Relaxed) != emptied => true,
+            Err(RecvTimeoutError::Timeout) => continue,
             Err(RecvTimeoutError::Disconnected) => return,
         };
-        let now = commits.load(Ordering::Relaxed);
-        // Idle: no commit for [`IDLE`], but some since the log was last emptied.
-        let idle = !nudged && now == seen;
-        seen = now;
-        if idle && now == emptied {
-            continue;
-        }
+        let upto = commits.load(Ordering::Relaxed);
         let _held = busy.lock().unwrap_or_else(|e| e.into_inner());
         match checkpoint(&conn, "PASSIVE") {
             Ok((false, log, copied)) if copied >= log => {
                 debug!(log, copied, "registry checkpoint");
-                // Emptying holds the writer's lock, and copies whatever was committed since
-                // the checkpoint above before it lets go: only when nothing was.
-                if idle && commits.load(Ordering::Relaxed) == now {
+                if idle {
                     match checkpoint(&conn, "TRUNCATE") {
-                        Ok((false, 0, _)) => emptied = now,
+                        Ok((false, 0, _)) => emptied = upto,
                         // A reader or the writer came first: the next idle moment tries again.
                         Ok(_) => debug!("registry log not emptied: in use"),
                         Err(e) => warn!("registry log not emptied: {e}"),
