@@ -10,15 +10,17 @@
 //!
 //! Here the writer only counts its commits; this thread checkpoints on a connection of its
 //! own (`PASSIVE`: it never waits for the writer, nor the writer for it) after every
-//! [`NUDGE_EVERY`] commits, and once the registry has been left alone for [`IDLE`]. The
+//! [`NUDGE_EVERY`] commits, and at the end of every [`IDLE`] that had a commit. The
 //! writer keeps SQLite's checkpoint only as a bound the log should never reach
 //! ([`WRITER_LIMIT_PAGES`]). A commit is made durable by the next checkpoint
 //! (`synchronous = NORMAL`), so with this thread that is within a second of the last write,
 //! where before it waited for the next thousand pages.
 //!
-//! Once the registry is idle and its log all copied, the thread empties the log file
-//! (`TRUNCATE`, which finds nothing left to copy and so holds the writer's lock only for the
-//! `ftruncate`). A log left at its longest would keep that disk space for good (up to the
+//! After that second kind, once the log is all copied, the thread empties the log file
+//! (`TRUNCATE`: it holds the writer's lock, and copies whatever came since the `PASSIVE`
+//! checkpoint before the `ftruncate`). Waiting for an interval with no commit instead let the
+//! log grow while commits flowed, and the daemon's memory with its index, for no measured
+//! gain (docs/performance.md). A log left at its longest would keep that disk space for good (up to the
 //! writer's limit, 64 MiB), and a full disk would be met not by the next commit but at
 //! whatever later moment the space the log once took ran out.
 
