@@ -16,13 +16,13 @@
 //! (`synchronous = NORMAL`), so with this thread that is within a second of the last write,
 //! where before it waited for the next thousand pages.
 //!
-//! After that second kind, once the log is all copied, the thread empties the log file
+//! After that second kind, once the log is all copied, the thread also empties the log file
 //! (`TRUNCATE`: it holds the writer's lock, and copies whatever came since the `PASSIVE`
-//! checkpoint before the `ftruncate`). Waiting for an interval with no commit instead let the
-//! log grow while commits flowed, and the daemon's memory with its index, for no measured
-//! gain (docs/performance.md). A log left at its longest would keep that disk space for good (up to the
-//! writer's limit, 64 MiB), and a full disk would be met not by the next commit but at
-//! whatever later moment the space the log once took ran out.
+//! checkpoint before the `ftruncate`). A log left at its longest would keep that disk space
+//! for good (up to the writer's limit, 64 MiB), and a full disk would be met not by the next
+//! commit but at whatever later moment the space the log once took ran out. Waiting for an
+//! interval with no commit instead let the log grow while commits flowed, and the daemon's
+//! memory with its index, for no measured gain (docs/performance.md).
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -125,7 +125,8 @@ fn run(conn: Connection, asked: mpsc::Receiver<()>, commits: Arc<AtomicU64>, bus
     // The commits the log held when it was last emptied.
     let mut emptied = commits.load(Ordering::Relaxed);
     loop {
-        let idle = match asked.recv_timeout(IDLE) {
+        // An [`IDLE`] passed, with commits since the log was last emptied: empty it too.
+        let lapsed = match asked.recv_timeout(IDLE) {
             Ok(()) => false,
             Err(RecvTimeoutError::Timeout) if commits.load(Ordering::Relaxed) != emptied => true,
             Err(RecvTimeoutError::Timeout) => continue,
@@ -136,17 +137,17 @@ fn run(conn: Connection, asked: mpsc::Receiver<()>, commits: Arc<AtomicU64>, bus
         match checkpoint(&conn, "PASSIVE") {
             Ok((false, log, copied)) if copied >= log => {
                 debug!(log, copied, "registry checkpoint");
-                if idle {
+                if lapsed {
                     match checkpoint(&conn, "TRUNCATE") {
                         Ok((false, 0, _)) => emptied = upto,
-                        // A reader or the writer came first: the next idle moment tries again.
+                        // A reader or the writer came first: the next interval tries again.
                         Ok(_) => debug!("registry log not emptied: in use"),
                         Err(e) => warn!("registry log not emptied: {e}"),
                     }
                 }
             }
             // Stopped short (a reader still on old frames, or the writer's commits coming
-            // faster): the next nudge or idle moment goes on.
+            // faster): the next nudge or interval goes on.
             Ok((_, log, copied)) => debug!(log, copied, "registry checkpoint incomplete"),
             Err(e) => warn!("registry checkpoint failed: {e}"),
         }

@@ -203,42 +203,43 @@ fn commits_leave_checkpoints_to_their_thread_which_keeps_up() {
     let (frames, _) = log_frames(r.path());
     assert!(frames > 1000, "{frames} frames");
     // and the thread has them all in the database soon after the last.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
+    let all_copied = || {
         let (frames, copied) = log_frames(r.path());
-        if copied == frames {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{copied} of {frames} frames checkpointed after 10 s"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    let n: i64 = r
-        .read(|c| Ok(c.query_row("SELECT COUNT(*) FROM tasks", [], |row| row.get(0))?))
-        .unwrap();
-    assert_eq!(n, 1501);
+        copied == frames
+    };
+    assert!(
+        within_10s(all_copied),
+        "(frames, checkpointed) {:?} after 10 s",
+        log_frames(r.path())
+    );
+    let tasks = || -> i64 {
+        r.read(|c| Ok(c.query_row("SELECT COUNT(*) FROM tasks", [], |row| row.get(0))?))
+            .unwrap()
+    };
+    assert_eq!(tasks(), 1501);
     // Left alone, the log file is emptied: its disk space given back.
     let mut wal = r.path().as_os_str().to_owned();
     wal.push("-wal");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let len = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
-        if len == 0 {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the log still holds {len} bytes 10 s after the last commit"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    let wal_len = || std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+    assert!(
+        within_10s(|| wal_len() == 0),
+        "the log still holds {} bytes 10 s after the last commit",
+        wal_len()
+    );
     // And the next commit starts it again.
     r.insert_task(&task("t-after", &s)).unwrap();
-    assert!(std::fs::metadata(&wal).unwrap().len() > 0);
-    let n: i64 = r
-        .read(|c| Ok(c.query_row("SELECT COUNT(*) FROM tasks", [], |row| row.get(0))?))
-        .unwrap();
-    assert_eq!(n, 1502);
+    assert!(wal_len() > 0);
+    assert_eq!(tasks(), 1502);
+}
+
+/// Whether `done` holds within 10 s, asked every 20 ms.
+fn within_10s(mut done: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !done() {
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    true
 }
