@@ -108,14 +108,17 @@ pub(crate) fn free_to_move() {
 /// machine the command went to the other CPU and waited there behind whatever ran on it.
 ///
 /// Init holds itself to its CPU and makes itself real-time for the command's start
-/// ([`hold_through_exec`]); its forks reset to normal scheduling, and the command is forked
-/// on that CPU without its CPUs given back. When the command's exec releases init
-/// (`CLONE_VFORK`), init, real-time on the same CPU, runs before the command gets back to
-/// user space, gives it (and itself) back every CPU ([`ExecHold::release`]) and returns to
-/// normal scheduling. So the command has every CPU from its first instruction: nothing it
-/// forks keeps one CPU, and its own `sched_setaffinity` comes after ours. Where init may not
-/// be real-time (no `CAP_SYS_NICE`, a cgroup with no real-time budget), nothing is held and
-/// the command frees itself before its exec, as before.
+/// ([`hold_through_exec`]), from just before it detaches the host's tree: that `umount`
+/// sleeps through an RCU grace period (`synchronize_rcu_expedited`), and init, woken without
+/// priority, would wait for its CPU behind whatever ran there meanwhile. Its forks reset to
+/// normal scheduling, and the command is forked on that CPU without its CPUs given back.
+/// When the command's exec releases init (`CLONE_VFORK`), init, real-time on the same CPU,
+/// runs before the command gets back to user space, gives it (and itself) back every CPU
+/// ([`ExecHold::release`]) and returns to normal scheduling. So the command has every CPU
+/// from its first instruction: nothing it forks keeps one CPU, and its own
+/// `sched_setaffinity` comes after ours. Where init may not be real-time (no `CAP_SYS_NICE`,
+/// a cgroup with no real-time budget), nothing is held and the command frees itself before
+/// its exec, as before.
 pub(crate) struct ExecHold {
     /// What the command (and init) may use.
     before: CpuSet,
@@ -138,10 +141,10 @@ fn set_policy(policy: libc::c_int, priority: libc::c_int) -> io::Result<()> {
     Ok(())
 }
 
-/// Holds the calling process (init, about to fork the command) to the CPU it runs on and
-/// makes it real-time, so that the command can be held there through its exec. `None`:
-/// nothing is held (one CPU, or no real-time allowed), and the command must call
-/// [`free_to_move`] itself.
+/// Holds the calling process (init, about to detach the host's tree and fork the command)
+/// to the CPU it runs on and makes it real-time, so that the command can be held there
+/// through its exec. `None`: nothing is held (one CPU, or no real-time allowed), and the
+/// command must call [`free_to_move`] itself.
 pub(crate) fn hold_through_exec() -> Option<ExecHold> {
     let (before, narrowed_here) = match allowed_before() {
         Some(before) => (*before, false),

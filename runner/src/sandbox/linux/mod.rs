@@ -792,6 +792,11 @@ pub(crate) fn launch(
         view::shadow_git(root, shadow, options)?;
     }
     // 8. Make it the root; the host's tree is detached and unreachable from here on.
+    //    Init holds its CPU, real-time, from here to the command's exec (see `ExecHold`):
+    //    detaching the host's tree sleeps through an RCU grace period, and woken without
+    //    priority init would wait behind whatever runs on its CPU. (On a failure init only
+    //    reports and exits.)
+    let hold = sys::cpu::hold_through_exec();
     view::pivot(&p.staging)?;
 
     // 9. Seccomp, in init rather than in the command, which inherits it: init's reference
@@ -806,8 +811,7 @@ pub(crate) fn launch(
     // 10. The command. Init stays here to reap and to stop what the command leaves behind.
     //    Its process shares init's memory until it execs (see `spawn_sharing_memory`): it
     //    only reads the plan, and init waits meanwhile.
-    //    When init can, the command keeps this CPU through its exec (see `ExecHold`).
-    let hold = sys::cpu::hold_through_exec();
+    //    When init holds its CPU, the command keeps it through its exec.
     let held = hold.is_some();
     let child = sys::spawn::spawn_sharing_memory(&mut || {
         confine_and_exec(p, cmd, held, output, stderr.unwrap_or(output), exec_error)
