@@ -12,7 +12,7 @@ use crate::dirwatch::DirWatch;
 /// Watches `dirs`, each with whether only shipped plugin names count in it (the directory of
 /// the binary changes with every build). Dropping the watch stops hot reload; so does the
 /// host going away.
-pub(super) fn start(host: Weak<ToolHost>, dirs: &[(PathBuf, bool)]) -> notify::Result<DirWatch> {
+pub(super) fn start(host: Weak<ToolHost>, dirs: &[(PathBuf, bool)]) -> std::io::Result<DirWatch> {
     let shipped_dirs: Vec<PathBuf> = dirs
         .iter()
         .filter(|(_, shipped_only)| *shipped_only)
