@@ -347,45 +347,24 @@ fn wait_for(socket: &Path, task_id: &str, yield_after: Option<Duration>) -> Resu
     }
 }
 
-/// SIGINT becomes an [`Event::Interrupt`]; the handler is in place when this returns.
+/// SIGINT becomes an [`Event::Interrupt`]. It is blocked before this returns, so from then
+/// on it waits for the thread that takes it (no handshake with that thread: on a busy machine
+/// the one there was waited for a CPU for). Every thread of this command is started after
+/// this and inherits the block.
 fn catch_interrupts(tx: mpsc::Sender<Event>) -> Result<()> {
-    let (ready_tx, ready) = mpsc::channel::<std::io::Result<()>>();
+    let sigint = crate::sys::SigSet::of(&[nix::sys::signal::Signal::SIGINT]);
+    sigint.block().context("cannot handle Ctrl+C")?;
     std::thread::Builder::new()
         .name("interrupts".into())
         .spawn(move || {
-            let rt = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e));
+            while sigint.wait().is_ok() {
+                if tx.send(Event::Interrupt).is_err() {
                     return;
                 }
-            };
-            rt.block_on(async move {
-                let mut sigint =
-                    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
-                    {
-                        Ok(s) => s,
-                        Err(e) => {
-                            let _ = ready_tx.send(Err(e));
-                            return;
-                        }
-                    };
-                let _ = ready_tx.send(Ok(()));
-                while sigint.recv().await.is_some() {
-                    if tx.send(Event::Interrupt).is_err() {
-                        return;
-                    }
-                }
-            });
+            }
         })
         .context("cannot start the interrupt handler")?;
-    ready
-        .recv()
-        .context("the interrupt handler did not start")?
-        .context("cannot handle Ctrl+C")
+    Ok(())
 }
 
 /// Copies this process's stdin to the run's (`task.message`), then closes it.
