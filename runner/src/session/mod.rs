@@ -145,6 +145,9 @@ pub(crate) fn owner_creds(row: &SessionRow, peer: Option<&Creds>) -> Creds {
     }
 }
 
+/// Held while `session.open` looks a session up and makes it.
+static OPENING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// `session.open`: creates the session, or reopens one the caller already owns.
 pub(crate) fn open(
     registry: &Registry,
@@ -172,6 +175,9 @@ pub(crate) fn open(
     if let Some(parent) = &p.parent_session_id {
         get_for(registry, uid, parent)?;
     }
+    // One at a time from here: two opens of one new id (two `sidejob call`s started together
+    // in one directory) would both find it missing, and the second one's insert fail.
+    let _one_at_a_time = OPENING.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(existing) = registry.get_session(&session_id)? {
         return reopen(registry, cfg, caller, existing, &p, &profile);
     }

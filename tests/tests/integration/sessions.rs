@@ -67,6 +67,38 @@ fn closing_a_parent_session_cancels_its_childrens_tasks() {
 }
 
 #[test]
+fn opens_of_one_new_session_at_once_all_succeed() {
+    // Two `sidejob call`s started together in one directory open its session at once; both
+    // found it missing, and the second one's insert failed ("UNIQUE constraint failed").
+    let d = Daemon::start();
+    for round in 0..10 {
+        let id = format!("together-{round}");
+        let barrier = std::sync::Barrier::new(6);
+        let answers: Vec<Result<serde_json::Value, serde_json::Value>> =
+            std::thread::scope(|scope| {
+                let joins: Vec<_> = (0..6)
+                    .map(|_| {
+                        let (d, id, barrier) = (&d, &id, &barrier);
+                        scope.spawn(move || {
+                            let mut c = d.client();
+                            barrier.wait();
+                            c.call(
+                                "session.open",
+                                json!({"session_id": id, "workspace": d.workspace}),
+                            )
+                        })
+                    })
+                    .collect();
+                joins.into_iter().map(|j| j.join().unwrap()).collect()
+            });
+        for a in &answers {
+            let ok = a.as_ref().unwrap_or_else(|e| panic!("round {round}: {e}"));
+            assert_eq!(ok["session_id"], id.as_str(), "{ok}");
+        }
+    }
+}
+
+#[test]
 fn a_closed_session_can_be_reopened() {
     let d = Daemon::start();
     let mut c = d.client();
