@@ -22,7 +22,7 @@ use serde_json::{json, Map, Value};
 
 use super::args::CallArgs;
 use super::Client;
-use crate::protocol::{CompletedCall, FailReason, Task, TaskState, ToolCallResult};
+use crate::protocol::{CompletedCall, Delivery, FailReason, Task, TaskState, ToolCallResult};
 
 /// Exit code when the command was canceled from this terminal (Ctrl+C), as shells use.
 const EXIT_INTERRUPTED: i32 = 130;
@@ -347,6 +347,28 @@ fn wait_for(socket: &Path, task_id: &str, yield_after: Option<Duration>) -> Resu
     }
 }
 
+/// Acks the inbox entry `task`'s completion made (nothing is said if that fails: it only
+/// stays unread, as it would have).
+fn dismiss_wake(socket: &Path, client: &mut Client, task: &Task) {
+    let Ok(list) = client.call_again_if_lost(
+        socket,
+        "inbox.list",
+        json!({"session_id": task.session_id, "unread_only": true}),
+    ) else {
+        return;
+    };
+    let ids: Vec<&str> = list["notifications"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|n| n["kind"] == "wake" && n["task_id"] == task.task_id.as_str())
+        .filter_map(|n| n["id"].as_str())
+        .collect();
+    if !ids.is_empty() {
+        let _ = client.call_again_if_lost(socket, "inbox.ack", json!({ "ids": ids }));
+    }
+}
+
 /// SIGINT becomes an [`Event::Interrupt`]. It is blocked before this returns, so from then
 /// on it waits for the thread that takes it (no handshake with that thread: on a busy machine
 /// the one there was waited for a CPU for). Every thread of this command is started after
@@ -514,6 +536,11 @@ fn stream(
             }
         },
     };
+    // A run that ended before the wait reached the daemon made a wake as well; this command
+    // has shown its result, so that wake would tell the session's inbox of it a second time.
+    if task.delivery == Some(Delivery::Wake) {
+        dismiss_wake(socket, client, &task);
+    }
     if a.json {
         // As tool.call would answer inline: at most the last MiB.
         let keep = 1024 * 1024;

@@ -55,6 +55,29 @@ fn call_outlasts_the_yield_and_the_interactive_deadline_and_exits_with_the_code(
 }
 
 #[test]
+fn quick_calls_leave_no_wake_in_the_inbox() {
+    // A run that ends before `call`'s wait reaches the daemon makes a wake; `call` showed the
+    // result, so it acks that wake. Before, a few of these 80 (four at a time, so that some
+    // runs end before their wait arrives) left one unread each.
+    let d = Daemon::start();
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let d = &d;
+            s.spawn(move || {
+                for i in 0..20 {
+                    let o = d.cli(&["call", "--", &format!("echo {t}-{i}")]);
+                    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+                    assert_eq!(stdout(&o), format!("{t}-{i}\n"), "{}", describe(&o));
+                }
+            });
+        }
+    });
+    let inbox = d.cli(&["inbox", "--unread", "--json"]);
+    let v: Value = serde_json::from_slice(&inbox.stdout).expect("JSON");
+    assert_eq!(v["notifications"], json!([]), "{v}");
+}
+
+#[test]
 fn ctrl_c_cancels_the_run_and_output_streams_while_it_runs() {
     let d = Daemon::start();
     // "started" reaches the terminal while the command still sleeps: it is streamed.
