@@ -5,8 +5,9 @@
 //! stdin, stdout and stderr, [`SUPERVISOR_PUBLIC_FD`] and, when open, [`SUPERVISOR_REPORT_FD`].
 //! The spawner (`sidejob spawner`) inherits its socket as [`SPAWNER_SOCKET_FD`]; a request
 //! on it carries [`FDS`] descriptors (the supervisor's 0 to 4, in that order), and a
-//! supervisor it forks finds its go-ahead pipe at [`GO_FD`] and a shared offline network
-//! namespace, if it was given one, at [`SHARED_NETNS_FD`].
+//! supervisor it forks finds its go-ahead pipe at [`GO_FD`], then a shared offline network
+//! namespace, if it was given one, at [`SHARED_NETNS_FD`], then the bare mount namespace,
+//! when the spawner has one ([`bare_mntns_fd`]).
 
 use std::io;
 use std::os::fd::RawFd;
@@ -37,6 +38,12 @@ pub(crate) const GO_FD: RawFd = FDS as i32;
 
 /// Where a forked supervisor finds the shared network namespace it was given, if any.
 pub(crate) const SHARED_NETNS_FD: RawFd = GO_FD + 1;
+
+/// Where a forked supervisor finds the bare mount namespace: the next descriptor after the
+/// go-ahead pipe and the shared network namespace, when it was given one.
+pub(crate) const fn bare_mntns_fd(shared_netns: bool) -> RawFd {
+    SHARED_NETNS_FD + shared_netns as RawFd
+}
 
 /// The longest request (a private directory's path and a key).
 pub(crate) const MAX_REQUEST: usize = 4096;

@@ -89,17 +89,17 @@ enum PidFile {
 /// run's public directory is descriptor 3; descriptor 4, when open, is the daemon's report
 /// pipe (`executor::spawn`).
 pub fn main(private_dir: &Path) -> i32 {
-    supervisor_main(private_dir, PidFile::Write, false)
+    supervisor_main(private_dir, PidFile::Write, false, false)
 }
 
 /// [`main`] for a supervisor the spawner forked (and whose pid file it wrote), with the
 /// shared offline network namespace the run may join at [`fds::SHARED_NETNS_FD`] when
-/// `shared_netns`.
-fn forked_main(private_dir: &Path, shared_netns: bool) -> i32 {
-    supervisor_main(private_dir, PidFile::Written, shared_netns)
+/// `shared_netns`, and the bare mount namespace at [`fds::bare_mntns_fd`] when `bare`.
+fn forked_main(private_dir: &Path, shared_netns: bool, bare: bool) -> i32 {
+    supervisor_main(private_dir, PidFile::Written, shared_netns, bare)
 }
 
-fn supervisor_main(private_dir: &Path, pid_file: PidFile, shared_netns: bool) -> i32 {
+fn supervisor_main(private_dir: &Path, pid_file: PidFile, shared_netns: bool, bare: bool) -> i32 {
     let started = SystemTime::now();
     // Block the stop signals first: one that arrives during set-up stays pending and is read
     // from the signalfd later, instead of killing the supervisor before it can settle the run.
@@ -107,14 +107,16 @@ fn supervisor_main(private_dir: &Path, pid_file: PidFile, shared_netns: bool) ->
     // Nothing the daemon might have leaked stays open here (stdio, the run directory, the
     // report pipe, and from the spawner the go-ahead pipe and a shared network namespace
     // excepted).
-    let keep = match (pid_file, shared_netns) {
-        (PidFile::Written, true) => fds::SHARED_NETNS_FD,
-        (PidFile::Written, false) => fds::GO_FD,
-        (PidFile::Write, _) => crate::run::fds::SUPERVISOR_REPORT_FD,
+    let keep = match pid_file {
+        PidFile::Written => fds::bare_mntns_fd(shared_netns) - 1 + bare as i32,
+        PidFile::Write => crate::run::fds::SUPERVISOR_REPORT_FD,
     };
     let _ = sys::close_from(keep as u32 + 1);
     let netns = shared_netns
         .then(|| sys::take_inherited_fd(fds::SHARED_NETNS_FD).ok())
+        .flatten();
+    let bare_mntns = bare
+        .then(|| sys::take_inherited_fd(fds::bare_mntns_fd(shared_netns)).ok())
         .flatten();
     let public =
         match sys::take_inherited_fd(crate::run::fds::SUPERVISOR_PUBLIC_FD).and_then(|fd| {
@@ -171,6 +173,7 @@ fn supervisor_main(private_dir: &Path, pid_file: PidFile, shared_netns: bool) ->
         egress_first_use: None,
         report,
         netns,
+        bare_mntns,
     };
     let (result, output, report) = match supervise_run(&plan, started, public.as_fd(), opts) {
         Ok(s) => (s.result, Some(s.output), s.report),
@@ -263,6 +266,9 @@ pub(crate) struct Options<'a> {
     /// The session's shared offline network namespace, which init joins when it may (see
     /// `sandbox::linux::Prepared::give_shared_netns`).
     pub netns: Option<OwnedFd>,
+    /// The spawner's bare mount namespace, whose copy init builds the view in (see
+    /// `sandbox::linux::Prepared::give_bare_mntns`).
+    pub bare_mntns: Option<OwnedFd>,
 }
 
 /// A supervised run: its result, `output.log` (complete, not yet made durable) and the
@@ -298,6 +304,7 @@ pub(crate) fn supervise_with(
         egress_first_use,
         report: None,
         netns,
+        bare_mntns: None,
     };
     supervise_run(plan, started, out_dir, opts)
         .map(|s| s.result)
@@ -318,8 +325,9 @@ pub(crate) fn supervise_run(
         egress_first_use,
         mut report,
         netns,
+        bare_mntns,
     } = opts;
-    let mut run = match run::Run::start(plan, out_dir, &mut report, netns) {
+    let mut run = match run::Run::start(plan, out_dir, &mut report, netns, bare_mntns) {
         Ok(run) => run,
         Err(e) => return Err((e, report)),
     };

@@ -49,12 +49,14 @@ pub(super) struct Run<'p> {
 impl<'p> Run<'p> {
     /// Everything before the run: signals, output.log, the sandbox prepared, the pipes, the
     /// PID namespace, and init forked into it. `keep_from_init` is closed in init;
-    /// `netns` is a network namespace init joins instead of making one.
+    /// `netns` is a network namespace init joins instead of making one, `bare_mntns` the mount
+    /// namespace whose copy it builds the view in.
     pub(super) fn start(
         plan: &'p LaunchPlan,
         out_dir: BorrowedFd<'_>,
         keep_from_init: &mut Option<OwnedFd>,
         netns: Option<OwnedFd>,
+        bare_mntns: Option<OwnedFd>,
     ) -> Result<Run<'p>, SuperviseError> {
         let clock = Instant::now();
         let setup =
@@ -125,6 +127,9 @@ impl<'p> Run<'p> {
         let mut layers = enter_pid_namespace()?;
         if let Some(netns) = netns {
             sandbox.give_shared_netns(netns);
+        }
+        if let Some(bare) = bare_mntns {
+            sandbox.give_bare_mntns(bare);
         }
         layers.extend(sandbox.layers.iter().cloned());
         layers.sort();

@@ -24,6 +24,12 @@
 //! one. A namespace unused for [`SHARED_NETNS_IDLE`] is let go (the runs still in it keep it
 //! alive), and at most [`SHARED_NETNS_MAX`] are kept. Where none may be shared
 //! (`offline_net::may_share`), or making one fails, the run makes its own.
+//!
+//! **The bare mount namespace** (`sandbox::linux::view::bare_namespace`). A root spawner
+//! makes one when it starts: an empty read-only tmpfs and nothing of the host's tree. Every
+//! supervisor gets it after the descriptors above, and the run's init builds the view in a
+//! copy of it instead of a copy of the host's (`sandbox::linux::launch`). Where it cannot be
+//! made, runs copy the host's, as they always could.
 
 use std::collections::HashMap;
 use std::io;
@@ -136,6 +142,14 @@ pub fn main(runs_dir: &Path) -> i32 {
     };
     let mut buf = vec![0u8; fds::MAX_REQUEST];
     let mut nets = SharedNets::new();
+    let bare = nix::unistd::geteuid()
+        .is_root()
+        .then(|| {
+            crate::sandbox::linux::view::bare_namespace()
+                .map_err(|e| say(format_args!("cannot make the bare mount namespace: {e}")))
+                .ok()
+        })
+        .flatten();
     loop {
         match sys::poll_readable(&[Some(sock.as_fd())], -1) {
             Ok(_) => {}
@@ -151,7 +165,7 @@ pub fn main(runs_dir: &Path) -> i32 {
         if n == 0 && fds.is_empty() {
             return 0; // the daemon is gone
         }
-        let result = fork_supervisor(runs_dir, &buf[..n], fds, nets.as_mut());
+        let result = fork_supervisor(runs_dir, &buf[..n], fds, nets.as_mut(), bare.as_ref());
         if fdpass::send(sock.as_fd(), &fds::encode_reply(&result)).is_err() {
             return 1;
         }
@@ -159,7 +173,8 @@ pub fn main(runs_dir: &Path) -> i32 {
 }
 
 /// Forks a supervisor for the run a request names, with the descriptors it came with (and
-/// the shared network namespace it may join, at [`SHARED_NETNS_FD`]).
+/// after the go-ahead pipe, the shared network namespace it may join and the bare mount
+/// namespace, each when there is one: see [`fds::SHARED_NETNS_FD`]).
 ///
 /// The supervisor does nothing of the run until it has the spawner's go-ahead (a byte on a
 /// pipe at [`GO_FD`]; the end of the pipe instead means no), given once its pid file is
@@ -171,6 +186,7 @@ fn fork_supervisor(
     request: &[u8],
     mut fds: Vec<OwnedFd>,
     nets: Option<&mut SharedNets>,
+    bare: Option<&OwnedFd>,
 ) -> io::Result<i32> {
     let Request {
         private_dir,
@@ -193,6 +209,9 @@ fn fork_supervisor(
         }
         None => false,
     };
+    if let Some(fd) = bare {
+        fds.push(fd.try_clone()?);
+    }
     match sys::spawn::fork_sibling()? {
         Fork::Parent(pid) => {
             // Before the daemon hears of it: a daemon that dies before it records the pid
@@ -218,7 +237,7 @@ fn fork_supervisor(
                     Ok(()) => {
                         // Its command line stays the spawner's; its name says what it is.
                         let _ = sys::spawn::set_name(SUPERVISOR_NAME);
-                        super::forked_main(&private_dir, shared_netns)
+                        super::forked_main(&private_dir, shared_netns, bare.is_some())
                     }
                     Err(e) => {
                         say(format_args!("cannot set up a supervisor: {e}"));

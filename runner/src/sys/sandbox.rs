@@ -184,18 +184,24 @@ pub(crate) fn move_mount(from: &OwnedFd, to: &OwnedFd) -> io::Result<()> {
     attach_tree(from, to.as_raw_fd(), c"", MOVE_MOUNT_T_EMPTY_PATH)
 }
 
-/// A recursive bind mount of what `fd` is (a file or a directory, with every mount below it)
-/// at `target`: a recursive copy of it, attached there. What `mount(2)` would do with
-/// `/proc/self/fd/N` as its source, without the walk through `/proc` that name costs.
-pub(crate) fn bind_fd(fd: &OwnedFd, target: &Path) -> io::Result<()> {
-    let tree = clone_tree(fd, AT_RECURSIVE)?;
-    attach_tree(&tree, libc::AT_FDCWD, &cpath(target)?, 0)
+/// A detached copy of what `fd` is (a file or a directory), with every mount below it when
+/// `recursive`. It can be attached ([`attach`]) in another mount namespace than the one it
+/// was copied from: the view's sources are copied while the host's tree is in reach.
+pub(crate) fn copy_tree(fd: &OwnedFd, recursive: bool) -> io::Result<OwnedFd> {
+    clone_tree(fd, if recursive { AT_RECURSIVE } else { 0 })
 }
 
-/// [`bind_fd`] without the mounts below `fd`: only the files of the mount `fd` is on.
-pub(crate) fn bind_fd_alone(fd: &OwnedFd, target: &Path) -> io::Result<()> {
-    let tree = clone_tree(fd, 0)?;
-    attach_tree(&tree, libc::AT_FDCWD, &cpath(target)?, 0)
+/// Attaches the detached copy `tree` at `target`: a bind mount of what was copied, as
+/// `mount(2)` would make with `/proc/self/fd/N` as its source, without the walk through
+/// `/proc` that name costs.
+pub(crate) fn attach(tree: &OwnedFd, target: &Path) -> io::Result<()> {
+    attach_tree(tree, libc::AT_FDCWD, &cpath(target)?, 0)
+}
+
+/// `chroot(path)`.
+pub(crate) fn chroot(path: &Path) -> io::Result<()> {
+    nix::unistd::chroot(path)?;
+    Ok(())
 }
 
 /// Opens `path` as an `O_PATH` descriptor (no read or write access, just a handle on the

@@ -458,24 +458,48 @@ fn proc_pid_root_does_not_lead_to_the_host() {
     assert!(outside(&["read", &format!("/proc/self/root{}", secret.display())]).ok());
 }
 
-/// The mounts of a mount namespace, as a process at its root sees them (`nsenter` resets the
-/// root to the namespace's): "mount-point fs-type" per mount.
-pub fn mounts_of_namespace(pid: i32, pid_namespace_too: bool) -> Vec<String> {
-    let mut c = Command::new("nsenter");
-    c.arg("-t").arg(pid.to_string()).arg("-m");
-    if pid_namespace_too {
-        // The run's /proc shows its own PID namespace only: `cat` must be in it to read itself.
-        c.arg("-p");
+/// The mounts of a mount namespace, as a process at its root sees them (`setns` puts it
+/// there): "mount-point fs-type" per mount. A child joins the namespace and reads its own
+/// `mountinfo` through its `/proc` entry, opened before: the namespace may have no `/proc`,
+/// nor any program at its root to run (a daemon's run's is bare, see
+/// [`assert_holds_only_the_view`]).
+pub fn mounts_of_namespace(pid: i32) -> Vec<String> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let ns = std::fs::File::open(format!("/proc/{pid}/ns/mnt")).expect("open the namespace");
+    let ns_fd = ns.as_raw_fd();
+    let mut c = Command::new("/bin/true");
+    c.stdin(Stdio::null()).stdout(Stdio::piped());
+    // SAFETY: between the fork and its exit the child makes system calls on its own stack
+    // only, and never returns to code that could allocate.
+    unsafe {
+        c.pre_exec(move || {
+            let own = libc::open(c"/proc/self".as_ptr(), libc::O_PATH | libc::O_DIRECTORY);
+            if own < 0 || libc::setns(ns_fd, libc::CLONE_NEWNS) != 0 || libc::fchdir(own) != 0 {
+                libc::_exit(2);
+            }
+            let f = libc::open(c"mountinfo".as_ptr(), libc::O_RDONLY);
+            if f < 0 {
+                libc::_exit(3);
+            }
+            let mut buf = [0u8; 4096];
+            loop {
+                let n = libc::read(f, buf.as_mut_ptr().cast(), buf.len());
+                if n <= 0 {
+                    libc::_exit(if n == 0 { 0 } else { 4 });
+                }
+                if libc::write(1, buf.as_ptr().cast(), n as usize) != n {
+                    libc::_exit(5);
+                }
+            }
+        });
     }
-    let out = c
-        .args(["cat", "/proc/self/mountinfo"])
-        .stdin(Stdio::null())
-        .output()
-        .expect("run nsenter");
+    let out = c.output().expect("read the namespace's mounts");
+    drop(ns);
     assert!(
         out.status.success(),
-        "nsenter: {}",
-        String::from_utf8_lossy(&out.stderr)
+        "reading the namespace's mounts: {:?}",
+        out.status
     );
     String::from_utf8_lossy(&out.stdout)
         .lines()
@@ -509,23 +533,38 @@ pub fn sleeper(pause: &str) -> i32 {
 }
 
 /// Checks that a run's mount namespace (see [`mounts_of_namespace`]) holds the view (its
-/// `/usr`) and none of the host's own mounts (see [`host_only`]).
+/// `/usr`) and none of the host's own mounts (see [`host_only`]). A daemon's run has its view
+/// at `/view` of a bare namespace (an empty tmpfs at `/` and nothing else outside the view);
+/// `sidejob exec`'s is the namespace's root.
 pub fn assert_holds_only_the_view(mounts: &[String]) {
-    assert!(mounts.iter().any(|m| m.starts_with("/usr ")), "{mounts:?}");
-    let leaked: Vec<&String> = mounts.iter().filter(|m| host_only(m)).collect();
+    let bare = mounts.iter().any(|m| m.starts_with("/view "));
+    let view: Vec<String> = if bare {
+        let outside: Vec<&String> = mounts
+            .iter()
+            .filter(|m| !m.starts_with("/view") && !m.starts_with("/ "))
+            .collect();
+        assert!(
+            outside.is_empty(),
+            "mounts outside the view in a bare namespace: {outside:?}\nall: {mounts:?}"
+        );
+        assert!(mounts.contains(&"/ tmpfs".to_owned()), "{mounts:?}");
+        mounts
+            .iter()
+            .filter_map(|m| m.strip_prefix("/view"))
+            .map(|m| match m.strip_prefix(' ') {
+                Some(fs) => format!("/ {fs}"),
+                None => m.to_owned(),
+            })
+            .collect()
+    } else {
+        mounts.to_vec()
+    };
+    assert!(view.iter().any(|m| m.starts_with("/usr ")), "{mounts:?}");
+    let leaked: Vec<&String> = view.iter().filter(|m| host_only(m)).collect();
     assert!(
         leaked.is_empty(),
         "host mounts in the run's namespace: {leaked:?}\nall: {mounts:?}"
     );
-}
-
-/// Whether `nsenter` (util-linux) is here; says why a test skips if not.
-pub fn have_nsenter() -> bool {
-    let here = Command::new("nsenter").arg("--version").output().is_ok();
-    if !here {
-        eprintln!("skipped: nsenter (util-linux) is not installed");
-    }
-    here
 }
 
 /// The host's tree is detached from the run's mount namespace, not just out of sight: a
@@ -535,11 +574,8 @@ pub fn have_nsenter() -> bool {
 #[test]
 fn the_hosts_tree_is_detached_from_the_runs_mount_namespace() {
     let Some(ws) = Ws::new() else { return };
-    if !have_nsenter() {
-        return;
-    }
     // Control: the host's own namespace, seen the same way, has them.
-    let host = mounts_of_namespace(std::process::id() as i32, false);
+    let host = mounts_of_namespace(std::process::id() as i32);
     assert!(host.iter().any(|m| host_only(m)), "{host:?}");
 
     let pause = sidejob_tests::unique_sleep();
@@ -552,7 +588,7 @@ fn the_hosts_tree_is_detached_from_the_runs_mount_namespace() {
         .spawn()
         .expect("start sidejob exec");
     let sleeper = sleeper(&pause);
-    let mounts = mounts_of_namespace(sleeper, true);
+    let mounts = mounts_of_namespace(sleeper);
     let _ = run.kill();
     let _ = run.wait();
     assert_holds_only_the_view(&mounts);

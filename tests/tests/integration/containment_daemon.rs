@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 use sidejob_tests::{skip_without, Client, Daemon, Need};
 
 use crate::containment::{
-    assert_holds_only_the_view, have_nsenter, mounts_of_namespace, probe_bin, sleeper,
+    assert_holds_only_the_view, mounts_of_namespace, probe_bin, profile_with, sleeper,
 };
 
 struct Setup {
@@ -296,6 +296,75 @@ fn a_workspace_swapped_for_a_symlink_is_refused_not_followed() {
     );
 }
 
+/// A file a profile lists that is renamed over (as `useradd` does to /etc/passwd) while a
+/// daemon's runs start: each sees the file as it is now. The daemon's runs copy the file's
+/// mount before they leave the host's mount namespace for a copy of the bare one, so a
+/// file renamed over in between is opened and copied again in the host's: the same as
+/// `containment::a_listed_file_renamed_over_while_runs_start_is_bound_as_it_is_now` checks
+/// for `sidejob exec`.
+#[test]
+fn a_listed_file_renamed_over_while_daemon_runs_start_is_bound_as_it_is_now() {
+    if skip_without(&[Need::Root]) {
+        return;
+    }
+    let outside = sidejob_tests::TempDir::new("outside");
+    let listed = outside.path().join("listed.txt");
+    std::fs::write(&listed, "v0\n").expect("write");
+    let profiles = outside.path().join("profiles");
+    std::fs::create_dir(&profiles).expect("mkdir");
+    let body = profile_with("", "").replacen(
+        "\"/etc/group\"]",
+        &format!("\"/etc/group\", \"{}\"]", listed.display()),
+        1,
+    );
+    std::fs::write(profiles.join("listed.toml"), body).expect("profile");
+    let d = Daemon::start_with_config(&format!("profiles_dir = {:?}\n", profiles));
+    let mut c = d.client();
+    let s = c.ok(
+        "session.open",
+        json!({"workspace": d.workspace, "profile": "listed"}),
+    )["session_id"]
+        .as_str()
+        .expect("session id")
+        .to_owned();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let renamer = {
+        let (stop, listed) = (stop.clone(), listed.clone());
+        let fresh = outside.path().join("fresh.txt");
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                n += 1;
+                std::fs::write(&fresh, format!("v{n}\n")).expect("write");
+                std::fs::rename(&fresh, &listed).expect("rename");
+                std::thread::sleep(std::time::Duration::from_micros(500));
+            }
+            n
+        })
+    };
+    let mut failures = Vec::new();
+    for _ in 0..40 {
+        let r = c.bash(&s, &format!("cat {}", listed.display()), json!({}));
+        let task_id = r["task_id"].as_str().expect("task id").to_owned();
+        let task = c.wait_settled(&task_id);
+        let out = c.output(&task_id);
+        if task["state"] != "succeeded" || !out.starts_with('v') {
+            failures.push(format!("{task} {out:?}"));
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let renames = renamer.join().expect("renamer");
+    assert!(
+        renames > 100,
+        "the file was renamed over only {renames} times"
+    );
+    assert!(
+        failures.is_empty(),
+        "{} of 40 runs failed: {failures:?}",
+        failures.len()
+    );
+}
+
 /// A daemon run's mount namespace holds the view and nothing of the host's tree, seen from
 /// that namespace's root: the same as
 /// `containment::the_hosts_tree_is_detached_from_the_runs_mount_namespace` checks for
@@ -303,9 +372,6 @@ fn a_workspace_swapped_for_a_symlink_is_refused_not_followed() {
 #[test]
 fn a_daemon_runs_mount_namespace_holds_nothing_of_the_hosts_tree() {
     let Some(mut st) = setup() else { return };
-    if !have_nsenter() {
-        return;
-    }
     let pause = sidejob_tests::unique_sleep();
     let r = st.c.bash(
         &st.s,
@@ -313,7 +379,7 @@ fn a_daemon_runs_mount_namespace_holds_nothing_of_the_hosts_tree() {
         json!({"background": true}),
     );
     let task_id = r["task_id"].as_str().expect("task id").to_owned();
-    let mounts = mounts_of_namespace(sleeper(&pause), true);
+    let mounts = mounts_of_namespace(sleeper(&pause));
     let _ = st.c.call("task.cancel", json!({"task_id": task_id}));
     assert_holds_only_the_view(&mounts);
 }

@@ -432,6 +432,9 @@ pub(crate) struct Prepared {
     /// The session's shared network namespace, which init joins instead of making one
     /// (see [`Prepared::give_shared_netns`]); only ever set when the network is off.
     given_netns: Option<OwnedFd>,
+    /// The bare mount namespace the view is built in a copy of, instead of a copy of the
+    /// host's (see [`Prepared::give_bare_mntns`]).
+    bare_mntns: Option<OwnedFd>,
 }
 
 impl Prepared {
@@ -443,6 +446,13 @@ impl Prepared {
     pub(crate) fn give_shared_netns(&mut self, fd: OwnedFd) {
         let scoped = self.layers.iter().any(|l| l == "landlock_scope");
         self.given_netns = (scoped && self.plan.network == Network::None).then_some(fd);
+    }
+
+    /// Gives the run the spawner's bare mount namespace (`view::bare_namespace`), whose copy
+    /// its init builds the view in: a copy of the host's costs a mount per host mount, and
+    /// leaving it for the view a `pivot_root`, which walks every process on the host.
+    pub(crate) fn give_bare_mntns(&mut self, fd: OwnedFd) {
+        self.bare_mntns = Some(fd);
     }
 
     /// After the run: sets aside the repositories it staged in the workspace's index (see
@@ -649,6 +659,7 @@ pub(crate) fn prepare(plan: &LaunchPlan) -> Result<Prepared, PrepareError> {
         last_cap: ssys::last_cap(),
         egress,
         given_netns: None,
+        bare_mntns: None,
     })
 }
 
@@ -720,10 +731,29 @@ pub(crate) fn launch(
         }
     }
 
-    // 3. The remaining namespaces. The supervisor already made us PID 1 of a new PID
+    // 3. Where the view is built in a copy of the bare mount namespace
+    //    (`Prepared::give_bare_mntns`), every profile path is opened and copied now, with
+    //    the devices `/dev` shows: from that namespace the host's mounts can be neither
+    //    reached nor copied. (In a copy of the host's, after step 6.)
+    let bare = p.bare_mntns.as_ref();
+    let opened = match bare {
+        Some(_) => Some(open_and_copy(p, || {
+            view::HostTree::leaving(Path::new(view::VIEW))
+                .map_err(step("open the host's mount namespace"))
+        })?),
+        None => None,
+    };
+
+    // 4. The remaining namespaces. The supervisor already made us PID 1 of a new PID
     //    namespace; mount, IPC, UTS and network are unshared here, not in the supervisor, so
     //    the supervisor keeps the host's view to write output.log and result.json. A run
-    //    given a network namespace (see `give_shared_netns`) joins it instead of making one.
+    //    given a network namespace (see `give_shared_netns`) joins it instead of making one;
+    //    one given the bare mount namespace copies that one instead of the host's.
+    if let Some(bare) = bare {
+        nix::sched::setns(bare, nix::sched::CloneFlags::CLONE_NEWNS)
+            .map_err(io::Error::from)
+            .map_err(step("join the bare mount namespace"))?;
+    }
     let mut flags = libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
     match (&p.given_netns, p.plan.network) {
         (_, Network::Host) => {}
@@ -735,11 +765,11 @@ pub(crate) fn launch(
         (None, _) => flags |= libc::CLONE_NEWNET,
     }
     sys::unshare(flags).map_err(step("unshare mount, ipc, uts and network namespaces"))?;
-    // 4. Loopback needs `lo` up in the new network namespace; `none` leaves it down.
+    // 5. Loopback needs `lo` up in the new network namespace; `none` leaves it down.
     if p.plan.network == Network::Loopback {
         ssys::loopback_up().map_err(step("bring lo up"))?;
     }
-    // 4b. An allow-list run's relay listens on that loopback: its ports are bound now, while
+    // 5b. An allow-list run's relay listens on that loopback: its ports are bound now, while
     //     init still has the privilege port 53 needs, and handed to the supervisor, which
     //     relays them to the proxy (see `netns`). Nothing of the run holds them.
     if p.egress {
@@ -753,51 +783,67 @@ pub(crate) fn launch(
     }
     ssys::sethostname("sidejob").map_err(step("sethostname"))?;
 
-    // 5. Nothing mounted from here on may propagate back to the host.
-    ssys::mount(
-        None,
-        Path::new("/"),
-        None,
-        libc::MS_REC | libc::MS_PRIVATE,
-        None,
-    )
-    .map_err(step("make mounts private"))?;
-    // 6. Open every profile path before anything is mounted over the host's tree (the
-    //    staging directory may lie above some of them).
-    let sources = view::open_sources(&p.plan.mounts, &p.plan.off_limits, p.caller.as_ref())?;
-    // 7. The minimal root view: an empty tmpfs, the profile's paths, a fresh /proc for this
-    //    PID namespace, a minimal /dev, and the protected paths read-only on top.
-    //    Once its root is mounted, the view is built from inside it: every path below is
-    //    relative to it, so the kernel walks only the part inside the view, not the run
-    //    directory's whole path again for each of the view's some hundred calls.
-    view::mount_root(&p.staging)?;
-    std::env::set_current_dir(&p.staging).map_err(|source| LaunchError {
+    // 6. In a copy of the host's mount namespace, nothing mounted from here on may propagate
+    //    back to the host, and the sources are opened and copied now: a mount can be copied
+    //    only from the namespace it is in (and in a user namespace, only from one of its
+    //    own). A copy of the bare one is private already: its mounts are.
+    let (sources, devices, host) = match opened {
+        Some(opened) => opened,
+        None => {
+            ssys::mount(
+                None,
+                Path::new("/"),
+                None,
+                libc::MS_REC | libc::MS_PRIVATE,
+                None,
+            )
+            .map_err(step("make mounts private"))?;
+            open_and_copy(p, || Ok(view::HostTree::Here))?
+        }
+    };
+    // 7. The minimal root view: an empty tmpfs, the profile's paths, a minimal /dev, a fresh
+    //    /proc for this PID namespace (masked with that /dev's null), and the protected paths
+    //    read-only on top. Once its root is mounted, the view is built from inside it: every
+    //    path below is relative to it, so the kernel walks only the part inside the view, not
+    //    the run directory's whole path again for each of the view's some hundred calls.
+    let staging = match bare {
+        Some(_) => Path::new(view::VIEW),
+        None => p.staging.as_path(),
+    };
+    view::mount_root(staging)?;
+    std::env::set_current_dir(staging).map_err(|source| LaunchError {
         step: "enter the view",
-        path: Some(p.staging.clone()),
+        path: Some(staging.to_path_buf()),
         source,
     })?;
     let root = Path::new(".");
-    view::mount_sources(root, &sources, &p.tmp_options)?;
+    view::mount_sources(root, &sources, &host, &p.tmp_options)?;
     //    A root run's writable paths may hold set-id files it could rewrite through a
     //    shared mapping, keeping their bits: each is made read-only (see `setid`).
     if p.root_run {
         setid::pin(root, &sources)?;
     }
-    drop(sources);
+    drop((sources, host));
+    view::mount_dev(root, &devices)?;
+    drop(devices);
     view::mount_proc(root, p.root_run)?;
     view::mask_sys(root)?;
-    view::mount_dev(root)?;
     view::protect(root, &p.pinned, &p.plan.protected)?;
     if let Some((shadow, options)) = &p.git_shadow {
         view::shadow_git(root, shadow, options)?;
     }
-    // 8. Make it the root; the host's tree is detached and unreachable from here on.
+    // 8. Make it the root: in a copy of the bare namespace by `chroot` (nothing of the host
+    //    is there, see `view::enter_view`), in a copy of the host's by `pivot_root`, which
+    //    detaches the host's tree, unreachable from here on.
     //    Init holds its CPU, real-time, from here to the command's exec (see `ExecHold`):
     //    detaching the host's tree sleeps through an RCU grace period, and woken without
     //    priority init would wait behind whatever runs on its CPU. (On a failure init only
     //    reports and exits.)
     let hold = sys::cpu::hold_through_exec();
-    view::pivot(&p.staging)?;
+    match bare {
+        Some(_) => view::enter_view()?,
+        None => view::pivot(staging)?,
+    }
 
     // 9. Seccomp, in init rather than in the command, which inherits it: init's reference
     //    keeps the filter when the command exits. The last one's exit frees it through a
@@ -820,6 +866,18 @@ pub(crate) fn launch(
         hold.release(*pid);
     }
     child.map_err(step("start the command"))
+}
+
+/// The view's sources and devices, opened and copied (see [`view::copy_sources`]), and the
+/// way back to the host's tree `host` makes: in the mount namespace the host's tree is in.
+fn open_and_copy(
+    p: &Prepared,
+    host: impl FnOnce() -> Result<view::HostTree, LaunchError>,
+) -> Result<(Vec<view::Source>, view::Devices, view::HostTree), LaunchError> {
+    let mut sources = view::open_sources(&p.plan.mounts, &p.plan.off_limits, p.caller.as_ref())?;
+    view::copy_sources(&mut sources)?;
+    let devices = view::copy_devices()?;
+    Ok((sources, devices, host()?))
 }
 
 /// The command's side: confinement that applies to the process itself, then exec. Never

@@ -1,12 +1,16 @@
 //! The pieces of the minimal root view. [`super::launch`] calls them in order; each works in
-//! the run's own mount namespace, on a tmpfs staged at the run directory, before
-//! `pivot_root` makes that tmpfs `/`. Their `staging` is where that tmpfs is: `launch` passes
-//! `.`, having entered it, so each path is walked from there.
+//! the run's own mount namespace, on a tmpfs staged either at [`VIEW`] in a copy of the bare
+//! namespace (see [`bare_root`]), which `chroot` then makes `/`, or at the run directory in a
+//! copy of the host's, which `pivot_root` makes `/`. Their `staging` is where that tmpfs is:
+//! `launch` passes `.`, having entered it, so each path is walked from there.
 
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+
+use nix::fcntl::OFlag;
+use nix::sys::stat::Mode;
 
 use super::LaunchError;
 use crate::sandbox::resolve::MountSpec;
@@ -41,6 +45,8 @@ pub(super) fn err<'a>(
 /// A profile path, opened before anything is mounted over the host's tree.
 pub(crate) enum Source {
     Bind {
+        /// The path opened, and once [`copy_sources`] has run, a detached copy of it (with
+        /// the mounts below it or without, as `submounts` says), to be attached in the view.
         fd: OwnedFd,
         dir: bool,
         target: PathBuf,
@@ -230,44 +236,116 @@ fn bind(src: &Path, dst: &Path, set: u64) -> Result<(), LaunchError> {
     sys::mount_setattr_path(dst, set, 0).map_err(err("set mount attributes", dst))
 }
 
-/// Binds a source at `dst`, with the mounts below it or without them.
-fn bind_source(fd: &OwnedFd, dst: &Path, submounts: Submounts) -> Result<(), LaunchError> {
-    match submounts {
-        Submounts::Kept => sys::bind_fd(fd, dst),
-        Submounts::Left => sys::bind_fd_alone(fd, dst),
+/// Replaces each bound source's descriptor by a detached copy of it (see [`Source::Bind`]),
+/// made while the host's tree is in this mount namespace: from another one it could not be
+/// copied.
+pub(crate) fn copy_sources(sources: &mut [Source]) -> Result<(), LaunchError> {
+    for s in sources {
+        if let Source::Bind {
+            fd,
+            target,
+            submounts,
+            ..
+        } = s
+        {
+            *fd = sys::copy_tree(fd, *submounts == Submounts::Kept)
+                .map_err(err("copy mount", target))?;
+        }
     }
-    .map_err(err("bind", dst))
+    Ok(())
 }
 
-/// Binds a read-only source. A file the profile lists that was replaced after it was opened
-/// (renamed over, as `useradd` replaces `/etc/passwd`) cannot be mounted any more (`ENOENT`:
-/// the opened copy is unlinked), so the file now at that path is bound instead (a few times,
-/// should it be replaced again meanwhile). Only the files a profile lists itself: a caller's
-/// path, the workspace and directories are never opened again as the daemon.
+/// Where the host's tree is while the view is built.
+pub(crate) enum HostTree {
+    /// In this mount namespace, a copy of the host's (until [`pivot`] detaches it).
+    Here,
+    /// In the host's mount namespace (`host`), which this thread is out of: it goes there and
+    /// back (to this namespace, `task`'s `ns/mnt`, and the view at `staging`) only to open
+    /// again a listed file renamed over since it was copied.
+    Away {
+        host: OwnedFd,
+        task: OwnedFd,
+        staging: &'static Path,
+    },
+}
+
+impl HostTree {
+    /// Before this thread leaves the host's mount namespace for the bare one's copy: what it
+    /// needs to come back.
+    pub(crate) fn leaving(staging: &'static Path) -> io::Result<HostTree> {
+        Ok(HostTree::Away {
+            host: std::fs::File::open("/proc/thread-self/ns/mnt")?.into(),
+            task: sys::open_path(Path::new("/proc/thread-self"), false)?,
+            staging,
+        })
+    }
+
+    /// A detached copy of the file the host has at `target` now, or `None` when it cannot be
+    /// copied (gone, or a symlink now). An error only when this thread cannot come back.
+    fn copy_again(&self, target: &Path) -> Result<Option<OwnedFd>, LaunchError> {
+        let copy = || -> Option<OwnedFd> {
+            let fresh = sys::open_path(target, true).ok()?;
+            if sys::fstat(&fresh).ok()?.is_symlink() {
+                return None;
+            }
+            sys::copy_tree(&fresh, true).ok()
+        };
+        let HostTree::Away {
+            host,
+            task,
+            staging,
+        } = self
+        else {
+            return Ok(copy());
+        };
+        let mount_ns = nix::sched::CloneFlags::CLONE_NEWNS;
+        let here = nix::fcntl::openat(
+            task,
+            "ns/mnt",
+            OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(io::Error::from)
+        .map_err(err("open the run's mount namespace", target))?;
+        if nix::sched::setns(host, mount_ns).is_err() {
+            return Ok(None);
+        }
+        let copied = copy();
+        // Back in the view, or the launch fails here (init only reports then).
+        nix::sched::setns(&here, mount_ns)
+            .map_err(io::Error::from)
+            .and_then(|()| std::env::set_current_dir(staging))
+            .map_err(err("return to the run's mount namespace", target))?;
+        Ok(copied)
+    }
+}
+
+/// Attaches a bound source's copy at `dst`. A file the profile lists that was replaced after
+/// it was opened (renamed over, as `useradd` replaces `/etc/passwd`) cannot be mounted any
+/// more (`ENOENT`: the copied file is unlinked), so the file now at that path is copied and
+/// attached instead (a few times, should it be replaced again meanwhile). Only the files a
+/// profile lists itself: a caller's path, the workspace and directories are never opened
+/// again as the daemon.
 fn bind_listed(
+    host: &HostTree,
     fd: &OwnedFd,
     target: &Path,
     dst: &Path,
-    submounts: Submounts,
-    file: bool,
+    again: bool,
 ) -> Result<(), LaunchError> {
-    let mut bound = bind_source(fd, dst, submounts);
-    let again = file && submounts == Submounts::Kept;
+    let mut bound = sys::attach(fd, dst);
     for _ in 0..REBIND_TRIES {
         match bound {
-            Err(e) if again && e.source.kind() == io::ErrorKind::NotFound => {
-                let Some(fresh) = sys::open_path(target, true)
-                    .ok()
-                    .filter(|fd| sys::fstat(fd).is_ok_and(|i| !i.is_symlink()))
-                else {
-                    return Err(e);
+            Err(e) if again && e.kind() == io::ErrorKind::NotFound => {
+                let Some(fresh) = host.copy_again(target)? else {
+                    return Err(err("bind", dst)(e));
                 };
-                bound = bind_source(&fresh, dst, submounts);
+                bound = sys::attach(&fresh, dst);
             }
-            done => return done,
+            done => return done.map_err(err("bind", dst)),
         }
     }
-    bound
+    bound.map_err(err("bind", dst))
 }
 
 /// How often [`bind_listed`] opens a replaced file again.
@@ -299,6 +377,7 @@ pub(crate) const MADE_ANEW: [&str; 2] = ["proc", "dev"];
 pub(crate) fn mount_sources(
     staging: &Path,
     sources: &[Source],
+    host: &HostTree,
     tmp_options: &CStr,
 ) -> Result<(), LaunchError> {
     let tmpfs_targets: Vec<&Path> = sources
@@ -347,7 +426,8 @@ pub(crate) fn mount_sources(
                 continue;
             }
             let dst = in_view(staging, target);
-            bind_listed(fd, target, &dst, *submounts, !*dir)?;
+            let again = !*dir && *submounts == Submounts::Kept;
+            bind_listed(host, fd, target, &dst, again)?;
         }
     }
     sys::mount_setattr_path(
@@ -378,7 +458,8 @@ pub(crate) fn mount_sources(
                 if !write {
                     set |= MOUNT_ATTR_RDONLY;
                 }
-                bind_listed(fd, target, &dst, *submounts, !*dir && !*write)?;
+                let again = !*dir && !*write && *submounts == Submounts::Kept;
+                bind_listed(host, fd, target, &dst, again)?;
                 sys::mount_setattr_path(&dst, set, 0).map_err(err("set mount attributes", &dst))?;
             }
             Source::Tmpfs { target, exec } => {
@@ -431,7 +512,7 @@ pub(crate) fn mount_proc(staging: &Path, root_run: bool) -> Result<bool, LaunchE
         )?;
     }
     let masked: Vec<&str> = PROC_MASKED.iter().copied().filter(|p| has(p)).collect();
-    mask(&proc_dir, &masked)?;
+    mask(&proc_dir, &masked, &staging.join(DEV_NULL))?;
     Ok(memfd_noexec)
 }
 
@@ -457,8 +538,9 @@ pub(crate) const PROC_MASKED: &[&str] = &[
     "scsi",
 ];
 
-/// Hides each of `names` under `dir` (see [`PROC_MASKED`]): one mount each.
-fn mask(dir: &Path, names: &[&str]) -> Result<(), LaunchError> {
+/// Hides each of `names` under `dir` (see [`PROC_MASKED`]): one mount each. A file is hidden
+/// by the view's `/dev/null` (`null`), so [`mount_dev`] comes first.
+fn mask(dir: &Path, names: &[&str], null: &Path) -> Result<(), LaunchError> {
     for name in names {
         let path = dir.join(name);
         let Ok(meta) = std::fs::symlink_metadata(&path) else {
@@ -476,14 +558,7 @@ fn mask(dir: &Path, names: &[&str]) -> Result<(), LaunchError> {
         } else {
             // A plain bind of /dev/null: writing to it is harmless, so it needs no read-only
             // flag (and no second call to set one).
-            sys::mount(
-                Some(Path::new("/dev/null")),
-                &path,
-                None,
-                libc::MS_BIND,
-                None,
-            )
-            .map_err(err("mask", &path))?;
+            sys::mount(Some(null), &path, None, libc::MS_BIND, None).map_err(err("mask", &path))?;
         }
     }
     Ok(())
@@ -496,24 +571,46 @@ pub(crate) const SYS_MASKED: &[&str] = &["firmware", "devices/virtual/powercap",
 pub(crate) fn mask_sys(staging: &Path) -> Result<(), LaunchError> {
     let sys_dir = staging.join("sys");
     if sys_dir.join("kernel").exists() {
-        mask(&sys_dir, SYS_MASKED)?;
+        mask(&sys_dir, SYS_MASKED, &staging.join(DEV_NULL))?;
     }
     Ok(())
 }
 
-/// A minimal `/dev`: the harmless character devices, a private devpts instance and a
-/// private shm.
-pub(crate) fn mount_dev(staging: &Path) -> Result<(), LaunchError> {
-    let dev = staging.join("dev");
-    tmpfs(&dev, NOSUID | NOEXEC, c"mode=0755,size=64k,nr_inodes=64")?;
+/// The copies [`copy_devices`] makes: each device's name and its detached mount.
+pub(crate) type Devices = Vec<(&'static str, OwnedFd)>;
+
+/// The view's `/dev/null`, relative to its root.
+const DEV_NULL: &str = "dev/null";
+
+/// Detached copies of the host's [`DEVICES`] (those it has), nosuid and noexec, for
+/// [`mount_dev`]: made while the host's tree is in this mount namespace, as
+/// [`copy_sources`] makes the sources'.
+pub(crate) fn copy_devices() -> Result<Devices, LaunchError> {
+    let mut out = Vec::with_capacity(DEVICES.len());
     for d in DEVICES {
         let host = Path::new("/dev").join(d);
-        if !host.exists() {
-            continue;
-        }
+        let fd = match sys::open_path(&host, false) {
+            Ok(fd) => fd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(err("open", &host)(e)),
+        };
+        let tree = sys::copy_tree(&fd, false).map_err(err("copy mount", &host))?;
+        sys::mount_setattr(&tree, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC, 0)
+            .map_err(err("set mount attributes", &host))?;
+        out.push((*d, tree));
+    }
+    Ok(out)
+}
+
+/// A minimal `/dev`: the harmless character devices (copied by [`copy_devices`]), a private
+/// devpts instance and a private shm.
+pub(crate) fn mount_dev(staging: &Path, devices: &Devices) -> Result<(), LaunchError> {
+    let dev = staging.join("dev");
+    tmpfs(&dev, NOSUID | NOEXEC, c"mode=0755,size=64k,nr_inodes=64")?;
+    for (d, tree) in devices {
         let dst = dev.join(d);
         make_file(&dst)?;
-        bind(&host, &dst, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC)?;
+        sys::attach(tree, &dst).map_err(err("bind", &dst))?;
     }
     let pts = dev.join("pts");
     std::fs::create_dir_all(&pts).map_err(err("mkdir", &pts))?;
@@ -687,4 +784,84 @@ pub(crate) fn pivot(staging: &Path) -> Result<(), LaunchError> {
     sys::umount_detach(Path::new(".")).map_err(err("detach the host root", staging))?;
     std::env::set_current_dir("/").map_err(err("chdir", Path::new("/")))?;
     Ok(())
+}
+
+/// Where the view is staged in a copy of the bare namespace (see [`bare_root`]).
+pub(crate) const VIEW: &str = "/view";
+
+/// Makes the view at [`VIEW`], which the working directory is, the root, in a copy of the
+/// bare namespace: nothing of the host's tree is in that namespace to detach, so a `chroot`
+/// does what [`pivot`] does, without `pivot_root`'s walk of every process on the host. What
+/// lies outside the view is the bare root's empty, read-only tmpfs, and the run can reach
+/// no more than that even if it could leave the view: it can neither `chroot` nor make a
+/// namespace (seccomp) and holds no capability.
+pub(crate) fn enter_view() -> Result<(), LaunchError> {
+    let view = Path::new(VIEW);
+    sys::chroot(Path::new(".")).map_err(err("chroot", view))?;
+    std::env::set_current_dir("/").map_err(err("chdir", Path::new("/")))?;
+    Ok(())
+}
+
+/// Turns this thread's mount namespace, just copied from the host's, into a bare one: an
+/// empty, read-only tmpfs as its root, with one directory ([`VIEW`]), and nothing of the
+/// host's tree. Runs start from copies of it (see `bare_ns`): copying it costs a mount,
+/// where copying the host's costs one per host mount, and a view built in it needs neither
+/// `pivot_root` nor the host's tree detached from it.
+pub(crate) fn bare_root() -> io::Result<()> {
+    sys::mount(
+        None,
+        Path::new("/"),
+        None,
+        libc::MS_REC | libc::MS_PRIVATE,
+        None,
+    )?;
+    // Any directory serves as the tmpfs's mount point: the tree it is in goes below.
+    let at = Path::new("/proc");
+    sys::mount(
+        Some(Path::new("tmpfs")),
+        at,
+        Some(c"tmpfs"),
+        NOSUID | NODEV | NOEXEC,
+        Some(c"mode=0755,size=4k,nr_inodes=4"),
+    )?;
+    std::fs::create_dir(at.join(VIEW.trim_start_matches('/')))?;
+    std::env::set_current_dir(at)?;
+    sys::pivot_root(Path::new("."), Path::new("."))?;
+    sys::umount_detach(Path::new("."))?;
+    std::env::set_current_dir("/")?;
+    sys::mount_setattr_path(
+        Path::new("/"),
+        MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
+        0,
+    )
+}
+
+/// A new bare mount namespace (see [`bare_root`]), for runs to start from; this thread is
+/// back in its own mount namespace and working directory afterwards. Only as root: a run's
+/// init joins it with `setns`, which a run in a user namespace of its own may not. A thread
+/// that cannot return exits the process: every later fork would be in the bare namespace.
+pub(crate) fn bare_namespace() -> io::Result<OwnedFd> {
+    let home = std::fs::File::open("/proc/thread-self/ns/mnt")?;
+    let task = sys::open_path(Path::new("/proc/thread-self"), false)?;
+    let cwd = std::fs::File::open(".")?;
+    crate::sys::unshare(libc::CLONE_NEWNS)?;
+    let made = bare_root().and_then(|()| {
+        Ok(nix::fcntl::openat(
+            &task,
+            "ns/mnt",
+            OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?)
+    });
+    if let Err(e) = nix::sched::setns(&home, nix::sched::CloneFlags::CLONE_NEWNS)
+        .and_then(|()| nix::unistd::fchdir(&cwd))
+    {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "sidejob: cannot return to its mount namespace: {e}"
+        );
+        std::process::exit(1);
+    }
+    made
 }
