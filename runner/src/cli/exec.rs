@@ -370,14 +370,18 @@ pub(super) fn exec(a: ExecArgs) -> i32 {
         let netns = (plan.sandbox.network == Network::None)
             .then(|| offline_net::kept_for_exec(crate::sys::getuid(), run_ids.0, &workspace))
             .flatten();
+        // And build their views in copies of the bare mount namespace it keeps.
+        let bare = offline_net::kept_bare_for_exec();
         match crate::sys::dirfd::open_dir(&run_dir) {
-            Ok(dir) => match supervisor::supervise_with(&plan, started, dir.as_fd(), hook, netns) {
-                Ok(r) => r,
-                Err(e) => {
-                    let reason = e.reason();
-                    supervisor::failed_result(&plan, started, reason, e.to_string())
+            Ok(dir) => {
+                match supervisor::supervise_with(&plan, started, dir.as_fd(), hook, netns, bare) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let reason = e.reason();
+                        supervisor::failed_result(&plan, started, reason, e.to_string())
+                    }
                 }
-            },
+            }
             Err(e) => supervisor::failed_result(
                 &plan,
                 started,

@@ -287,24 +287,25 @@ pub(crate) fn supervise(
     started: SystemTime,
     out_dir: BorrowedFd<'_>,
 ) -> Result<RunResult, SuperviseError> {
-    supervise_with(plan, started, out_dir, None, None)
+    supervise_with(plan, started, out_dir, None, None, None)
 }
 
 /// [`supervise`], calling `egress_first_use` once, when the run's relay first has a
 /// connection or query to hand over, and giving the run an offline network namespace to
-/// join (see [`Options`]).
+/// join and the bare mount namespace to build its view in a copy of (see [`Options`]).
 pub(crate) fn supervise_with(
     plan: &LaunchPlan,
     started: SystemTime,
     out_dir: BorrowedFd<'_>,
     egress_first_use: Option<&mut dyn FnMut()>,
     netns: Option<OwnedFd>,
+    bare_mntns: Option<OwnedFd>,
 ) -> Result<RunResult, SuperviseError> {
     let opts = Options {
         egress_first_use,
         report: None,
         netns,
-        bare_mntns: None,
+        bare_mntns,
     };
     supervise_run(plan, started, out_dir, opts)
         .map(|s| s.result)

@@ -25,8 +25,9 @@
 //! alive), and at most [`SHARED_NETNS_MAX`] are kept. Where none may be shared
 //! (`offline_net::may_share`), or making one fails, the run makes its own.
 //!
-//! **The bare mount namespace** (`sandbox::linux::view::bare_namespace`). A root spawner
-//! makes one when it starts: an empty read-only tmpfs and nothing of the host's tree. Every
+//! **The bare mount namespace** (`sandbox::linux::view::bare_namespace`). A spawner that may
+//! (`view::may_use_bare`: root, with `CAP_SYS_CHROOT`) makes one when it starts: an empty
+//! read-only tmpfs and nothing of the host's tree. Every
 //! supervisor gets it after the descriptors above, and the run's init builds the view in a
 //! copy of it instead of a copy of the host's (`sandbox::linux::launch`). Where it cannot be
 //! made, runs copy the host's, as they always could.
@@ -142,8 +143,7 @@ pub fn main(runs_dir: &Path) -> i32 {
     };
     let mut buf = vec![0u8; fds::MAX_REQUEST];
     let mut nets = SharedNets::new();
-    let bare = nix::unistd::geteuid()
-        .is_root()
+    let bare = crate::sandbox::linux::view::may_use_bare()
         .then(|| {
             crate::sandbox::linux::view::bare_namespace()
                 .map_err(|e| say(format_args!("cannot make the bare mount namespace: {e}")))

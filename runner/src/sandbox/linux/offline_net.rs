@@ -16,6 +16,9 @@
 //!   no process that outlives it to hold one. The first run that needs it makes it; the
 //!   next run to make one lets go of those no run joined for ten minutes (as the spawner
 //!   does), and `umount /run/sidejob-exec/net-*` lets go of them all.
+//!
+//! The same directory keeps the bare mount namespace root's `sidejob exec` runs build their
+//! views in copies of ([`kept_bare_for_exec`]), as the spawner keeps one for the daemon's.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -73,13 +76,31 @@ pub(crate) fn kept_for_exec(caller: u32, run_uid: u32, workspace: &Path) -> Opti
         "net-{caller}-{run_uid}-{}",
         crate::sandbox::caches::workspace_key(workspace)
     );
-    match open_netns(&dir, &name) {
+    match open_ns(&dir, &name, libc::CLONE_NEWNET) {
         Some(ns) => {
             mark_used(&dir, &name);
             Some(ns)
         }
-        None => make_kept(&dir, &name),
+        None => make_kept(&dir, &name, libc::CLONE_NEWNET, || {
+            let home: OwnedFd = std::fs::File::open("/proc/thread-self/ns/net")?.into();
+            make(&home)
+        }),
     }
+}
+
+/// The bare mount namespace (`view::bare_namespace`) root's `sidejob exec` runs build their
+/// view in a copy of, as a daemon's runs do, kept at `/run/sidejob-exec/mnt-bare` and made
+/// now if there is none (it is never let go: `umount` it to). `None` when this process may
+/// not use one (`view::may_use_bare`), when [`EXEC_DIR`] is not root's alone, or when anything fails: the run then
+/// builds its view in a copy of the host's namespace, as it always could.
+pub(crate) fn kept_bare_for_exec() -> Option<OwnedFd> {
+    if !super::view::may_use_bare() {
+        return None;
+    }
+    let dir = exec_dir().ok()?;
+    let name = "mnt-bare";
+    open_ns(&dir, name, libc::CLONE_NEWNS)
+        .or_else(|| make_kept(&dir, name, libc::CLONE_NEWNS, super::view::bare_namespace))
 }
 
 /// Makes the namespace kept at `name` (unless another run just did), and lets go of those
@@ -87,7 +108,12 @@ pub(crate) fn kept_for_exec(caller: u32, run_uid: u32, workspace: &Path) -> Opti
 /// go: one without a mark is idle to the next maker's `let_go_of_idle`, which would
 /// otherwise unmount it before its run marked it (seen: two runs of one workspace, started
 /// together beside a run of another, each in a namespace of its own).
-fn make_kept(dir: &OwnedFd, name: &str) -> Option<OwnedFd> {
+fn make_kept(
+    dir: &OwnedFd,
+    name: &str,
+    kind: libc::c_int,
+    make: impl FnOnce() -> io::Result<OwnedFd>,
+) -> Option<OwnedFd> {
     // One maker at a time: two runs that both found none would each mount one.
     let lock = dirfd::open_at(
         dir.as_fd(),
@@ -97,7 +123,7 @@ fn make_kept(dir: &OwnedFd, name: &str) -> Option<OwnedFd> {
     )
     .ok()?;
     sys::flock(lock.as_fd(), libc::LOCK_EX).ok()?;
-    if let Some(ns) = open_netns(dir, name) {
+    if let Some(ns) = open_ns(dir, name, kind) {
         mark_used(dir, name);
         return Some(ns);
     }
@@ -113,8 +139,7 @@ fn make_kept(dir: &OwnedFd, name: &str) -> Option<OwnedFd> {
     if !dirfd::is_file(&dirfd::stat_fd(point.as_fd()).ok()?) {
         return None;
     }
-    let home: OwnedFd = std::fs::File::open("/proc/thread-self/ns/net").ok()?.into();
-    let ns = make(&home).ok()?;
+    let ns = make().ok()?;
     let tree = ssys::open_tree_clone(&ns).ok()?;
     ssys::move_mount(&tree, &point).ok()?;
     mark_used(dir, name);
@@ -188,17 +213,17 @@ fn exec_dir() -> io::Result<OwnedFd> {
     }
     if st.st_mode & 0o077 != 0 {
         // Opened up since it was made: root's alone again. What anyone else could have put
-        // in it meanwhile is never taken for a namespace ([`open_netns`] checks).
+        // in it meanwhile is never taken for a namespace ([`open_ns`] checks).
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))?;
     }
     Ok(dir)
 }
 
-/// The network namespace mounted at `name` in `dir`, if that is one.
-fn open_netns(dir: &OwnedFd, name: &str) -> Option<OwnedFd> {
+/// The namespace mounted at `name` in `dir`, if that is one of `kind` (`CLONE_NEW*`).
+fn open_ns(dir: &OwnedFd, name: &str, kind: libc::c_int) -> Option<OwnedFd> {
     let fd = dirfd::open_at(dir.as_fd(), Path::new(name), OFlag::O_RDONLY, 0).ok()?;
     // SAFETY: an ioctl that takes no argument, on a descriptor this function owns.
     #[allow(unsafe_code)]
-    let kind = unsafe { libc::ioctl(fd.as_raw_fd(), NS_GET_NSTYPE) };
-    (kind == libc::CLONE_NEWNET).then_some(fd)
+    let ns_kind = unsafe { libc::ioctl(fd.as_raw_fd(), NS_GET_NSTYPE) };
+    (ns_kind == kind).then_some(fd)
 }

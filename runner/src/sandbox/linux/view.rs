@@ -836,32 +836,41 @@ pub(crate) fn bare_root() -> io::Result<()> {
     )
 }
 
-/// A new bare mount namespace (see [`bare_root`]), for runs to start from; this thread is
-/// back in its own mount namespace and working directory afterwards. Only as root: a run's
-/// init joins it with `setns`, which a run in a user namespace of its own may not. A thread
-/// that cannot return exits the process: every later fork would be in the bare namespace.
+/// Whether this process's runs may build their views in copies of a bare mount namespace:
+/// as root (a run's init joins it with `setns`, which a run in a user namespace of its own
+/// may not) with `CAP_SYS_CHROOT` (which joining a mount namespace and `chroot` need; a
+/// deployment that bounds the daemon's capabilities may leave it out, and its runs copy the
+/// host's namespace instead).
+pub(crate) fn may_use_bare() -> bool {
+    const CAP_SYS_CHROOT: u32 = 18;
+    nix::unistd::geteuid().is_root()
+        && std::fs::read_to_string("/proc/self/status").is_ok_and(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+                .is_some_and(|caps| caps & (1 << CAP_SYS_CHROOT) != 0)
+        })
+}
+
+/// A new bare mount namespace (see [`bare_root`]), for runs to start from (see
+/// [`may_use_bare`]). Made on a thread of its own, which ends with it: the rest of the
+/// process never leaves its namespace (the spawner is single-threaded again when it forks).
 pub(crate) fn bare_namespace() -> io::Result<OwnedFd> {
-    let home = std::fs::File::open("/proc/thread-self/ns/mnt")?;
-    let task = sys::open_path(Path::new("/proc/thread-self"), false)?;
-    let cwd = std::fs::File::open(".")?;
-    crate::sys::unshare(libc::CLONE_NEWNS)?;
-    let made = bare_root().and_then(|()| {
-        Ok(nix::fcntl::openat(
-            &task,
-            "ns/mnt",
-            OFlag::O_RDONLY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )?)
-    });
-    if let Err(e) = nix::sched::setns(&home, nix::sched::CloneFlags::CLONE_NEWNS)
-        .and_then(|()| nix::unistd::fchdir(&cwd))
-    {
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
-            "sidejob: cannot return to its mount namespace: {e}"
-        );
-        std::process::exit(1);
-    }
-    made
+    std::thread::scope(|s| {
+        s.spawn(|| -> io::Result<OwnedFd> {
+            let task = sys::open_path(Path::new("/proc/thread-self"), false)?;
+            // The thread's working directory and root are its own from here on, too.
+            crate::sys::unshare(libc::CLONE_NEWNS)?;
+            bare_root()?;
+            Ok(nix::fcntl::openat(
+                &task,
+                "ns/mnt",
+                OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )?)
+        })
+        .join()
+        .unwrap_or_else(|_| Err(io::Error::other("the thread making it panicked")))
+    })
 }
