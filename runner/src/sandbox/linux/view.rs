@@ -804,9 +804,9 @@ pub(crate) fn enter_view() -> Result<(), LaunchError> {
 
 /// Turns this thread's mount namespace, just copied from the host's, into a bare one: an
 /// empty, read-only tmpfs as its root, with one directory ([`VIEW`]), and nothing of the
-/// host's tree. Runs start from copies of it (see `bare_ns`): copying it costs a mount,
-/// where copying the host's costs one per host mount, and a view built in it needs neither
-/// `pivot_root` nor the host's tree detached from it.
+/// host's tree. Runs start from copies of it (see [`bare_namespace`]): copying it costs a
+/// mount, where copying the host's costs one per host mount, and a view built in it needs
+/// neither `pivot_root` nor the host's tree detached from it.
 pub(crate) fn bare_root() -> io::Result<()> {
     sys::mount(
         None,
