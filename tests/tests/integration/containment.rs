@@ -314,22 +314,7 @@ fn a_listed_file_renamed_over_while_runs_start_is_bound_as_it_is_now() {
         1,
     );
     let profile = ws.profile("listed", &body);
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let renamer = {
-        let (stop, listed) = (stop.clone(), listed.clone());
-        let fresh = ws.outside.path().join("fresh.txt");
-        std::thread::spawn(move || {
-            let mut n = 0u64;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                n += 1;
-                std::fs::write(&fresh, format!("v{n}\n")).expect("write");
-                std::fs::rename(&fresh, &listed).expect("rename");
-                // Often, as files on a busy host go, but not back to back.
-                std::thread::sleep(std::time::Duration::from_micros(500));
-            }
-            n
-        })
-    };
+    let renamer = RenamedOver::start(&listed);
     let mut failures = Vec::new();
     for _ in 0..40 {
         let out = exec(
@@ -341,17 +326,49 @@ fn a_listed_file_renamed_over_while_runs_start_is_bound_as_it_is_now() {
             failures.push(format!("{} {:?} {:?}", out.code, out.stdout, out.stderr));
         }
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let renames = renamer.join().expect("renamer");
-    assert!(
-        renames > 100,
-        "the file was renamed over only {renames} times"
-    );
+    renamer.stop();
     assert!(
         failures.is_empty(),
         "{} of 40 runs failed: {failures:?}",
         failures.len()
     );
+}
+
+/// A file renamed over again and again (a fresh one written beside it each time, as
+/// `useradd` replaces /etc/passwd) until [`RenamedOver::stop`].
+pub struct RenamedOver {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<u64>,
+}
+
+impl RenamedOver {
+    pub fn start(file: &Path) -> RenamedOver {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (flag, file) = (stop.clone(), file.to_path_buf());
+        let fresh = file.with_extension("fresh");
+        let thread = std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                n += 1;
+                std::fs::write(&fresh, format!("v{n}\n")).expect("write");
+                std::fs::rename(&fresh, &file).expect("rename");
+                // Often, as files on a busy host go, but not back to back.
+                std::thread::sleep(std::time::Duration::from_micros(500));
+            }
+            n
+        });
+        RenamedOver { stop, thread }
+    }
+
+    /// Stops, checking the file was renamed over often enough to matter.
+    pub fn stop(self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let renames = self.thread.join().expect("renamer");
+        assert!(
+            renames > 100,
+            "the file was renamed over only {renames} times"
+        );
+    }
 }
 
 #[test]

@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 use sidejob_tests::{skip_without, Client, Daemon, Need};
 
 use crate::containment::{
-    assert_holds_only_the_view, mounts_of_namespace, probe_bin, profile_with, sleeper,
+    assert_holds_only_the_view, mounts_of_namespace, probe_bin, profile_with, sleeper, RenamedOver,
 };
 
 struct Setup {
@@ -327,21 +327,7 @@ fn a_listed_file_renamed_over_while_daemon_runs_start_is_bound_as_it_is_now() {
         .as_str()
         .expect("session id")
         .to_owned();
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let renamer = {
-        let (stop, listed) = (stop.clone(), listed.clone());
-        let fresh = outside.path().join("fresh.txt");
-        std::thread::spawn(move || {
-            let mut n = 0u64;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                n += 1;
-                std::fs::write(&fresh, format!("v{n}\n")).expect("write");
-                std::fs::rename(&fresh, &listed).expect("rename");
-                std::thread::sleep(std::time::Duration::from_micros(500));
-            }
-            n
-        })
-    };
+    let renamer = RenamedOver::start(&listed);
     let mut failures = Vec::new();
     for _ in 0..40 {
         let r = c.bash(&s, &format!("cat {}", listed.display()), json!({}));
@@ -352,12 +338,7 @@ fn a_listed_file_renamed_over_while_daemon_runs_start_is_bound_as_it_is_now() {
             failures.push(format!("{task} {out:?}"));
         }
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let renames = renamer.join().expect("renamer");
-    assert!(
-        renames > 100,
-        "the file was renamed over only {renames} times"
-    );
+    renamer.stop();
     assert!(
         failures.is_empty(),
         "{} of 40 runs failed: {failures:?}",

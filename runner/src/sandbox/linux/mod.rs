@@ -790,14 +790,7 @@ pub(crate) fn launch(
     let (sources, devices, host) = match opened {
         Some(opened) => opened,
         None => {
-            ssys::mount(
-                None,
-                Path::new("/"),
-                None,
-                libc::MS_REC | libc::MS_PRIVATE,
-                None,
-            )
-            .map_err(step("make mounts private"))?;
+            view::make_private().map_err(step("make mounts private"))?;
             open_and_copy(p, || Ok(view::HostTree::Here))?
         }
     };

@@ -786,6 +786,18 @@ pub(crate) fn pivot(staging: &Path) -> Result<(), LaunchError> {
     Ok(())
 }
 
+/// Makes every mount of this mount namespace, a copy of the host's, private: nothing mounted
+/// in it propagates back to the host.
+pub(crate) fn make_private() -> io::Result<()> {
+    sys::mount(
+        None,
+        Path::new("/"),
+        None,
+        libc::MS_REC | libc::MS_PRIVATE,
+        None,
+    )
+}
+
 /// Where the view is staged in a copy of the bare namespace (see [`bare_root`]).
 pub(crate) const VIEW: &str = "/view";
 
@@ -808,13 +820,7 @@ pub(crate) fn enter_view() -> Result<(), LaunchError> {
 /// mount, where copying the host's costs one per host mount, and a view built in it needs
 /// neither `pivot_root` nor the host's tree detached from it.
 pub(crate) fn bare_root() -> io::Result<()> {
-    sys::mount(
-        None,
-        Path::new("/"),
-        None,
-        libc::MS_REC | libc::MS_PRIVATE,
-        None,
-    )?;
+    make_private()?;
     // Any directory serves as the tmpfs's mount point: the tree it is in goes below.
     let at = Path::new("/proc");
     sys::mount(
