@@ -27,10 +27,10 @@
 //!
 //! **The bare mount namespace** (`sandbox::linux::view::bare_namespace`). A spawner that may
 //! (`view::may_use_bare`: root, with `CAP_SYS_CHROOT`) makes one when it starts: an empty
-//! read-only tmpfs and nothing of the host's tree. Every
-//! supervisor gets it after the descriptors above, and the run's init builds the view in a
-//! copy of it instead of a copy of the host's (`sandbox::linux::launch`). Where it cannot be
-//! made, runs copy the host's, as they always could.
+//! read-only tmpfs and nothing of the host's tree. Every supervisor gets it after the
+//! descriptors above, and the run's init builds the view in a copy of it instead of a copy
+//! of the host's (`sandbox::linux::launch`). Where it cannot be made, runs copy the host's,
+//! as they always could.
 
 use std::collections::HashMap;
 use std::io;

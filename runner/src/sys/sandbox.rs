@@ -172,12 +172,6 @@ fn attach_tree(
     Ok(())
 }
 
-/// A detached copy of the mount (or the file) at `fd`, ready to be attached elsewhere with
-/// [`move_mount`].
-pub(crate) fn open_tree_clone(fd: &OwnedFd) -> io::Result<OwnedFd> {
-    clone_tree(fd, 0)
-}
-
 /// Attaches the detached mount `from` on top of the file or directory `to` (both descriptors,
 /// so no path is looked up again between the check and the mount).
 pub(crate) fn move_mount(from: &OwnedFd, to: &OwnedFd) -> io::Result<()> {

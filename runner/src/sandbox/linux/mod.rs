@@ -738,8 +738,7 @@ pub(crate) fn launch(
     let bare = p.bare_mntns.as_ref();
     let opened = match bare {
         Some(_) => Some(open_and_copy(p, || {
-            view::HostTree::leaving(Path::new(view::VIEW))
-                .map_err(step("open the host's mount namespace"))
+            view::HostTree::leaving().map_err(step("open the host's mount namespace"))
         })?),
         None => None,
     };

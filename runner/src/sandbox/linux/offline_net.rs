@@ -91,8 +91,9 @@ pub(crate) fn kept_for_exec(caller: u32, run_uid: u32, workspace: &Path) -> Opti
 /// The bare mount namespace (`view::bare_namespace`) root's `sidejob exec` runs build their
 /// view in a copy of, as a daemon's runs do, kept at `/run/sidejob-exec/mnt-bare` and made
 /// now if there is none (it is never let go: `umount` it to). `None` when this process may
-/// not use one (`view::may_use_bare`), when [`EXEC_DIR`] is not root's alone, or when anything fails: the run then
-/// builds its view in a copy of the host's namespace, as it always could.
+/// not use one (`view::may_use_bare`), when [`EXEC_DIR`] is not root's alone, or when
+/// anything fails: the run then builds its view in a copy of the host's namespace, as it
+/// always could.
 pub(crate) fn kept_bare_for_exec() -> Option<OwnedFd> {
     if !super::view::may_use_bare() {
         return None;
@@ -140,7 +141,7 @@ fn make_kept(
         return None;
     }
     let ns = make().ok()?;
-    let tree = ssys::open_tree_clone(&ns).ok()?;
+    let tree = ssys::copy_tree(&ns, false).ok()?;
     ssys::move_mount(&tree, &point).ok()?;
     mark_used(dir, name);
     Some(ns)

@@ -116,7 +116,7 @@ fn pin_entry(dir: BorrowedFd<'_>, name: &OsStr, path: &Path) -> Result<(), Launc
 
 /// A read-only mount of the file `fd` over itself.
 fn bind_read_only(fd: &OwnedFd, path: &Path) -> Result<(), LaunchError> {
-    let tree = sys::open_tree_clone(fd).map_err(fail("clone mount", path))?;
+    let tree = sys::copy_tree(fd, false).map_err(fail("clone mount", path))?;
     sys::mount_setattr(
         &tree,
         MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,

@@ -259,24 +259,19 @@ pub(crate) fn copy_sources(sources: &mut [Source]) -> Result<(), LaunchError> {
 pub(crate) enum HostTree {
     /// In this mount namespace, a copy of the host's (until [`pivot`] detaches it).
     Here,
-    /// In the host's mount namespace (`host`), which this thread is out of: it goes there and
-    /// back (to this namespace, `task`'s `ns/mnt`, and the view at `staging`) only to open
-    /// again a listed file renamed over since it was copied.
-    Away {
-        host: OwnedFd,
-        task: OwnedFd,
-        staging: &'static Path,
-    },
+    /// In the host's mount namespace (`host`), which this thread is out of, for a copy of the
+    /// bare one: it goes there and back (to this namespace, `task`'s, and the view at
+    /// [`VIEW`]) only to open again a listed file renamed over since it was copied.
+    Away { host: OwnedFd, task: OwnedFd },
 }
 
 impl HostTree {
     /// Before this thread leaves the host's mount namespace for the bare one's copy: what it
     /// needs to come back.
-    pub(crate) fn leaving(staging: &'static Path) -> io::Result<HostTree> {
+    pub(crate) fn leaving() -> io::Result<HostTree> {
         Ok(HostTree::Away {
             host: std::fs::File::open("/proc/thread-self/ns/mnt")?.into(),
             task: sys::open_path(Path::new("/proc/thread-self"), false)?,
-            staging,
         })
     }
 
@@ -290,23 +285,11 @@ impl HostTree {
             }
             sys::copy_tree(&fresh, true).ok()
         };
-        let HostTree::Away {
-            host,
-            task,
-            staging,
-        } = self
-        else {
+        let HostTree::Away { host, task } = self else {
             return Ok(copy());
         };
         let mount_ns = nix::sched::CloneFlags::CLONE_NEWNS;
-        let here = nix::fcntl::openat(
-            task,
-            "ns/mnt",
-            OFlag::O_RDONLY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(io::Error::from)
-        .map_err(err("open the run's mount namespace", target))?;
+        let here = mount_ns_of(task).map_err(err("open the run's mount namespace", target))?;
         if nix::sched::setns(host, mount_ns).is_err() {
             return Ok(None);
         }
@@ -314,7 +297,7 @@ impl HostTree {
         // Back in the view, or the launch fails here (init only reports then).
         nix::sched::setns(&here, mount_ns)
             .map_err(io::Error::from)
-            .and_then(|()| std::env::set_current_dir(staging))
+            .and_then(|()| std::env::set_current_dir(VIEW))
             .map_err(err("return to the run's mount namespace", target))?;
         Ok(copied)
     }
@@ -704,7 +687,7 @@ pub(crate) fn protect(
                 "a protected file has other hard links that would stay writable",
             ));
         }
-        let tree = sys::open_tree_clone(&fd).map_err(err("clone mount", &path))?;
+        let tree = sys::copy_tree(&fd, false).map_err(err("clone mount", &path))?;
         // A file here (a git worktree's `.git`, naming the real git directory) would let the
         // run point git elsewhere: it stays read-only too.
         if info.is_file() {
@@ -748,7 +731,7 @@ pub(crate) fn protect(
         if info.is_dir() {
             check_tree(&path, 0)?;
         }
-        let tree = sys::open_tree_clone(&fd).map_err(err("clone mount", &path))?;
+        let tree = sys::copy_tree(&fd, false).map_err(err("clone mount", &path))?;
         sys::mount_setattr(
             &tree,
             MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
@@ -869,14 +852,20 @@ pub(crate) fn bare_namespace() -> io::Result<OwnedFd> {
             // The thread's working directory and root are its own from here on, too.
             crate::sys::unshare(libc::CLONE_NEWNS)?;
             bare_root()?;
-            Ok(nix::fcntl::openat(
-                &task,
-                "ns/mnt",
-                OFlag::O_RDONLY | OFlag::O_CLOEXEC,
-                Mode::empty(),
-            )?)
+            mount_ns_of(&task)
         })
         .join()
         .unwrap_or_else(|_| Err(io::Error::other("the thread making it panicked")))
     })
+}
+
+/// The mount namespace of the thread whose `/proc` directory `task` is, as it is now (it can
+/// be opened after the thread has left the tree that `/proc` is in).
+fn mount_ns_of(task: &OwnedFd) -> io::Result<OwnedFd> {
+    Ok(nix::fcntl::openat(
+        task,
+        "ns/mnt",
+        OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?)
 }
