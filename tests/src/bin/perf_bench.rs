@@ -3,8 +3,9 @@
 //!
 //! - `spawn`: 1 000 detached `sleep 60` runs submitted at once: the time until all are
 //!   `running`, on an idle machine (target ≤ 1.5 s) and with two CPU burners beside it (≤ 3 s),
-//!   with the CPU per run of every process (daemon, supervisors, inits); the daemon's memory per running task (≤ 64 KiB) and the supervisor + init
-//!   memory per run, PSS (≤ 150 KiB);
+//!   with the CPU per run of every process, in all and by process (supervisor, init, command,
+//!   spawner, daemon); the daemon's memory per running task (≤ 64 KiB) and the supervisor +
+//!   init memory per run, PSS (≤ 150 KiB);
 //! - `output`: 1 GiB through `output.log` against the same command writing a file inside the
 //!   sandbox (≥ 0.9× as fast);
 //! - `push`: 64 clients × 60 calls while one subscriber reads: settle → `task.updated`
@@ -157,6 +158,41 @@ fn cpu_time(pid: u32) -> Duration {
     Duration::from_millis(ticks * 1000 / hz)
 }
 
+/// The time `pid` (one thread) has run on a CPU, in nanoseconds, from `/proc/PID/schedstat`.
+fn run_time(pid: i32) -> Duration {
+    std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .map_or(Duration::ZERO, Duration::from_nanos)
+}
+
+/// The mean of [`run_time`] over `pids`, in milliseconds.
+fn mean_ms(pids: &[i32]) -> f64 {
+    let total: Duration = pids.iter().map(|&p| run_time(p)).sum();
+    total.as_secs_f64() * 1000.0 / pids.len().max(1) as f64
+}
+
+/// The mean CPU time of `sleep 60` started bare (200 times), up to its sleep: what the
+/// command's own start-up costs outside any sandbox, beside the command's share of a run.
+fn bare_sleep_ms() -> f64 {
+    let mut total = Duration::ZERO;
+    for _ in 0..200 {
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .expect("sleep 60");
+        let pid = child.id() as i32;
+        let wchan = format!("/proc/{pid}/wchan");
+        while !std::fs::read_to_string(&wchan).is_ok_and(|w| w.contains("nanosleep")) {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        total += run_time(pid);
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    total.as_secs_f64() * 1000.0 / 200.0
+}
+
 fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
@@ -246,16 +282,39 @@ fn spawn_section() {
         let busy = rss_kib(d.pid());
         let tree = sidejob_tests::children_by_parent();
         let none = Vec::new();
-        let supervisors = tree.get(&(d.pid() as i32)).unwrap_or(&none);
+        // The daemon's children: the supervisors (`sidejob-run`) and the spawner.
+        let (supervisors, spawner): (Vec<i32>, Vec<i32>) = tree
+            .get(&(d.pid() as i32))
+            .unwrap_or(&none)
+            .iter()
+            .partition(|p| {
+                std::fs::read_to_string(format!("/proc/{p}/comm"))
+                    .is_ok_and(|c| c.trim_end() == "sidejob-run")
+            });
         let mut pss = 0;
         let mut counted = 0;
-        for sup in supervisors {
+        let (mut inits, mut commands) = (Vec::new(), Vec::new());
+        for sup in &supervisors {
             pss += pss_kib(*sup);
             for init in tree.get(sup).unwrap_or(&none) {
                 pss += pss_kib(*init);
+                inits.push(*init);
+                commands.extend(tree.get(init).unwrap_or(&none));
             }
             counted += 1;
         }
+        // Every supervisor, init and command was born in the burst and has slept since, so
+        // what each has run is its share; the spawner (the daemon's other child) started
+        // with the first run.
+        let runs = ids.len() as f64;
+        let by_process = format!(
+            "supervisor {:.2} · init {:.2} · command {:.2} · spawner {:.2} · daemon {:.2}",
+            mean_ms(&supervisors),
+            mean_ms(&inits),
+            mean_ms(&commands),
+            spawner.iter().map(|&p| run_time(p)).sum::<Duration>().as_secs_f64() * 1000.0 / runs,
+            daemon_cpu.as_secs_f64() * 1000.0 / runs,
+        );
         let per_run = pss as f64 / counted.max(1) as f64;
         let per_task = busy.saturating_sub(idle) as f64 / 1000.0;
         println!("spawn ({}): 1000 detached `sleep 60`", load.name());
@@ -272,6 +331,13 @@ fn spawn_section() {
             daemon_cpu.as_secs_f64(),
             took.as_secs_f64() * cores() as f64
         );
+        println!("  CPU per run by process   {by_process} ms");
+        if load == Load::Idle {
+            println!(
+                "  `sleep 60` started bare  {:>8.2} ms    to its sleep, outside any sandbox (the command's own part of its share)",
+                bare_sleep_ms()
+            );
+        }
         if load == Load::Idle {
             println!(
                 "  daemon memory per task   {per_task:>8.1} KiB   target <= 64 KiB     {}",
