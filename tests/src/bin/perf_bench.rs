@@ -312,7 +312,13 @@ fn spawn_section() {
             mean_ms(&supervisors),
             mean_ms(&inits),
             mean_ms(&commands),
-            spawner.iter().map(|&p| run_time(p)).sum::<Duration>().as_secs_f64() * 1000.0 / runs,
+            spawner
+                .iter()
+                .map(|&p| run_time(p))
+                .sum::<Duration>()
+                .as_secs_f64()
+                * 1000.0
+                / runs,
             daemon_cpu.as_secs_f64() * 1000.0 / runs,
         );
         let per_run = pss as f64 / counted.max(1) as f64;

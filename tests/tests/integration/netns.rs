@@ -274,8 +274,9 @@ fn exec_runs_of_one_workspace_share_a_kept_namespace_and_no_other() {
     assert_eq!(next[0], seen[0], "the workspace's next run");
 }
 
-/// A kept namespace no run joined for ten minutes is let go when the next one is made; runs
-/// never take one from a directory that is not root's alone.
+/// A kept namespace no run joined for ten minutes is let go when the next one is made, with
+/// the marks no namespace is left for; runs never take one from a directory that is not
+/// root's alone.
 #[test]
 fn exec_lets_go_of_idle_namespaces_and_trusts_only_roots_directory() {
     let Some(ws) = Ws::new() else { return };
@@ -296,8 +297,20 @@ fn exec_lets_go_of_idle_namespaces_and_trusts_only_roots_directory() {
         .open(format!("{point}.used"))
         .and_then(|f| f.set_modified(old))
         .expect("age the mark");
+    // Marks without a namespace: one whose namespace was unmounted by hand, idle as long,
+    // and one nothing reads.
+    let orphan = format!("{KEPT}/net-0-0-unmounted-by-hand.used");
+    let unread = format!("{KEPT}/mnt-bare.used");
+    for mark in [&orphan, &unread] {
+        std::fs::File::create(mark)
+            .and_then(|f| f.set_modified(old))
+            .expect("a mark");
+    }
     // Another workspace's first run makes its own, and lets go of the idle one.
     exec_namespaces(&[(&other, &[])]);
+    for mark in [&orphan, &unread, &format!("{point}.used")] {
+        assert!(!std::path::Path::new(mark).exists(), "{mark} is left");
+    }
     let kept = kept_on_host();
     assert!(
         !kept.iter().any(|(p, _)| *p == point),

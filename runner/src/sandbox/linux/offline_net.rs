@@ -125,7 +125,9 @@ fn make_kept(
     .ok()?;
     sys::flock(lock.as_fd(), libc::LOCK_EX).ok()?;
     if let Some(ns) = open_ns(dir, name, kind) {
-        mark_used(dir, name);
+        if let_go_when_idle(name) {
+            mark_used(dir, name);
+        }
         return Some(ns);
     }
     let_go_of_idle(dir);
@@ -143,8 +145,16 @@ fn make_kept(
     let ns = make().ok()?;
     let tree = ssys::copy_tree(&ns, false).ok()?;
     ssys::move_mount(&tree, &point).ok()?;
-    mark_used(dir, name);
+    if let_go_when_idle(name) {
+        mark_used(dir, name);
+    }
     Some(ns)
+}
+
+/// Whether the kept namespace `name` is let go once idle, and so marked when joined: the
+/// network namespaces are (one per workspace); the bare mount namespace is not (one).
+fn let_go_when_idle(name: &str) -> bool {
+    name.starts_with("net-")
 }
 
 /// A kept namespace no run has joined for this long is let go (the runs still in it keep
@@ -168,7 +178,9 @@ fn mark_used(dir: &OwnedFd, name: &str) {
     }
 }
 
-/// Unmounts and removes every kept namespace (and mark) not joined for [`KEPT_IDLE`].
+/// Unmounts and removes every kept namespace (and mark) not joined for [`KEPT_IDLE`], and
+/// removes the marks left idle without a namespace (one unmounted by hand) and those nothing
+/// reads (`mnt-bare.used`, which earlier builds wrote).
 fn let_go_of_idle(dir: &OwnedFd) {
     let Ok(entries) = dirfd::entries(dir.as_fd()) else {
         return;
@@ -182,7 +194,14 @@ fn let_go_of_idle(dir: &OwnedFd) {
     };
     for (entry, _) in entries {
         let Some(name) = entry.to_str() else { continue };
-        if !name.starts_with("net-") || name.ends_with(USED) {
+        if let Some(marked) = name.strip_suffix(USED) {
+            let kept = dirfd::stat_at(dir.as_fd(), marked.as_ref()).is_ok();
+            if !let_go_when_idle(marked) || (!kept && idle(name)) {
+                let _ = dirfd::unlink_at(dir.as_fd(), name);
+            }
+            continue;
+        }
+        if !let_go_when_idle(name) {
             continue;
         }
         let mark = format!("{name}{USED}");
