@@ -166,10 +166,13 @@ fn run_time(pid: i32) -> Duration {
         .map_or(Duration::ZERO, Duration::from_nanos)
 }
 
-/// The mean of [`run_time`] over `pids`, in milliseconds.
-fn mean_ms(pids: &[i32]) -> f64 {
-    let total: Duration = pids.iter().map(|&p| run_time(p)).sum();
-    total.as_secs_f64() * 1000.0 / pids.len().max(1) as f64
+/// [`run_time`] summed over `pids`, in milliseconds.
+fn total_ms(pids: &[i32]) -> f64 {
+    pids.iter()
+        .map(|&p| run_time(p))
+        .sum::<Duration>()
+        .as_secs_f64()
+        * 1000.0
 }
 
 /// The mean CPU time of `sleep 60` started bare (200 times), up to its sleep: what the
@@ -309,16 +312,10 @@ fn spawn_section() {
         let runs = ids.len() as f64;
         let by_process = format!(
             "supervisor {:.2} · init {:.2} · command {:.2} · spawner {:.2} · daemon {:.2}",
-            mean_ms(&supervisors),
-            mean_ms(&inits),
-            mean_ms(&commands),
-            spawner
-                .iter()
-                .map(|&p| run_time(p))
-                .sum::<Duration>()
-                .as_secs_f64()
-                * 1000.0
-                / runs,
+            total_ms(&supervisors) / supervisors.len().max(1) as f64,
+            total_ms(&inits) / inits.len().max(1) as f64,
+            total_ms(&commands) / commands.len().max(1) as f64,
+            total_ms(&spawner) / runs,
             daemon_cpu.as_secs_f64() * 1000.0 / runs,
         );
         let per_run = pss as f64 / counted.max(1) as f64;
