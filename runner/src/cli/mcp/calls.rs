@@ -25,7 +25,9 @@ pub(super) fn rpc_error(e: RpcError) -> String {
 }
 
 /// What a tool call answers: the text for `content`, the `structuredContent`, whether it is
-/// an error, and the task it is about (whose own completion is then not reported apart).
+/// an error, and the task whose outcome it reports (whose own completion is then not
+/// reported apart). An answer that a job is still running reports none: if the job ends
+/// before the result is put together, its completion comes with this result.
 pub(super) struct Answer {
     pub text: String,
     pub structured: Value,
@@ -51,6 +53,25 @@ fn still_running(task_id: &str) -> String {
         "Job {task_id} is still running in the background. Before you finish, call job_wait with task_id \"{task_id}\" to get its result; \
          or keep working: its result comes with your next sidejob tool call."
     )
+}
+
+/// The answer that job `task_id` is still running, with its output so far and `fields`
+/// added to `structuredContent`. It reports no task's outcome (see [`Answer`]): a job that
+/// ends between the daemon's reply and this result has its completion taken from the inbox
+/// for this result, and would otherwise be acked there and never shown.
+fn running(task_id: &str, output: String, fields: Value) -> Answer {
+    let next = still_running(task_id);
+    let mut structured =
+        json!({"status": "running", "task_id": task_id, "output": output, "next": next});
+    if let (Some(all), Value::Object(more)) = (structured.as_object_mut(), fields) {
+        all.extend(more);
+    }
+    Answer {
+        text: format!("{output}\n[{next}]"),
+        structured,
+        is_error: false,
+        task_id: None,
+    }
 }
 
 impl Server {
@@ -149,22 +170,11 @@ impl Server {
         };
         match reply.map(serde_json::from_value::<ToolCallResult>) {
             Ok(Ok(ToolCallResult::Completed(c))) => completed_call(&c),
-            Ok(Ok(ToolCallResult::Running(r))) => {
-                let next = still_running(&r.task_id);
-                Answer {
-                    text: format!("{}\n[{next}]", r.output),
-                    structured: json!({
-                        "status": "running",
-                        "task_id": r.task_id,
-                        "output": r.output,
-                        "output_path": r.output_path,
-                        "result_path": r.result_path,
-                        "next": next,
-                    }),
-                    is_error: false,
-                    task_id: Some(r.task_id),
-                }
-            }
+            Ok(Ok(ToolCallResult::Running(r))) => running(
+                &r.task_id,
+                r.output,
+                json!({"output_path": r.output_path, "result_path": r.result_path}),
+            ),
             Ok(Err(e)) => Answer::error(format!("unexpected tool.call result: {e}")),
             Err(e) => Answer::error(rpc_error(e)),
         }
@@ -300,13 +310,7 @@ impl Server {
     async fn finished_or_not(&self, t: &Task, max: u64) -> Answer {
         if !t.state.is_terminal() {
             let (output, _) = self.output_tail(&t.task_id, max).await;
-            let next = still_running(&t.task_id);
-            return Answer {
-                text: format!("{output}\n[{next}]"),
-                structured: json!({"status": "running", "task_id": t.task_id, "state": t.state, "output": output, "next": next, "task": t}),
-                is_error: false,
-                task_id: Some(t.task_id.clone()),
-            };
+            return running(&t.task_id, output, json!({"state": t.state, "task": t}));
         }
         let (output, cut) = self.output_tail(&t.task_id, max).await;
         let failed = t.state != TaskState::Succeeded;
@@ -385,5 +389,58 @@ fn completed_call(c: &CompletedCall) -> Answer {
         structured,
         is_error: failed,
         task_id: Some(c.task_id.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn completion_of(task_id: &str) -> Notification {
+        Notification {
+            id: "n-1".into(),
+            session_id: "s-1".into(),
+            task_id: Some(task_id.into()),
+            severity: "success".into(),
+            kind: "wake".into(),
+            text: format!("[automatic] job {task_id} succeeded"),
+            created_at: "2026-12-07T00:00:00Z".into(),
+            acked: false,
+        }
+    }
+
+    fn reported(r: &rmcp::model::CallToolResult) -> Vec<Value> {
+        r.structured_content.as_ref().expect("structured")["background_completions"]
+            .as_array()
+            .expect("background_completions")
+            .clone()
+    }
+
+    /// A job that ends between the daemon's "running" reply and the result: its completion,
+    /// taken from the inbox for this result, is in it (it was once dropped as the answer's own).
+    #[test]
+    fn a_running_answer_carries_its_own_jobs_completion_taken_with_it() {
+        let r = tools::result(
+            running("T1", "so far".into(), json!({})),
+            &[completion_of("T1")],
+        );
+        assert_eq!(reported(&r).len(), 1, "{:?}", r.structured_content);
+        assert_eq!(r.content.len(), 2, "its own text and the update");
+    }
+
+    /// An answer that reports its task's outcome does not report its completion again.
+    #[test]
+    fn a_completed_answer_does_not_repeat_its_own_completion() {
+        let c: CompletedCall = serde_json::from_value(json!({
+            "task_id": "T1", "state": "succeeded", "exit_code": 0, "output": "done\n",
+            "output_truncated": false, "duration_ms": 1, "output_path": "/o", "result_path": "/r"
+        }))
+        .expect("a completed call");
+        let r = tools::result(
+            completed_call(&c),
+            &[completion_of("T1"), completion_of("T2")],
+        );
+        let ids: Vec<_> = reported(&r).iter().map(|n| n["task_id"].clone()).collect();
+        assert_eq!(ids, [json!("T2")]);
     }
 }
