@@ -180,6 +180,17 @@ fn stat_field(path: &str, n: usize) -> io::Result<u64> {
         .ok_or_else(malformed)
 }
 
+/// Waits (at most five seconds) until this process's thread `tid`, joined, has finished
+/// exiting: `pthread_join` returns once the kernel has cleared the thread's id, which comes
+/// before the thread leaves the process.
+pub(crate) fn wait_for_thread_exit(tid: nix::unistd::Pid) {
+    let task = format!("/proc/self/task/{tid}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while std::path::Path::new(&task).exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_micros(100));
+    }
+}
+
 /// Refuses to go on unless this process has exactly one thread.
 fn single_threaded() -> io::Result<()> {
     let threads = thread_count()?;
@@ -760,6 +771,32 @@ pub(crate) fn descriptor_table_size() -> io::Result<u64> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// A joined thread can still be exiting: one that leaves a mount namespace of its own
+    /// behind tears it down after the join has returned. Once `wait_for_thread_exit`
+    /// returns, it is gone.
+    #[test]
+    fn a_joined_thread_is_gone_once_waited_for() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIPPED: needs root (a mount namespace of the thread's own)");
+            return;
+        }
+        let threads = || std::fs::read_dir("/proc/self/task").unwrap().count();
+        let before = threads();
+        let mut still_there = 0;
+        for _ in 0..20 {
+            let tid = std::thread::spawn(|| {
+                unshare(libc::CLONE_NEWNS).unwrap();
+                nix::unistd::gettid()
+            })
+            .join()
+            .unwrap();
+            still_there += (threads() != before) as usize;
+            wait_for_thread_exit(tid);
+            assert_eq!(threads(), before, "thread {tid} waited for");
+        }
+        eprintln!("{still_there} of 20 were still exiting when joined");
+    }
 
     #[test]
     fn the_descriptor_table_bounds_the_descriptors_open() {
