@@ -627,12 +627,6 @@ pub fn proc_status(who: &str, key: &str) -> Option<String> {
     })
 }
 
-/// Whether `pid` has ended: gone from `/proc`, or a zombie its new parent has not reaped yet
-/// (a supervisor whose daemon was killed is reaped by the host's init, whenever it gets to it).
-pub fn ended(pid: i32) -> bool {
-    proc_status(&pid.to_string(), "State").is_none_or(|state| state.starts_with('Z'))
-}
-
 /// Every process's children as this process's PID namespace sees them (parent pid → child
 /// pids), from one pass over `/proc`.
 pub fn children_by_parent() -> std::collections::HashMap<i32, Vec<i32>> {

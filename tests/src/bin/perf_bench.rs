@@ -340,8 +340,6 @@ fn spawn_section() {
                 "  `sleep 60` started bare  {:>8.2} ms    to its sleep, outside any sandbox (the command's own part of its share)",
                 bare_sleep_ms()
             );
-        }
-        if load == Load::Idle {
             println!(
                 "  daemon memory per task   {per_task:>8.1} KiB   target <= 64 KiB     {}",
                 verdict(per_task <= 64.0)

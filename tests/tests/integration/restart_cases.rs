@@ -223,10 +223,9 @@ fn runs_ended_by_a_container_restart_settle_lost_saying_so() {
     d.kill9();
     // Its whole process group: the supervisor and the run.
     sidejob_tests::signal(-supervisor, libc::SIGKILL);
-    assert!(wait_until(
-        Duration::from_secs(10),
-        || sidejob_tests::ended(supervisor)
-    ));
+    assert!(wait_until(Duration::from_secs(10), || {
+        !sidejob_tests::process_alive(supervisor)
+    }));
     std::fs::write(&record, format!("{} 1 {}\n", fields[0], fields[2])).expect("rewrite");
     d.restart();
     let mut c = d.client();
@@ -246,10 +245,9 @@ fn runs_ended_by_a_container_restart_settle_lost_saying_so() {
     let supervisor = sidejob_tests::supervisor_pid(&d.private_dir(&again));
     d.kill9();
     sidejob_tests::signal(-supervisor, libc::SIGKILL);
-    assert!(wait_until(
-        Duration::from_secs(10),
-        || sidejob_tests::ended(supervisor)
-    ));
+    assert!(wait_until(Duration::from_secs(10), || {
+        !sidejob_tests::process_alive(supervisor)
+    }));
     d.restart();
     let t = d.client().wait_settled_quietly(&again);
     let error = t["error"].as_str().unwrap_or("");

@@ -227,10 +227,9 @@ fn a_run_queued_across_a_reboot_is_lost_saying_so() {
     } = one_queued_behind_a_held_run("echo never-runs");
     d.kill9();
     sidejob_tests::signal(-supervisor, libc::SIGKILL);
-    assert!(wait_until(
-        Duration::from_secs(10),
-        || sidejob_tests::ended(supervisor)
-    ));
+    assert!(wait_until(Duration::from_secs(10), || {
+        !sidejob_tests::process_alive(supervisor)
+    }));
     std::fs::remove_dir_all(memory_dir_of(&d.state_dir)).expect("empty /dev/shm");
     let record = d.state_dir.join("daemon.instance");
     let text = std::fs::read_to_string(&record).expect("the daemon records where runs live");

@@ -125,9 +125,7 @@ fn make_kept(
     .ok()?;
     sys::flock(lock.as_fd(), libc::LOCK_EX).ok()?;
     if let Some(ns) = open_ns(dir, name, kind) {
-        if let_go_when_idle(name) {
-            mark_used(dir, name);
-        }
+        mark_used(dir, name);
         return Some(ns);
     }
     let_go_of_idle(dir);
@@ -145,9 +143,7 @@ fn make_kept(
     let ns = make().ok()?;
     let tree = ssys::copy_tree(&ns, false).ok()?;
     ssys::move_mount(&tree, &point).ok()?;
-    if let_go_when_idle(name) {
-        mark_used(dir, name);
-    }
+    mark_used(dir, name);
     Some(ns)
 }
 
@@ -165,6 +161,9 @@ const KEPT_IDLE: Duration = Duration::from_secs(600);
 const USED: &str = ".used";
 
 fn mark_used(dir: &OwnedFd, name: &str) {
+    if !let_go_when_idle(name) {
+        return; // never let go, so never read
+    }
     let mark = format!("{name}{USED}");
     let now = nix::sys::stat::utimensat(
         dir.as_fd(),

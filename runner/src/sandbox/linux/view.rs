@@ -846,31 +846,26 @@ pub(crate) fn may_use_bare() -> bool {
 /// [`may_use_bare`]). Made on a thread of its own, which ends with it: the rest of the
 /// process never leaves its namespace (the spawner is single-threaded again when it forks).
 pub(crate) fn bare_namespace() -> io::Result<OwnedFd> {
-    let (made, tid) = std::thread::scope(|s| {
-        s.spawn(|| {
-            let made = (|| -> io::Result<OwnedFd> {
-                let task = sys::open_path(Path::new("/proc/thread-self"), false)?;
-                // The thread's working directory and root are its own from here on, too.
-                crate::sys::unshare(libc::CLONE_NEWNS)?;
-                bare_root()?;
-                mount_ns_of(&task)
-            })();
-            (made, nix::unistd::gettid())
-        })
-        .join()
-        .map_or_else(
-            |_| (Err(io::Error::other("the thread making it panicked")), None),
-            |(made, tid)| (made, Some(tid)),
-        )
-    });
+    let (tid, made) = std::thread::scope(|s| {
+        s.spawn(|| (nix::unistd::gettid(), make_this_threads_bare()))
+            .join()
+    })
+    .map_err(|_| io::Error::other("the thread making it panicked"))?;
     // Joined is not yet gone: the kernel wakes the joiner before the thread's exit is
     // complete, and until it is, the process counts two threads. The spawner and `sidejob
     // exec` fork next, which they refuse to do with two (`sys::fork`): a run right after the
     // spawner started failed so ("cannot start the supervisor").
-    if let Some(tid) = tid {
-        crate::sys::wait_for_thread_exit(tid);
-    }
+    crate::sys::wait_for_thread_exit(tid);
     made
+}
+
+/// [`bare_namespace`]'s thread: a mount namespace of its own, made bare, and opened.
+fn make_this_threads_bare() -> io::Result<OwnedFd> {
+    let task = sys::open_path(Path::new("/proc/thread-self"), false)?;
+    // The thread's working directory and root are its own from here on, too.
+    crate::sys::unshare(libc::CLONE_NEWNS)?;
+    bare_root()?;
+    mount_ns_of(&task)
 }
 
 /// The mount namespace of the thread whose `/proc` directory `task` is, as it is now (it can
